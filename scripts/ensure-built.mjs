@@ -1,0 +1,19 @@
+// The pre-step of `npm test`, `npm run demo` and `npm run bench`: install the npm packages when
+// they are missing or older than package.json, then (re)build the addon. Both are quick no-ops
+// when already done (cargo rebuilds only what changed). `--release` builds the optimized addon.
+import { execFileSync } from 'node:child_process';
+import { existsSync, statSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const run = (cmd, args) => execFileSync(cmd, args, { cwd: root, stdio: 'inherit' });
+const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
+
+const marker = join(root, 'node_modules', '.package-lock.json');
+const stale = !existsSync(marker) || statSync(marker).mtimeMs < statSync(join(root, 'package.json')).mtimeMs;
+if (stale) run(npm, ['install', '--no-audit', '--no-fund']);
+
+const release = process.argv.includes('--release');
+const napi = join(root, 'node_modules', '@napi-rs', 'cli', 'dist', 'cli.js');
+run(process.execPath, [napi, 'build', '--platform', '--js', 'index.js', '--dts', 'index.d.ts', ...(release ? ['--release'] : [])]);

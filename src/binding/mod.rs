@@ -1,0 +1,6 @@
+use napi_derive::napi;
+
+#[napi]
+pub fn ping() -> String {
+    "pong".into()
+}
