@@ -1,6 +1,9 @@
 //! Module map. napi lives only in `binding/`; the Claude Code CLI protocol only in `claude/`.
 
 pub mod binding;
+pub mod claude;
 pub mod deps;
 pub mod domain;
 pub mod error;
+pub mod output;
+pub mod transcript;
