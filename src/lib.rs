@@ -4,3 +4,4 @@ pub mod binding;
 pub mod deps;
 pub mod domain;
 pub mod error;
+pub mod git;
