@@ -9,6 +9,7 @@ pub mod context;
 pub mod deps;
 pub mod domain;
 pub mod error;
+pub mod git;
 pub mod output;
 pub mod params;
 pub mod schema;
