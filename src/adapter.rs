@@ -13,18 +13,20 @@ use tokio::sync::{oneshot, watch};
 use crate::agent_definition;
 use crate::claude::command::{self, CliArgs};
 use crate::claude::locate;
-use crate::claude::session::{self, SessionEnd, SessionEvent, SessionObserver, SessionSpec, StopReason, StopSignal};
+use crate::claude::session::{
+    self, SessionEnd, SessionEvent, SessionObserver, SessionSpec, StopReason, StopSignal,
+};
 use crate::config::AdapterConfig;
 use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, HookDecision, LogLevel, Logger};
 use crate::domain::{Role, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::patch;
+use crate::git::worktree::{RepoGit, Worktree};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
-use crate::patch;
 use crate::schema;
 use crate::transcript::{self, Transcript};
-use crate::worktree::{RepoGit, Worktree};
 
 /// A context callback that has not settled by then fails the start (`ERR_CONTEXT`).
 pub const CONTEXT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,13 +56,13 @@ pub struct StartedSession {
 }
 
 /// Removes a registry entry (and marks it done) unless the session was handed to its monitor.
-struct Registration<'a> {
-    adapter: &'a Adapter,
+struct Registration {
+    adapter: Arc<Adapter>,
     id: String,
     done: Option<watch::Sender<bool>>,
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(done) = self.done.take() {
             self.adapter.lock_sessions().remove(&self.id);
@@ -74,8 +76,20 @@ fn is_uuid(s: &str) -> bool {
 }
 
 impl Adapter {
-    pub fn new(config: AdapterConfig, deps: Arc<dyn Deps>, hook: Arc<dyn BashHook>, logger: Arc<dyn Logger>) -> Arc<Adapter> {
-        Arc::new(Adapter { config, deps, hook, logger, sessions: Mutex::new(HashMap::new()), shut_down: AtomicBool::new(false) })
+    pub fn new(
+        config: AdapterConfig,
+        deps: Arc<dyn Deps>,
+        hook: Arc<dyn BashHook>,
+        logger: Arc<dyn Logger>,
+    ) -> Arc<Adapter> {
+        Arc::new(Adapter {
+            config,
+            deps,
+            hook,
+            logger,
+            sessions: Mutex::new(HashMap::new()),
+            shut_down: AtomicBool::new(false),
+        })
     }
 
     pub fn config(&self) -> &AdapterConfig {
@@ -116,7 +130,13 @@ impl Adapter {
     pub async fn preview_prompt(&self, params: &StartParams) -> Result<String> {
         params::validate_start_params(params, &self.config.repo_root)?;
         let stop = StopSignal::default();
-        context::build_prompt(params, &self.deps, &self.config.repo_root, &self.fetch_options(&stop)).await
+        context::build_prompt(
+            params,
+            &self.deps,
+            &self.config.repo_root,
+            &self.fetch_options(&stop),
+        )
+        .await
     }
 
     pub fn cancel(&self, session_id: &str) {
@@ -143,9 +163,16 @@ impl Adapter {
         }
     }
 
-    pub async fn start_agent(self: &Arc<Self>, params: StartParams, session_id: Option<String>) -> Result<StartedSession> {
+    pub async fn start_agent(
+        self: &Arc<Self>,
+        params: StartParams,
+        session_id: Option<String>,
+    ) -> Result<StartedSession> {
         if self.shut_down.load(Ordering::SeqCst) {
-            return Err(AdapterError::new(ErrorCode::Cancelled, "the adapter has been shut down"));
+            return Err(AdapterError::new(
+                ErrorCode::Cancelled,
+                "the adapter has been shut down",
+            ));
         }
         params::validate_start_params(&params, &self.config.repo_root)?;
         let session_id = match session_id {
@@ -166,34 +193,61 @@ impl Adapter {
         {
             let mut sessions = self.lock_sessions();
             if sessions.contains_key(&session_id) {
-                return Err(AdapterError::new(ErrorCode::DuplicateSession, format!("a session with sessionID {session_id} is running")));
+                return Err(AdapterError::new(
+                    ErrorCode::DuplicateSession,
+                    format!("a session with sessionID {session_id} is running"),
+                ));
             }
             if let Some(b) = &branch {
                 if let Some((id, _)) = sessions.iter().find(|(_, e)| e.branch.as_ref() == Some(b)) {
                     return Err(AdapterError::new(
                         ErrorCode::DuplicateSession,
-                        format!("branch {b:?} is in use by running session {id}; its worktree is live"),
+                        format!(
+                            "branch {b:?} is in use by running session {id}; its worktree is live"
+                        ),
                     ));
                 }
             }
-            sessions.insert(session_id.clone(), Entry { stop: stop.clone(), branch: branch.clone(), done: done_rx });
+            sessions.insert(
+                session_id.clone(),
+                Entry {
+                    stop: stop.clone(),
+                    branch: branch.clone(),
+                    done: done_rx,
+                },
+            );
         }
-        let mut registration = Registration { adapter: self, id: session_id.clone(), done: Some(done_tx) };
+        let mut registration = Registration {
+            adapter: self.clone(),
+            id: session_id.clone(),
+            done: Some(done_tx),
+        };
         let role = params.role();
-        self.log(LogLevel::Info, "starting agent session", json!({ "sessionID": session_id, "role": role.as_str() }));
+        self.log(
+            LogLevel::Info,
+            "starting agent session",
+            json!({ "sessionID": session_id, "role": role.as_str() }),
+        );
 
         // Worktree first (Implementor): context and definition failures must clean it up.
         let worktree = match &branch {
             Some(b) => {
                 let env = command::build_env(std::env::vars(), &self.config.env);
                 let provisioned = RepoGit::for_repo(&self.config.repo_root)
-                    .provision(b, &self.config.default_branch, self.config.worktree_setup_command.as_deref(), &env)
+                    .provision(
+                        b,
+                        &self.config.default_branch,
+                        self.config.worktree_setup_command.as_deref(),
+                        &env,
+                    )
                     .await?;
                 Some(provisioned)
             }
             None => None,
         };
-        let prepared = self.prepare(&params, &session_id, &stop, worktree.as_ref()).await;
+        let prepared = self
+            .prepare(&params, &session_id, &stop, worktree.as_ref())
+            .await;
         let (spec, max_turns_note, transcript, output, observer) = match prepared {
             Ok(p) => p,
             Err(e) => {
@@ -214,7 +268,11 @@ impl Adapter {
                 return Err(e);
             }
         };
-        self.log(LogLevel::Debug, "claude CLI initialized", json!({ "sessionID": session_id, "role": role.as_str(), "pid": running.pid() }));
+        self.log(
+            LogLevel::Debug,
+            "claude CLI initialized",
+            json!({ "sessionID": session_id, "role": role.as_str(), "pid": running.pid() }),
+        );
 
         let (result_tx, result_rx) = oneshot::channel();
         let done = registration.done.take().expect("registration is fresh");
@@ -236,11 +294,25 @@ impl Adapter {
         tokio::spawn(async move {
             let end = running.run().await;
             monitor_output.close();
-            let outcome = adapter.finish(role, end, worktree.as_ref(), transcript.as_deref(), &monitor_id).await;
-            adapter.cleanup_worktree(worktree.as_ref(), &monitor_id).await;
+            let outcome = adapter
+                .finish(
+                    role,
+                    end,
+                    worktree.as_ref(),
+                    transcript.as_deref(),
+                    &monitor_id,
+                )
+                .await;
+            adapter
+                .cleanup_worktree(worktree.as_ref(), &monitor_id)
+                .await;
             match (&outcome, &transcript) {
                 (Ok(_), Some(t)) => t.footer("completed", "the agent's result passed validation"),
-                (Err(e), Some(t)) if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => t.footer("cancelled", &e.to_string()),
+                (Err(e), Some(t))
+                    if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) =>
+                {
+                    t.footer("cancelled", &e.to_string())
+                }
                 (Err(e), Some(t)) => t.footer("failed", &e.to_string()),
                 _ => {}
             }
@@ -254,7 +326,13 @@ impl Adapter {
             let _ = done.send(true);
             let _ = result_tx.send(outcome);
         });
-        Ok(StartedSession { session_id, output, result: result_rx, log_file_path, stop })
+        Ok(StartedSession {
+            session_id,
+            output,
+            result: result_rx,
+            log_file_path,
+            stop,
+        })
     }
 
     #[allow(clippy::type_complexity)]
@@ -264,10 +342,22 @@ impl Adapter {
         session_id: &str,
         stop: &StopSignal,
         worktree: Option<&Worktree>,
-    ) -> Result<(SessionSpec, (), Option<Arc<Transcript>>, Arc<OutputBuffer>, Arc<dyn SessionObserver>)> {
+    ) -> Result<(
+        SessionSpec,
+        (),
+        Option<Arc<Transcript>>,
+        Arc<OutputBuffer>,
+        Arc<dyn SessionObserver>,
+    )> {
         let cfg = &self.config;
         let role = params.role();
-        let prompt = context::build_prompt(params, &self.deps, &cfg.repo_root, &self.fetch_options(stop)).await?;
+        let prompt = context::build_prompt(
+            params,
+            &self.deps,
+            &cfg.repo_root,
+            &self.fetch_options(stop),
+        )
+        .await?;
         let definition = agent_definition::load(&cfg.repo_root, role, &cfg.context_paths)?;
         let program = locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?;
         let schema = schema::output_schema(role).clone();
@@ -287,7 +377,9 @@ impl Adapter {
                 transcript::epoch_millis(),
                 params,
                 session_id,
-                Box::new(move |msg: &str| logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))),
+                Box::new(move |msg: &str| {
+                    logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))
+                }),
             ))
         });
         let output = OutputBuffer::new(DEFAULT_BOUND);
@@ -298,7 +390,9 @@ impl Adapter {
             session_id: session_id.to_string(),
             role,
         });
-        let cwd = worktree.map(|w| w.path.clone()).unwrap_or_else(|| cfg.repo_root.clone());
+        let cwd = worktree
+            .map(|w| w.path.clone())
+            .unwrap_or_else(|| cfg.repo_root.clone());
         let spec = SessionSpec {
             program,
             args,
@@ -321,15 +415,28 @@ impl Adapter {
     }
 
     /// Turn how the session ended into the `result` the engine gets.
-    async fn finish(&self, role: Role, end: SessionEnd, worktree: Option<&Worktree>, transcript: Option<&Transcript>, session_id: &str) -> Result<Value> {
+    async fn finish(
+        &self,
+        role: Role,
+        end: SessionEnd,
+        worktree: Option<&Worktree>,
+        transcript: Option<&Transcript>,
+        session_id: &str,
+    ) -> Result<Value> {
         let output = evaluate(role, end)?;
         let Some(w) = worktree else { return Ok(output) };
         let mut output = output;
         let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
         let patch = if completed {
-            let patch = patch::extract_patch(&w.path, &w.base_commit).await.map_err(|e| {
-                AdapterError::new(ErrorCode::AgentFailed, format!("could not extract the patch: {}", e.message)).with_shared_cause(Arc::new(e))
-            })?;
+            let patch = patch::extract_patch(&w.path, &w.base_commit)
+                .await
+                .map_err(|e| {
+                    AdapterError::new(
+                        ErrorCode::AgentFailed,
+                        format!("could not extract the patch: {}", e.message),
+                    )
+                    .with_shared_cause(Arc::new(e))
+                })?;
             if patch.is_empty() {
                 return Err(AdapterError::new(
                     ErrorCode::EmptyPatch,
@@ -364,11 +471,20 @@ impl Adapter {
 /// The result rules: `success` AND not `is_error` AND structured output present AND valid.
 pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
     let exit = session::describe_exit(end.exit);
-    let stderr = if end.stderr_tail.is_empty() { String::new() } else { format!("; stderr: {}", end.stderr_tail) };
+    let stderr = if end.stderr_tail.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {}", end.stderr_tail)
+    };
     if let Some(reason) = end.stopped {
         return Err(match reason {
-            StopReason::Cancelled => AdapterError::new(ErrorCode::Cancelled, "the session was cancelled"),
-            StopReason::Timeout => AdapterError::new(ErrorCode::Timeout, "the session exceeded maxAgentDuration and was stopped"),
+            StopReason::Cancelled => {
+                AdapterError::new(ErrorCode::Cancelled, "the session was cancelled")
+            }
+            StopReason::Timeout => AdapterError::new(
+                ErrorCode::Timeout,
+                "the session exceeded maxAgentDuration and was stopped",
+            ),
         });
     }
     let Some(r) = end.result else {
@@ -385,17 +501,34 @@ pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
         ));
     }
     if r.subtype != "success" || r.is_error {
-        let text = r.result.as_deref().filter(|t| !t.is_empty()).map(|t| format!("; result: {t}")).unwrap_or_default();
+        let text = r
+            .result
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("; result: {t}"))
+            .unwrap_or_default();
         return Err(AdapterError::new(
             ErrorCode::AgentFailed,
-            format!("the agent failed: subtype {}{}, errors [{}] ({exit}){text}{stderr}", r.subtype, if r.is_error { ", is_error" } else { "" }, errors.join("; ")),
+            format!(
+                "the agent failed: subtype {}{}, errors [{}] ({exit}){text}{stderr}",
+                r.subtype,
+                if r.is_error { ", is_error" } else { "" },
+                errors.join("; ")
+            ),
         ));
     }
     let Some(out) = r.structured_output else {
         return Err(AdapterError::new(ErrorCode::OutputInvalid, "the agent finished without structured output (it never called the StructuredOutput tool)"));
     };
     schema::validate(role, &out).map_err(|violations| {
-        AdapterError::new(ErrorCode::OutputInvalid, format!("the structured output fails the {} schema: {}", role.as_str(), violations.join("; ")))
+        AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!(
+                "the structured output fails the {} schema: {}",
+                role.as_str(),
+                violations.join("; ")
+            ),
+        )
     })?;
     Ok(out)
 }
@@ -421,7 +554,8 @@ impl SessionObserver for Observer {
                 let mut d = ids();
                 d["model"] = v.get("model").cloned().unwrap_or(Value::Null);
                 d["cwd"] = v.get("cwd").cloned().unwrap_or(Value::Null);
-                self.logger.log(LogLevel::Debug, "agent session initialized", d);
+                self.logger
+                    .log(LogLevel::Debug, "agent session initialized", d);
             }
             SessionEvent::Text(text) => {
                 self.output.push(text);
@@ -434,7 +568,12 @@ impl SessionObserver for Observer {
                     t.tool_use(name, input);
                 }
             }
-            SessionEvent::Hook { tool_name, input, decision, failure } => {
+            SessionEvent::Hook {
+                tool_name,
+                input,
+                decision,
+                failure,
+            } => {
                 if let Some(t) = t {
                     t.hook(tool_name, input, decision, failure);
                 }
@@ -443,13 +582,20 @@ impl SessionObserver for Observer {
                 match (decision, failure) {
                     (_, Some(f)) => {
                         d["error"] = json!(f);
-                        self.logger.log(LogLevel::Error, "bash validator hook failed; command blocked", d);
+                        self.logger.log(
+                            LogLevel::Error,
+                            "bash validator hook failed; command blocked",
+                            d,
+                        );
                     }
                     (HookDecision::Block { reason }, None) => {
                         d["reason"] = json!(reason);
-                        self.logger.log(LogLevel::Info, "bash command blocked by validator", d);
+                        self.logger
+                            .log(LogLevel::Info, "bash command blocked by validator", d);
                     }
-                    (HookDecision::Approve, None) => self.logger.log(LogLevel::Debug, "bash command approved", d),
+                    (HookDecision::Approve, None) => {
+                        self.logger.log(LogLevel::Debug, "bash command approved", d)
+                    }
                 }
             }
             SessionEvent::Result(r) => {
@@ -459,18 +605,42 @@ impl SessionObserver for Observer {
             }
             SessionEvent::UnreadableLine { error, bytes } => {
                 if let Some(t) = t {
-                    t.note("warning", &format!("unreadable line from the CLI ({bytes} bytes): {error}"));
+                    t.note(
+                        "warning",
+                        &format!("unreadable line from the CLI ({bytes} bytes): {error}"),
+                    );
                 }
                 let mut d = ids();
                 d["error"] = json!(error);
-                self.logger.log(LogLevel::Warn, "unreadable line from the Claude Code CLI", d);
+                self.logger.log(
+                    LogLevel::Warn,
+                    "unreadable line from the Claude Code CLI",
+                    d,
+                );
             }
             SessionEvent::Stopping(reason) => {
                 if let Some(t) = t {
-                    t.note("stop", &format!("stopping the session ({})", reason.as_str()));
+                    t.note(
+                        "stop",
+                        &format!("stopping the session ({})", reason.as_str()),
+                    );
                 }
-                self.logger.log(LogLevel::Info, &format!("stopping agent session ({})", reason.as_str()), ids());
+                self.logger.log(
+                    LogLevel::Info,
+                    &format!("stopping agent session ({})", reason.as_str()),
+                    ids(),
+                );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod send_tests {
+    fn assert_send<T: Send>(_: &T) {}
+    #[allow(dead_code)]
+    fn futures_are_send(a: std::sync::Arc<super::Adapter>, p: crate::domain::StartParams) {
+        let f = async move { a.start_agent(p, None).await };
+        assert_send(&f);
     }
 }

@@ -73,34 +73,65 @@ impl RawConfig {
     pub fn validate(self) -> Result<AdapterConfig> {
         let root = PathBuf::from(&self.repo_root);
         if self.repo_root.is_empty() || !root.is_absolute() {
-            return Err(invalid("repoRoot", format!("must be an absolute path (got {:?})", self.repo_root)));
+            return Err(invalid(
+                "repoRoot",
+                format!("must be an absolute path (got {:?})", self.repo_root),
+            ));
         }
         if !root.is_dir() {
-            return Err(invalid("repoRoot", format!("{} does not exist or is not a directory", root.display())));
+            return Err(invalid(
+                "repoRoot",
+                format!("{} does not exist or is not a directory", root.display()),
+            ));
         }
-        let repo = git2::Repository::open(&root)
-            .map_err(|e| invalid("repoRoot", format!("{} is not a git repository: {}", root.display(), e.message())).with_cause(e))?;
+        let repo = git2::Repository::open(&root).map_err(|e| {
+            invalid(
+                "repoRoot",
+                format!(
+                    "{} is not a git repository: {}",
+                    root.display(),
+                    e.message()
+                ),
+            )
+            .with_cause(e)
+        })?;
         if self.default_branch.trim().is_empty() {
             return Err(invalid("defaultBranch", "must be a non-empty branch name"));
         }
-        if repo.revparse_single(&format!("{}^{{commit}}", self.default_branch)).is_err() {
+        if repo
+            .revparse_single(&format!("{}^{{commit}}", self.default_branch))
+            .is_err()
+        {
             return Err(invalid(
                 "defaultBranch",
-                format!("{:?} does not name a commit in {}", self.default_branch, root.display()),
+                format!(
+                    "{:?} does not name a commit in {}",
+                    self.default_branch,
+                    root.display()
+                ),
             ));
         }
         for (i, p) in self.context_paths.iter().enumerate() {
             if !is_contained_relative(p) {
-                return Err(invalid(&format!("contextPaths[{i}]"), format!("must be a relative path inside repoRoot (got {p:?})")));
+                return Err(invalid(
+                    &format!("contextPaths[{i}]"),
+                    format!("must be a relative path inside repoRoot (got {p:?})"),
+                ));
             }
         }
         let d = self.max_agent_duration;
         if !d.is_finite() || d < 0.0 {
-            return Err(invalid("maxAgentDuration", format!("must be a number of seconds >= 0 (got {d})")));
+            return Err(invalid(
+                "maxAgentDuration",
+                format!("must be a number of seconds >= 0 (got {d})"),
+            ));
         }
         let logs_dir = if self.agent_sessions_logging {
             if self.logs_dir.is_empty() {
-                return Err(invalid("logging.logsDir", "must be a directory path when logging.agentSessions is true"));
+                return Err(invalid(
+                    "logging.logsDir",
+                    "must be a directory path when logging.agentSessions is true",
+                ));
             }
             Some(std::path::absolute(&self.logs_dir).map_err(|e| invalid("logging.logsDir", e))?)
         } else {
@@ -110,22 +141,41 @@ impl RawConfig {
             None => Some(vec!["yarn".to_string(), "install".to_string()]),
             Some(None) => None,
             Some(Some(argv)) if argv.is_empty() || argv[0].is_empty() => {
-                return Err(invalid("worktreeSetupCommand", "must be null or a non-empty argv array"));
+                return Err(invalid(
+                    "worktreeSetupCommand",
+                    "must be null or a non-empty argv array",
+                ));
             }
             Some(Some(argv)) => Some(argv),
         };
         let context_concurrency = match self.context_concurrency {
             None => DEFAULT_CONTEXT_CONCURRENCY,
             Some(n) if n.is_finite() && n >= 1.0 && n.fract() == 0.0 => n as usize,
-            Some(n) => return Err(invalid("contextConcurrency", format!("must be an integer >= 1 (got {n})"))),
+            Some(n) => {
+                return Err(invalid(
+                    "contextConcurrency",
+                    format!("must be an integer >= 1 (got {n})"),
+                ))
+            }
         };
         if let Some(m) = &self.model {
             if m.is_empty() {
-                return Err(invalid("model", "must be a non-empty model name when given"));
+                return Err(invalid(
+                    "model",
+                    "must be a non-empty model name when given",
+                ));
             }
         }
-        if let Some(k) = self.env.iter().map(|(k, _)| k).find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
-            return Err(invalid("env", format!("has an invalid variable name {k:?}")));
+        if let Some(k) = self
+            .env
+            .iter()
+            .map(|(k, _)| k)
+            .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err(invalid(
+                "env",
+                format!("has an invalid variable name {k:?}"),
+            ));
         }
         Ok(AdapterConfig {
             repo_root: root,
@@ -133,7 +183,10 @@ impl RawConfig {
             context_paths: self.context_paths,
             max_agent_duration: (d > 0.0).then(|| Duration::from_secs_f64(d)),
             logs_dir,
-            claude_executable: self.claude_executable.filter(|s| !s.is_empty()).map(PathBuf::from),
+            claude_executable: self
+                .claude_executable
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
             env: self.env,
             model: self.model,
             worktree_setup_command,
@@ -161,9 +214,15 @@ mod tests {
 impl RawConfig {
     /// The data fields of the JS config (functions are taken by the binding). `setup_given`
     /// tells an explicit `worktreeSetupCommand: null` (skip) from an absent one (default).
-    pub fn from_json(v: &serde_json::Value, setup_given: bool, cli_search_roots: Vec<PathBuf>) -> Result<RawConfig> {
+    pub fn from_json(
+        v: &serde_json::Value,
+        setup_given: bool,
+        cli_search_roots: Vec<PathBuf>,
+    ) -> Result<RawConfig> {
         use serde_json::Value;
-        let obj = v.as_object().ok_or_else(|| AdapterError::invalid_params("config must be an object"))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| AdapterError::invalid_params("config must be an object"))?;
         let string = |key: &str| match obj.get(key) {
             Some(Value::String(s)) => Ok(s.clone()),
             _ => Err(invalid(key, "must be a string")),
@@ -178,10 +237,17 @@ impl RawConfig {
                 .ok_or_else(|| invalid(key, "must be an array of strings"))?
                 .iter()
                 .enumerate()
-                .map(|(i, s)| s.as_str().map(str::to_string).ok_or_else(|| invalid(&format!("{key}[{i}]"), "must be a string")))
+                .map(|(i, s)| {
+                    s.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| invalid(&format!("{key}[{i}]"), "must be a string"))
+                })
                 .collect()
         };
-        let logging = obj.get("logging").and_then(Value::as_object).ok_or_else(|| invalid("logging", "must be an object { agentSessions, logsDir }"))?;
+        let logging = obj
+            .get("logging")
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid("logging", "must be an object { agentSessions, logsDir }"))?;
         let agent_sessions_logging = logging
             .get("agentSessions")
             .and_then(Value::as_bool)
@@ -195,18 +261,30 @@ impl RawConfig {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Object(m)) => m
                 .iter()
-                .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())).ok_or_else(|| invalid(&format!("env.{k}"), "must be a string")))
+                .map(|(k, v)| {
+                    v.as_str()
+                        .map(|s| (k.clone(), s.to_string()))
+                        .ok_or_else(|| invalid(&format!("env.{k}"), "must be a string"))
+                })
                 .collect::<Result<_>>()?,
             Some(_) => return Err(invalid("env", "must be an object of strings")),
         };
         Ok(RawConfig {
             repo_root: string("repoRoot")?,
             default_branch: string("defaultBranch")?,
-            context_paths: strings("contextPaths", obj.get("contextPaths").unwrap_or(&Value::Null))?,
+            context_paths: strings(
+                "contextPaths",
+                obj.get("contextPaths").unwrap_or(&Value::Null),
+            )?,
             max_agent_duration: obj
                 .get("maxAgentDuration")
                 .and_then(Value::as_f64)
-                .ok_or_else(|| invalid("maxAgentDuration", "must be a number of seconds (0 = no limit)"))?,
+                .ok_or_else(|| {
+                    invalid(
+                        "maxAgentDuration",
+                        "must be a number of seconds (0 = no limit)",
+                    )
+                })?,
             agent_sessions_logging,
             logs_dir,
             claude_executable: opt_string("claudeExecutable")?,
@@ -219,7 +297,10 @@ impl RawConfig {
             },
             context_concurrency: match obj.get("contextConcurrency") {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_f64().ok_or_else(|| invalid("contextConcurrency", "must be a number"))?),
+                Some(v) => Some(
+                    v.as_f64()
+                        .ok_or_else(|| invalid("contextConcurrency", "must be a number"))?,
+                ),
             },
             cli_search_roots,
         })

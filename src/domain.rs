@@ -163,7 +163,9 @@ pub mod from_json {
     type Res<T> = std::result::Result<T, String>;
 
     fn string(v: &Value, path: &str) -> Res<String> {
-        v.as_str().map(str::to_string).ok_or_else(|| format!("{path} must be a string"))
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{path} must be a string"))
     }
 
     fn opt_string(v: Option<&Value>, path: &str) -> Res<Option<String>> {
@@ -201,7 +203,10 @@ pub mod from_json {
             id: string(field(v, "id", path)?, &format!("{path}.id"))?,
             title: string(field(v, "title", path)?, &format!("{path}.title"))?,
             status: string(field(v, "status", path)?, &format!("{path}.status"))?,
-            linked_revision: opt_string(v.get("linkedRevision"), &format!("{path}.linkedRevision"))?,
+            linked_revision: opt_string(
+                v.get("linkedRevision"),
+                &format!("{path}.linkedRevision"),
+            )?,
         })
     }
 
@@ -214,7 +219,11 @@ pub mod from_json {
                     Some("pending") => PipelineStatus::Pending,
                     Some("success") => PipelineStatus::Success,
                     Some("failure") => PipelineStatus::Failure,
-                    _ => return Err(format!("{pp}.status must be 'pending', 'success' or 'failure'")),
+                    _ => {
+                        return Err(format!(
+                            "{pp}.status must be 'pending', 'success' or 'failure'"
+                        ))
+                    }
                 };
                 Some(Pipeline {
                     status,
@@ -254,7 +263,9 @@ pub mod from_json {
     }
 
     pub fn revision_files(v: &Value) -> Res<Vec<RevisionFile>> {
-        let arr = v.as_array().ok_or("the result must be an array of RevisionFile")?;
+        let arr = v
+            .as_array()
+            .ok_or("the result must be an array of RevisionFile")?;
         arr.iter()
             .enumerate()
             .map(|(i, f)| {
@@ -269,7 +280,9 @@ pub mod from_json {
     }
 
     pub fn review_history(v: &Value) -> Res<ReviewHistory> {
-        let reviews = field(v, "reviews", "result")?.as_array().ok_or("result.reviews must be an array")?;
+        let reviews = field(v, "reviews", "result")?
+            .as_array()
+            .ok_or("result.reviews must be an array")?;
         let comments = field(v, "inlineComments", "result")?
             .as_array()
             .ok_or("result.inlineComments must be an array")?;
@@ -293,7 +306,9 @@ pub mod from_json {
                     let p = format!("inlineComments[{i}]");
                     let line = match c.get("line") {
                         None | Some(Value::Null) => None,
-                        Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => n.as_f64().map(|f| f as i64),
+                        Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+                            n.as_f64().map(|f| f as i64)
+                        }
                         Some(_) => return Err(format!("{p}.line must be an integer or null")),
                     };
                     Ok(ReviewInlineComment {
@@ -311,7 +326,9 @@ pub mod from_json {
 impl StartParams {
     /// Start params as the engine passes them, checked per role. Errors name the field.
     /// Returns the params and the optional `sessionID`.
-    pub fn from_json(v: &serde_json::Value) -> std::result::Result<(StartParams, Option<String>), String> {
+    pub fn from_json(
+        v: &serde_json::Value,
+    ) -> std::result::Result<(StartParams, Option<String>), String> {
         use serde_json::Value;
         let obj = v.as_object().ok_or("params must be an object")?;
         let s = |key: &str| -> std::result::Result<String, String> {
@@ -333,18 +350,30 @@ impl StartParams {
                     Some(Value::Array(a)) => a
                         .iter()
                         .enumerate()
-                        .map(|(i, p)| p.as_str().map(str::to_string).ok_or(format!("params.specPaths[{i}] must be a string")))
+                        .map(|(i, p)| {
+                            p.as_str()
+                                .map(str::to_string)
+                                .ok_or(format!("params.specPaths[{i}] must be a string"))
+                        })
                         .collect::<std::result::Result<Vec<_>, _>>()?,
                     _ => return Err("params.specPaths must be an array of paths".into()),
                 };
                 StartParams::Planner { spec_paths: paths }
             }
-            Some("implementor") => StartParams::Implementor { work_item_id: s("workItemID")?, branch_name: s("branchName")? },
-            Some("reviewer") => StartParams::Reviewer { work_item_id: s("workItemID")?, revision_id: s("revisionID")? },
+            Some("implementor") => StartParams::Implementor {
+                work_item_id: s("workItemID")?,
+                branch_name: s("branchName")?,
+            },
+            Some("reviewer") => StartParams::Reviewer {
+                work_item_id: s("workItemID")?,
+                revision_id: s("revisionID")?,
+            },
             other => {
                 return Err(format!(
                     "params.role must be 'planner', 'implementor' or 'reviewer' (got {})",
-                    other.map(|r| format!("{r:?}")).unwrap_or_else(|| "no role".into())
+                    other
+                        .map(|r| format!("{r:?}"))
+                        .unwrap_or_else(|| "no role".into())
                 ))
             }
         };

@@ -37,8 +37,12 @@ fn addon_dir() -> Option<PathBuf> {
     // SAFETY: dladdr only reads loader tables; the address is a function of this library.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(addon_dir as *const libc::c_void, &mut info) != 0 && !info.dli_fname.is_null() {
-            let path = std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned();
+        if libc::dladdr(addon_dir as *const libc::c_void, &mut info) != 0
+            && !info.dli_fname.is_null()
+        {
+            let path = std::ffi::CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned();
             return PathBuf::from(path).parent().map(|p| p.to_path_buf());
         }
     }
@@ -52,7 +56,9 @@ fn addon_dir() -> Option<PathBuf> {
 
 fn read_json(value: &Unknown) -> std::result::Result<serde_json::Value, String> {
     // SAFETY: the value belongs to the current call's env.
-    unsafe { Json::from_napi_value(value.env(), value.raw()) }.map_err(|e| e.reason)?.0
+    unsafe { Json::from_napi_value(value.env(), value.raw()) }
+        .map_err(|e| e.reason)?
+        .0
 }
 
 fn object<'a>(env: &Env, value: &Unknown<'a>, what: &str) -> Result<Object<'a>> {
@@ -70,17 +76,27 @@ pub fn create_claude_adapter(env: Env, config: Unknown, deps: Unknown) -> Result
     let deps_obj = object(&env, &deps, "deps")?;
     // `null` skips the setup step; absent (or undefined) means the default.
     let setup_given = config_obj.get::<Unknown>("worktreeSetupCommand")?.is_some();
-    let data = read_json(&config).map_err(|e| invalid(&env, format!("config cannot be read: {e}")))?;
-    let raw = RawConfig::from_json(&data, setup_given, crate::claude::locate::search_roots(addon_dir().as_deref())).map_err(|e| to_napi(&env, &e))?;
+    let data =
+        read_json(&config).map_err(|e| invalid(&env, format!("config cannot be read: {e}")))?;
+    let raw = RawConfig::from_json(
+        &data,
+        setup_given,
+        crate::claude::locate::search_roots(addon_dir().as_deref()),
+    )
+    .map_err(|e| to_napi(&env, &e))?;
     let cfg = raw.validate().map_err(|e| to_napi(&env, &e))?;
 
     let fail = |m: String| invalid(&env, m);
-    let hook = JsHook(Arc::new(method(&config_obj, "bashValidatorHook", "config.bashValidatorHook").map_err(fail)?));
+    let hook = JsHook(Arc::new(
+        method(&config_obj, "bashValidatorHook", "config.bashValidatorHook").map_err(fail)?,
+    ));
     let logger_obj = config_obj
         .get::<Object>("logger")
         .ok()
         .flatten()
-        .ok_or_else(|| fail("config.logger must be an object with debug, info and error methods".into()))?;
+        .ok_or_else(|| {
+            fail("config.logger must be an object with debug, info and error methods".into())
+        })?;
     let warn = match logger_obj.get::<Unknown>("warn")? {
         None => None,
         Some(_) => Some(method(&logger_obj, "warn", "config.logger.warn").map_err(fail)?),
@@ -102,27 +118,54 @@ pub fn create_claude_adapter(env: Env, config: Unknown, deps: Unknown) -> Result
     let revisions = reader("revisionReader")?;
     let js_deps = JsDeps {
         get_state: Arc::new(method(&deps_obj, "getState", "deps.getState").map_err(fail)?),
-        get_work_item_body: Arc::new(method(&work_items, "getWorkItemBody", "deps.workItemReader.getWorkItemBody").map_err(fail)?),
-        get_revision_files: Arc::new(method(&revisions, "getRevisionFiles", "deps.revisionReader.getRevisionFiles").map_err(fail)?),
-        get_review_history: Arc::new(method(&deps_obj, "getReviewHistory", "deps.getReviewHistory").map_err(fail)?),
+        get_work_item_body: Arc::new(
+            method(
+                &work_items,
+                "getWorkItemBody",
+                "deps.workItemReader.getWorkItemBody",
+            )
+            .map_err(fail)?,
+        ),
+        get_revision_files: Arc::new(
+            method(
+                &revisions,
+                "getRevisionFiles",
+                "deps.revisionReader.getRevisionFiles",
+            )
+            .map_err(fail)?,
+        ),
+        get_review_history: Arc::new(
+            method(&deps_obj, "getReviewHistory", "deps.getReviewHistory").map_err(fail)?,
+        ),
     };
     let inner = Adapter::new(cfg, Arc::new(js_deps), Arc::new(hook), Arc::new(logger));
     // Worktrees a dead engine process left behind are removed before the first session.
     let sweeper = inner.clone();
     napi::bindgen_prelude::block_on(async move { sweeper.sweep_stale_worktrees().await });
-    Ok(RuntimeAdapter { inner, controllers: Rc::new(RefCell::new(HashMap::new())) })
+    Ok(RuntimeAdapter {
+        inner,
+        controllers: Rc::new(RefCell::new(HashMap::new())),
+    })
 }
 
 fn parse_params(params: &Unknown) -> CoreResult<(StartParams, Option<String>)> {
-    let v = read_json(params).map_err(|e| AdapterError::invalid_params(format!("params cannot be read: {e}")))?;
+    let v = read_json(params)
+        .map_err(|e| AdapterError::invalid_params(format!("params cannot be read: {e}")))?;
     StartParams::from_json(&v).map_err(AdapterError::invalid_params)
 }
 
 #[napi]
 impl RuntimeAdapter {
     /// Provision (Implementor), assemble the prompt, start the CLI; resolves once the agent runs.
-    #[napi(ts_args_type = "params: AgentStartParams", ts_return_type = "Promise<AgentRunHandle>")]
-    pub fn start_agent<'env>(&self, env: &'env Env, params: Unknown<'env>) -> Result<PromiseRaw<'env, Object<'env>>> {
+    #[napi(
+        ts_args_type = "params: AgentStartParams",
+        ts_return_type = "Promise<AgentRunHandle>"
+    )]
+    pub fn start_agent<'env>(
+        &self,
+        env: &'env Env,
+        params: Unknown<'env>,
+    ) -> Result<PromiseRaw<'env, Object<'env>>> {
         let parsed = parse_params(&params);
         let inner = self.inner.clone();
         let controllers = self.controllers.clone();
@@ -133,9 +176,13 @@ impl RuntimeAdapter {
                     Err(e) => Err(e),
                 })
             },
-            move |env, started| match started {
-                Ok(s) => handle::build(env, s, &controllers),
-                Err(e) => Err(to_napi(env, &e)),
+            move |env: &Env,
+                  started: CoreResult<crate::adapter::StartedSession>|
+                  -> Result<Object> {
+                match started {
+                    Ok(s) => handle::build(env, s, &controllers),
+                    Err(e) => Err(to_napi(env, &e)),
+                }
             },
         )
     }
@@ -161,8 +208,15 @@ impl RuntimeAdapter {
     }
 
     /// The enriched prompt `startAgent` would send for these params; provisions and runs nothing.
-    #[napi(ts_args_type = "params: AgentStartParams", ts_return_type = "Promise<string>")]
-    pub fn preview_prompt<'env>(&self, env: &'env Env, params: Unknown<'env>) -> Result<PromiseRaw<'env, String>> {
+    #[napi(
+        ts_args_type = "params: AgentStartParams",
+        ts_return_type = "Promise<string>"
+    )]
+    pub fn preview_prompt<'env>(
+        &self,
+        env: &'env Env,
+        params: Unknown<'env>,
+    ) -> Result<PromiseRaw<'env, String>> {
         let parsed = parse_params(&params);
         let inner = self.inner.clone();
         env.spawn_future_with_callback(
@@ -172,7 +226,9 @@ impl RuntimeAdapter {
                     Err(e) => Err(e),
                 })
             },
-            |env, prompt| prompt.map_err(|e| to_napi(env, &e)),
+            |env: &Env, prompt: CoreResult<String>| -> Result<String> {
+                prompt.map_err(|e| to_napi(env, &e))
+            },
         )
     }
 }

@@ -21,7 +21,11 @@ use crate::error::{AdapterError, Result as CoreResult};
 pub type JsCallback<Args> = ThreadsafeFunction<Args, MaybePromise<Json>, Args, Status, false, true>;
 
 /// A function-valued property of `obj`, bound to `obj` so a provider's methods see `this`.
-pub fn method<Args: JsValuesTupleIntoVec + 'static>(obj: &Object, key: &str, what: &str) -> std::result::Result<JsCallback<Args>, String> {
+pub fn method<Args: JsValuesTupleIntoVec + 'static>(
+    obj: &Object,
+    key: &str,
+    what: &str,
+) -> std::result::Result<JsCallback<Args>, String> {
     let f: Function<Args, MaybePromise<Json>> = obj
         .get_named_property::<Function<Args, MaybePromise<Json>>>(key)
         .map_err(|_| format!("{what} must be a function"))?;
@@ -34,11 +38,18 @@ pub fn method<Args: JsValuesTupleIntoVec + 'static>(obj: &Object, key: &str, wha
         .map_err(|e| format!("{what}: {}", e.reason))
 }
 
-async fn call<Args: JsValuesTupleIntoVec + Send + 'static>(f: &JsCallback<Args>, args: Args, what: String) -> CoreResult<Value> {
-    let failed = |e: Error| AdapterError::context(format!("{what} failed: {}", e.reason)).with_cause(e);
+async fn call<Args: JsValuesTupleIntoVec + Send + 'static>(
+    f: &JsCallback<Args>,
+    args: Args,
+    what: String,
+) -> CoreResult<Value> {
+    let failed =
+        |e: Error| AdapterError::context(format!("{what} failed: {}", e.reason)).with_cause(e);
     let pending = f.call_async_catch(args).await.map_err(failed)?;
     let Json(value) = pending.settle().await.map_err(failed)?;
-    value.map_err(|e| AdapterError::context(format!("{what} returned a value that cannot be read: {e}")))
+    value.map_err(|e| {
+        AdapterError::context(format!("{what} returned a value that cannot be read: {e}"))
+    })
 }
 
 fn shape<T>(what: &str, parsed: std::result::Result<T, String>) -> CoreResult<T> {
@@ -67,12 +78,17 @@ impl Deps for JsDeps {
             let what = format!("workItemReader.getWorkItemBody({id:?})");
             match call(&f, id, what.clone()).await? {
                 Value::String(s) => Ok(s),
-                _ => Err(AdapterError::context(format!("{what} returned the wrong shape: the body must be a string"))),
+                _ => Err(AdapterError::context(format!(
+                    "{what} returned the wrong shape: the body must be a string"
+                ))),
             }
         })
     }
 
-    fn get_revision_files(&self, revision_id: String) -> BoxFuture<'static, CoreResult<Vec<RevisionFile>>> {
+    fn get_revision_files(
+        &self,
+        revision_id: String,
+    ) -> BoxFuture<'static, CoreResult<Vec<RevisionFile>>> {
         let f = self.get_revision_files.clone();
         Box::pin(async move {
             let what = format!("revisionReader.getRevisionFiles({revision_id:?})");
@@ -81,7 +97,10 @@ impl Deps for JsDeps {
         })
     }
 
-    fn get_review_history(&self, revision_id: String) -> BoxFuture<'static, CoreResult<ReviewHistory>> {
+    fn get_review_history(
+        &self,
+        revision_id: String,
+    ) -> BoxFuture<'static, CoreResult<ReviewHistory>> {
         let f = self.get_review_history.clone();
         Box::pin(async move {
             let what = format!("getReviewHistory({revision_id:?})");
@@ -96,12 +115,18 @@ impl Deps for JsDeps {
 pub struct JsHook(pub Arc<JsCallback<Value>>);
 
 impl BashHook for JsHook {
-    fn validate(&self, tool_name: String, tool_input: Value) -> BoxFuture<'static, CoreResult<HookDecision>> {
+    fn validate(
+        &self,
+        tool_name: String,
+        tool_input: Value,
+    ) -> BoxFuture<'static, CoreResult<HookDecision>> {
         let f = self.0.clone();
         Box::pin(async move {
             let event = json!({ "tool_name": tool_name, "tool_input": tool_input });
             let answer = call(&f, event, "bashValidatorHook".into()).await?;
-            parse_hook_answer(&answer).map_err(|e| AdapterError::context(format!("bashValidatorHook answered nonsense: {e}")))
+            parse_hook_answer(&answer).map_err(|e| {
+                AdapterError::context(format!("bashValidatorHook answered nonsense: {e}"))
+            })
         })
     }
 }
@@ -112,10 +137,14 @@ pub fn parse_hook_answer(v: &Value) -> std::result::Result<HookDecision, String>
         Value::Object(m) => match m.get("decision").and_then(Value::as_str) {
             Some("approve") => Ok(HookDecision::Approve),
             Some("block") => match m.get("reason") {
-                Some(Value::String(reason)) => Ok(HookDecision::Block { reason: reason.clone() }),
+                Some(Value::String(reason)) => Ok(HookDecision::Block {
+                    reason: reason.clone(),
+                }),
                 _ => Err("a 'block' decision must carry a string reason".into()),
             },
-            _ => Err(format!("expected {{decision: 'approve'}} or {{decision: 'block', reason}}, got {v}")),
+            _ => Err(format!(
+                "expected {{decision: 'approve'}} or {{decision: 'block', reason}}, got {v}"
+            )),
         },
         other => Err(format!("expected an object or undefined, got {other}")),
     }
@@ -140,6 +169,10 @@ impl Logger for JsLogger {
             LogLevel::Warn => self.warn.as_ref().unwrap_or(&self.info),
             LogLevel::Error => &self.error,
         };
-        f.call_with_return_value(FnArgs::from((message.to_string(), data)), ThreadsafeFunctionCallMode::NonBlocking, |_, _| Ok(()));
+        f.call_with_return_value(
+            FnArgs::from((message.to_string(), data)),
+            ThreadsafeFunctionCallMode::NonBlocking,
+            |_, _| Ok(()),
+        );
     }
 }

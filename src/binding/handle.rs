@@ -29,12 +29,18 @@ impl AsyncGenerator for OutputStream {
     type Next = ();
     type Return = ();
 
-    fn next(&mut self, _value: Option<()>) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
+    fn next(
+        &mut self,
+        _value: Option<()>,
+    ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
         let buffer = self.buffer.clone();
         async move { Ok(buffer.next().await) }
     }
 
-    fn complete(&mut self, _value: Option<()>) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
+    fn complete(
+        &mut self,
+        _value: Option<()>,
+    ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
         self.buffer.detach();
         async move { Ok(None) }
     }
@@ -50,20 +56,39 @@ pub fn abort(env: &Env, controller: &ObjectRef<false>, reason: StopReason) -> Re
     Ok(())
 }
 
-pub fn build<'env>(env: &'env Env, started: StartedSession, controllers: &Controllers) -> Result<Object<'env>> {
-    let StartedSession { session_id, output, result, log_file_path, stop: _ } = started;
+pub fn build<'env>(
+    env: &'env Env,
+    started: StartedSession,
+    controllers: &Controllers,
+) -> Result<Object<'env>> {
+    let StartedSession {
+        session_id,
+        output,
+        result,
+        log_file_path,
+        stop: _,
+    } = started;
     let ctor: Function<(), Unknown> = env.get_global()?.get_named_property("AbortController")?;
     let controller = ctor.new_instance(())?.coerce_to_object()?;
     let signal: Object = controller.get_named_property("signal")?;
-    controllers.borrow_mut().insert(session_id.clone(), controller.create_ref::<false>()?);
+    controllers
+        .borrow_mut()
+        .insert(session_id.clone(), controller.create_ref::<false>()?);
 
     let controllers = controllers.clone();
     let id = session_id.clone();
     let promise = env.spawn_future_with_callback(
         async move {
-            Ok(result.await.map_err(|_| crate::error::AdapterError::new(ErrorCode::AgentFailed, "the session ended without reporting a result")))
+            Ok(result.await.unwrap_or_else(|_| {
+                Err(crate::error::AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    "the session ended without reporting a result",
+                ))
+            }))
         },
-        move |env, outcome| {
+        move |env: &Env,
+              outcome: std::result::Result<serde_json::Value, crate::error::AdapterError>|
+              -> Result<serde_json::Value> {
             let controller = controllers.borrow_mut().remove(&id);
             match outcome {
                 Ok(value) => Ok(value),
@@ -89,7 +114,10 @@ pub fn build<'env>(env: &'env Env, started: StartedSession, controllers: &Contro
     handle.set("sessionID", session_id)?;
     handle.set("output", OutputStream { buffer: output })?;
     handle.set("result", promise)?;
-    handle.set("logFilePath", log_file_path.map(|p| p.display().to_string()))?;
+    handle.set(
+        "logFilePath",
+        log_file_path.map(|p| p.display().to_string()),
+    )?;
     handle.set("abortSignal", signal)?;
     Ok(handle)
 }

@@ -74,7 +74,9 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
             ValueType::Boolean => Ok(Value::Bool(bool::from_napi_value(env, value)?)),
             ValueType::Number => {
                 let n = f64::from_napi_value(env, value)?;
-                Ok(serde_json::Number::from_f64(n).map(Value::Number).unwrap_or(Value::Null))
+                Ok(serde_json::Number::from_f64(n)
+                    .map(Value::Number)
+                    .unwrap_or(Value::Null))
             }
             ValueType::String => Ok(Value::String(String::from_napi_value(env, value)?)),
             ValueType::Object => {
@@ -87,7 +89,8 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
                         let env_ = Env::from_raw(env);
                         let array: Object = env_.get_global()?.get_named_property("Array")?;
                         let from: Function<Unknown, Unknown> = array.get_named_property("from")?;
-                        from.apply(array, Unknown::from_raw_unchecked(env, value))?.raw()
+                        from.apply(array, Unknown::from_raw_unchecked(env, value))?
+                            .raw()
                     };
                     let mut len = 0u32;
                     check_status!(sys::napi_get_array_length(env, items, &mut len))?;
@@ -117,7 +120,10 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
                 }
                 Ok(Value::Object(map))
             }
-            other => Err(Error::new(Status::InvalidArg, format!("a {other} value cannot be read as data"))),
+            other => Err(Error::new(
+                Status::InvalidArg,
+                format!("a {other} value cannot be read as data"),
+            )),
         }
     }
 }

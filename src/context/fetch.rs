@@ -114,8 +114,10 @@ impl Fetcher {
     pub async fn work_item_bodies(&self, ids: &[String]) -> Result<Vec<String>> {
         // `buffered` keeps at most `concurrency` futures alive (bounded memory for huge
         // states); the semaphore is what bounds calls actually in flight.
-        futures::stream::iter(ids.iter())
-            .map(|id| self.work_item_body(id))
+        // Owned ids: a closure over `&String` would make the future's Send-ness depend on a
+        // higher-ranked lifetime rustc cannot prove, and the binding needs a Send future.
+        futures::stream::iter(ids.iter().cloned())
+            .map(|id| async move { self.work_item_body(&id).await })
             .buffered(self.concurrency)
             .try_collect()
             .await
