@@ -6,6 +6,7 @@
 //   await s.close();
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 
 /** The argv the official SDK passes (flags as --flag=value). */
 export function cliArgs({ agent, jsonSchema, maxTurns, model, sessionId, extra = [] } = {}) {
@@ -48,26 +49,34 @@ export function spawnCli({ bin, cwd, env, args = [], onControl } = {}) {
     stderr += d;
   });
 
-  let buf = '';
+  // Line splitter that stays linear for huge lines: only the new chunk is scanned for '\n'.
+  let parts = [];
   child.stdout.setEncoding('utf8');
   child.stdout.on('data', (d) => {
-    buf += d;
+    let start = 0;
     let nl;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
-      if (!line.trim()) continue;
-      let msg;
-      try {
-        msg = JSON.parse(line);
-      } catch {
-        badLines.push(line);
-        continue;
-      }
-      msg.__t = performance.now() - t0;
-      onMessage(msg);
+    while ((nl = d.indexOf('\n', start)) >= 0) {
+      parts.push(d.slice(start, nl));
+      const line = parts.length === 1 ? parts[0] : parts.join('');
+      parts = [];
+      start = nl + 1;
+      handleLine(line);
     }
+    if (start < d.length) parts.push(d.slice(start));
   });
+
+  function handleLine(line) {
+    if (!line.trim()) return;
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      badLines.push(line.length > 10_000 ? line.slice(0, 10_000) : line);
+      return;
+    }
+    msg.__t = performance.now() - t0;
+    onMessage(msg);
+  }
 
   const write = (obj) => child.stdin.write(JSON.stringify(obj) + '\n');
 
@@ -186,6 +195,22 @@ export function spawnCli({ bin, cwd, env, args = [], onControl } = {}) {
       return exitInfo;
     },
   };
+}
+
+/** True while `pid` exists and is not a zombie (Linux: reads /proc; elsewhere signal 0). */
+export function isProcessAlive(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    if (process.platform === 'linux') return false;
+  }
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 export { randomUUID };
