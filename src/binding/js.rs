@@ -87,7 +87,9 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
                         value
                     } else {
                         let env_ = Env::from_raw(env);
-                        let array: Object = env_.get_global()?.get_named_property("Array")?;
+                        // `Array` is a function; read it as one and use it as the `this` of `from`.
+                        let array: Unknown = env_.get_global()?.get_named_property("Array")?;
+                        let array = array.coerce_to_object()?;
                         let from: Function<Unknown, Unknown> = array.get_named_property("from")?;
                         from.apply(array, Unknown::from_raw_unchecked(env, value))?
                             .raw()
