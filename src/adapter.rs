@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
@@ -27,9 +26,6 @@ use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::schema;
 use crate::transcript::{self, Transcript};
-
-/// A context callback that has not settled by then fails the start (`ERR_CONTEXT`).
-pub const CONTEXT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Entry {
     stop: StopSignal,
@@ -121,7 +117,7 @@ impl Adapter {
     fn fetch_options(&self, stop: &StopSignal) -> FetchOptions {
         FetchOptions {
             concurrency: self.config.context_concurrency,
-            call_timeout: CONTEXT_CALL_TIMEOUT,
+            call_timeout: self.config.context_call_timeout,
             cancel: stop.token().clone(),
         }
     }
@@ -248,7 +244,7 @@ impl Adapter {
         let prepared = self
             .prepare(&params, &session_id, &stop, worktree.as_ref())
             .await;
-        let (spec, max_turns_note, transcript, output, observer) = match prepared {
+        let (spec, transcript, output, observer) = match prepared {
             Ok(p) => p,
             Err(e) => {
                 self.cleanup_worktree(worktree.as_ref(), &session_id).await;
@@ -256,7 +252,6 @@ impl Adapter {
                 return Err(e);
             }
         };
-        let _ = max_turns_note;
         let running = match session::start(spec, self.hook.clone(), observer, stop.clone()).await {
             Ok(r) => r,
             Err(e) => {
@@ -344,7 +339,6 @@ impl Adapter {
         worktree: Option<&Worktree>,
     ) -> Result<(
         SessionSpec,
-        (),
         Option<Arc<Transcript>>,
         Arc<OutputBuffer>,
         Arc<dyn SessionObserver>,
@@ -402,8 +396,9 @@ impl Adapter {
             agent: definition.to_cli_json(),
             schema,
             prompt,
+            hook_timeout: cfg.hook_timeout,
         };
-        Ok((spec, (), transcript, output, observer))
+        Ok((spec, transcript, output, observer))
     }
 
     async fn cleanup_worktree(&self, worktree: Option<&Worktree>, session_id: &str) {

@@ -25,6 +25,30 @@ pub struct AdapterConfig {
     pub context_concurrency: usize,
     /// Where to look for `node_modules/@anthropic-ai/claude-agent-sdk-<platform>`.
     pub cli_search_roots: Vec<PathBuf>,
+    /// Bound on one context callback (`ERR_CONTEXT` past it).
+    pub context_call_timeout: Duration,
+    /// Bound on one Bash validator answer (the command is blocked past it).
+    pub hook_timeout: Duration,
+}
+
+/// Default bounds; each can be tuned through the environment variable named beside it (an
+/// operator's knob, and how the tests reach the "never settles" paths in reasonable time).
+pub const CONTEXT_CALL_TIMEOUT: (&str, Duration) = (
+    "CLAUDE_RUNTIME_ADAPTER_CONTEXT_TIMEOUT_MS",
+    Duration::from_secs(30),
+);
+pub const HOOK_TIMEOUT: (&str, Duration) = (
+    "CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS",
+    Duration::from_secs(30),
+);
+
+fn bound((var, default): (&str, Duration)) -> Duration {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+        .unwrap_or(default)
 }
 
 /// The untrusted inputs as they arrive, before validation.
@@ -192,6 +216,8 @@ impl RawConfig {
             worktree_setup_command,
             context_concurrency,
             cli_search_roots: self.cli_search_roots,
+            context_call_timeout: bound(CONTEXT_CALL_TIMEOUT),
+            hook_timeout: bound(HOOK_TIMEOUT),
         })
     }
 }

@@ -188,7 +188,7 @@ impl RuntimeAdapter {
     }
 
     /// Stop a running session (`result` rejects with `ERR_CANCELLED`); unknown ids are a no-op.
-    #[napi]
+    #[napi(ts_args_type = "sessionID: string")]
     pub fn cancel_agent(&self, env: Env, session_id: String) -> Result<()> {
         if let Some(c) = self.controllers.borrow().get(&session_id) {
             handle::abort(&env, c, StopReason::Cancelled)?;

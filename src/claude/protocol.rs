@@ -94,6 +94,11 @@ pub fn parse_line(line: &[u8]) -> std::result::Result<Inbound, String> {
             Inbound::SystemInit(value)
         }
         "system" => Inbound::System(value),
+        // The CLI reports API errors as a synthetic assistant message too; that is not the
+        // agent's text (the error itself arrives in the result).
+        "assistant" if value.get("is_api_error_message").and_then(Value::as_bool) == Some(true) => {
+            Inbound::Other(value)
+        }
         "assistant" => Inbound::Assistant(value),
         "user" => Inbound::User(value),
         "result" => match serde_json::from_value::<ResultMessage>(value.clone()) {
@@ -226,6 +231,12 @@ mod tests {
         assert_eq!(r.subtype, "error_max_turns");
         assert_eq!(r.error_texts(), vec!["too many".to_string()]);
         assert_eq!(r.structured_output, Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn synthetic_api_error_messages_are_not_assistant_text() {
+        let m = parse_line(br#"{"type":"assistant","is_api_error_message":true,"message":{"model":"<synthetic>","content":[{"type":"text","text":"API Error: 500"}]}}"#).unwrap();
+        assert!(matches!(m, Inbound::Other(_)));
     }
 
     #[test]

@@ -30,8 +30,6 @@ const TERM_GRACE: Duration = Duration::from_millis(200);
 const EXIT_GRACE: Duration = Duration::from_secs(3);
 /// Spawn → `initialize` answered. The real CLI takes ~0.3 s; this bounds a CLI that hangs.
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
-/// A validator that has not answered by then blocks the command (fail closed).
-pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of stderr kept for error messages.
 const STDERR_TAIL: usize = 8 * 1024;
 
@@ -116,6 +114,8 @@ pub struct SessionSpec {
     pub agent: Value,
     pub schema: Value,
     pub prompt: String,
+    /// A validator that has not answered by then blocks the command (fail closed).
+    pub hook_timeout: Duration,
 }
 
 /// How a session ended.
@@ -137,6 +137,7 @@ pub struct RunningSession {
     hook: Arc<dyn BashHook>,
     observer: Arc<dyn SessionObserver>,
     stop: StopSignal,
+    hook_timeout: Duration,
     pending: Vec<Vec<u8>>,
     next_request: u64,
 }
@@ -212,6 +213,7 @@ pub async fn start(
         hook,
         observer,
         stop,
+        hook_timeout: spec.hook_timeout,
         pending: Vec::new(),
         next_request: 0,
     };
@@ -456,6 +458,7 @@ impl RunningSession {
         let input = request.get("input").cloned().unwrap_or(Value::Null);
         let hook = self.hook.clone();
         let observer = self.observer.clone();
+        let bound = self.hook_timeout;
         tokio::spawn(async move {
             let tool_name = input
                 .get("tool_name")
@@ -463,22 +466,18 @@ impl RunningSession {
                 .unwrap_or("")
                 .to_string();
             let tool_input = input.get("tool_input").cloned().unwrap_or(Value::Null);
-            let (decision, failure) = match timeout(
-                HOOK_TIMEOUT,
-                hook.validate(tool_name.clone(), tool_input.clone()),
-            )
-            .await
-            {
-                Ok(Ok(d)) => (d, None),
-                Ok(Err(e)) => (validator_failed(&e.message), Some(e.message)),
-                Err(_) => {
-                    let m = format!(
-                        "the validator did not answer within {}s",
-                        HOOK_TIMEOUT.as_secs()
-                    );
-                    (validator_failed(&m), Some(m))
-                }
-            };
+            let (decision, failure) =
+                match timeout(bound, hook.validate(tool_name.clone(), tool_input.clone())).await {
+                    Ok(Ok(d)) => (d, None),
+                    Ok(Err(e)) => (validator_failed(&e.message), Some(e.message)),
+                    Err(_) => {
+                        let m = format!(
+                            "the validator did not answer within {} ms",
+                            bound.as_millis()
+                        );
+                        (validator_failed(&m), Some(m))
+                    }
+                };
             observer.on_event(SessionEvent::Hook {
                 tool_name: &tool_name,
                 input: &tool_input,
