@@ -48,6 +48,8 @@ pub async fn extract_patch(worktree: &Path, base_commit: &str) -> Result<String>
         "diff-index",
         "--cached",
         "--binary",
+        // Full object ids on every `index` line: the non-UTF-8 fallback reads blobs by them.
+        "--full-index",
         "-M",
         "--end-of-options",
         base_commit,
