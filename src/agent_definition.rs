@@ -111,8 +111,11 @@ impl AgentDefinition {
 fn read_utf8(repo_root: &Path, rel: &str, what: &str) -> Result<String> {
     let path = repo_root.join(rel);
     let bytes = std::fs::read(&path).map_err(|e| {
-        definition_error(rel, format!("{what} could not be read at {}: {e}", path.display()))
-            .with_cause(e)
+        definition_error(
+            rel,
+            format!("{what} could not be read at {}: {e}", path.display()),
+        )
+        .with_cause(e)
     })?;
     String::from_utf8(bytes)
         .map_err(|e| definition_error(rel, format!("{what} is not UTF-8")).with_cause(e))
@@ -125,10 +128,16 @@ fn frontmatter(file: &str, text: &str) -> Result<(HashMap<String, Pod>, String)>
     let mut lines = text.lines();
     let opens = lines.next().is_some_and(|l| l.trim_end() == "---");
     if !opens {
-        return Err(definition_error(file, "has no YAML frontmatter (it must start with '---')"));
+        return Err(definition_error(
+            file,
+            "has no YAML frontmatter (it must start with '---')",
+        ));
     }
     if !lines.any(|l| l.trim_end() == "---") {
-        return Err(definition_error(file, "has an unterminated YAML frontmatter block"));
+        return Err(definition_error(
+            file,
+            "has an unterminated YAML frontmatter block",
+        ));
     }
     let parsed = Matter::<YAML>::new()
         .parse::<Pod>(text)

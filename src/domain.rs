@@ -105,7 +105,10 @@ pub struct EngineState {
 
 impl EngineState {
     pub fn work_item(&self, id: &str) -> Option<&WorkItem> {
-        self.work_items.iter().find(|(k, _)| k == id).map(|(_, v)| v)
+        self.work_items
+            .iter()
+            .find(|(k, _)| k == id)
+            .map(|(_, v)| v)
     }
 
     pub fn revision(&self, id: &str) -> Option<&Revision> {

@@ -44,7 +44,11 @@ fn require_id(field: &str, value: &str) -> Result<()> {
 /// A spec path must name a file inside the repository: relative, no `..`, and — when it
 /// exists — not reached through a symlink that leads outside.
 pub fn validate_spec_path(field: &str, path: &str, repo_root: &Path) -> Result<()> {
-    let bad = |why: &str| Err(AdapterError::invalid_params(format!("{field} {path:?} {why}")));
+    let bad = |why: &str| {
+        Err(AdapterError::invalid_params(format!(
+            "{field} {path:?} {why}"
+        )))
+    };
     if path.trim().is_empty() {
         return Err(AdapterError::invalid_params(format!("{field} is empty")));
     }

@@ -2,8 +2,8 @@
 //! revision's files, CI failure and review history (the "resume" tier).
 
 use super::{
-    fetch_revision_context, finish, render_ci, render_history, render_revision,
-    render_work_item, revision_in_state, work_item_in_state, Fetcher, RevisionContext,
+    fetch_revision_context, finish, render_ci, render_history, render_revision, render_work_item,
+    revision_in_state, work_item_in_state, Fetcher, RevisionContext,
 };
 use crate::domain::WorkItem;
 use crate::error::Result;

@@ -69,9 +69,9 @@ pub(crate) fn work_item_in_state<'a>(state: &'a EngineState, id: &str) -> Result
 }
 
 pub(crate) fn revision_in_state<'a>(state: &'a EngineState, id: &str) -> Result<&'a Revision> {
-    state.revision(id).ok_or_else(|| {
-        AdapterError::context(format!("revision {id:?} is not in the engine state"))
-    })
+    state
+        .revision(id)
+        .ok_or_else(|| AdapterError::context(format!("revision {id:?} is not in the engine state")))
 }
 
 /// Fetches what the revision part of a prompt needs, both calls at once.
@@ -180,7 +180,10 @@ pub fn render_history(history: &ReviewHistory, blocks: &mut Vec<String>) {
     if !history.reviews.is_empty() {
         blocks.push("### Prior Reviews".to_owned());
         for review in &history.reviews {
-            blocks.push(format!("#### Review by {} — {}", review.author, review.state));
+            blocks.push(format!(
+                "#### Review by {} — {}",
+                review.author, review.state
+            ));
             push_text(blocks, &review.body);
         }
     }

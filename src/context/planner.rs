@@ -35,7 +35,11 @@ pub struct WorkItemContext {
     pub body: String,
 }
 
-pub async fn assemble(fetcher: &Fetcher, repo_root: &Path, spec_paths: &[String]) -> Result<String> {
+pub async fn assemble(
+    fetcher: &Fetcher,
+    repo_root: &Path,
+    spec_paths: &[String],
+) -> Result<String> {
     let state = fetcher.state().await?;
     let planned: Vec<(String, Option<String>)> = spec_paths
         .iter()
@@ -66,7 +70,10 @@ pub async fn assemble(fetcher: &Fetcher, repo_root: &Path, spec_paths: &[String]
 
 /// Reads each spec fresh and classifies it. The repository is opened only if some spec needs
 /// its last planned blob.
-pub fn read_specs(repo_root: &Path, planned: &[(String, Option<String>)]) -> Result<Vec<SpecContext>> {
+pub fn read_specs(
+    repo_root: &Path,
+    planned: &[(String, Option<String>)],
+) -> Result<Vec<SpecContext>> {
     let mut repo: Option<Repository> = None;
     let mut specs = Vec::with_capacity(planned.len());
     for (path, last_sha) in planned {
@@ -77,8 +84,9 @@ pub fn read_specs(repo_root: &Path, planned: &[(String, Option<String>)]) -> Res
             ))
             .with_cause(e)
         })?;
-        let content = String::from_utf8(bytes)
-            .map_err(|e| AdapterError::context(format!("spec file {path:?} is not UTF-8")).with_cause(e))?;
+        let content = String::from_utf8(bytes).map_err(|e| {
+            AdapterError::context(format!("spec file {path:?} is not UTF-8")).with_cause(e)
+        })?;
         let change = match last_sha {
             None => SpecChange::Added,
             Some(sha) => {
@@ -134,8 +142,10 @@ fn read_blob(repo: &Repository, path: &str, sha: &str, oid: Oid) -> Result<Strin
         .with_cause(e)
     })?;
     String::from_utf8(blob.content().to_vec()).map_err(|e| {
-        AdapterError::context(format!("last planned blob {sha} of spec {path:?} is not UTF-8"))
-            .with_cause(e)
+        AdapterError::context(format!(
+            "last planned blob {sha} of spec {path:?} is not UTF-8"
+        ))
+        .with_cause(e)
     })
 }
 
@@ -197,4 +207,3 @@ fn heading_with_text(heading: String, text: &str) -> String {
         format!("{heading}\n{text}")
     }
 }
-

@@ -57,7 +57,11 @@ pub fn validate(role: Role, value: &Value) -> Result<(), Vec<String>> {
         .iter_errors(value)
         .map(|err| {
             let path = err.instance_path().to_string();
-            let path = if path.is_empty() { "/".to_owned() } else { path };
+            let path = if path.is_empty() {
+                "/".to_owned()
+            } else {
+                path
+            };
             format!("{path}: {err}")
         })
         .collect();
