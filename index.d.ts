@@ -121,7 +121,7 @@ export declare class RuntimeAdapter {
   /** Provision (Implementor), assemble the prompt, start the CLI; resolves once the agent runs. */
   startAgent(params: AgentStartParams): Promise<AgentRunHandle>
   /** Stop a running session (`result` rejects with `ERR_CANCELLED`); unknown ids are a no-op. */
-  cancelAgent(sessionId: string): void
+  cancelAgent(sessionID: string): void
   /** Cancel every session; resolves when each has settled and been cleaned up. */
   shutdown(): Promise<void>
   /** The enriched prompt `startAgent` would send for these params; provisions and runs nothing. */

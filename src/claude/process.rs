@@ -32,6 +32,12 @@ pub fn spawn(
                 if libc::setsid() == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // If the host process dies without cleaning up (killed, `process.exit()`), the
+                // CLI gets SIGTERM, on which it stops its running tool and exits.
+                #[cfg(target_os = "linux")]
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
