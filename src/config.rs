@@ -222,21 +222,6 @@ impl RawConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn contained_relative_paths() {
-        assert!(is_contained_relative(".claude/CLAUDE.md"));
-        assert!(is_contained_relative("a/../b"));
-        assert!(!is_contained_relative("../x"));
-        assert!(!is_contained_relative("a/../../x"));
-        assert!(!is_contained_relative("/etc/passwd"));
-        assert!(!is_contained_relative(""));
-    }
-}
-
 impl RawConfig {
     /// The data fields of the JS config (functions are taken by the binding). `setup_given`
     /// tells an explicit `worktreeSetupCommand: null` (skip) from an absent one (default).
@@ -330,5 +315,20 @@ impl RawConfig {
             },
             cli_search_roots,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contained_relative_paths() {
+        assert!(is_contained_relative(".claude/CLAUDE.md"));
+        assert!(is_contained_relative("a/../b"));
+        assert!(!is_contained_relative("../x"));
+        assert!(!is_contained_relative("a/../../x"));
+        assert!(!is_contained_relative("/etc/passwd"));
+        assert!(!is_contained_relative(""));
     }
 }

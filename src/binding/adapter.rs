@@ -66,7 +66,7 @@ fn object<'a>(env: &Env, value: &Unknown<'a>, what: &str) -> Result<Object<'a>> 
         return Err(invalid(env, format!("{what} must be an object")));
     }
     // SAFETY: checked to be an object above.
-    Ok(unsafe { value.cast::<Object>() }?)
+    unsafe { value.cast::<Object>() }
 }
 
 /// Create the adapter for one repository. Throws `ERR_INVALID_PARAMS` naming the field.
