@@ -67,8 +67,16 @@ impl Drop for Registration {
     }
 }
 
-fn is_uuid(s: &str) -> bool {
-    uuid::Uuid::parse_str(s).is_ok() && s.len() == 36
+/// `params.sessionID` when given (it must be a UUID: the CLI runs with it as its session id),
+/// else a fresh one.
+fn session_id_for(given: Option<String>) -> Result<String> {
+    match given {
+        Some(id) if uuid::Uuid::parse_str(&id).is_ok() && id.len() == 36 => Ok(id),
+        Some(id) => Err(AdapterError::invalid_params(format!(
+            "params.sessionID must be a UUID (the CLI runs with it as its session id); got {id:?}"
+        ))),
+        None => Ok(uuid::Uuid::new_v4().to_string()),
+    }
 }
 
 impl Adapter {
@@ -123,8 +131,13 @@ impl Adapter {
     }
 
     /// The enriched prompt `startAgent` would send; provisions and runs nothing.
-    pub async fn preview_prompt(&self, params: &StartParams) -> Result<String> {
+    pub async fn preview_prompt(
+        &self,
+        params: &StartParams,
+        session_id: Option<String>,
+    ) -> Result<String> {
         params::validate_start_params(params, &self.config.repo_root)?;
+        session_id_for(session_id)?;
         let stop = StopSignal::default();
         context::build_prompt(
             params,
@@ -171,15 +184,7 @@ impl Adapter {
             ));
         }
         params::validate_start_params(&params, &self.config.repo_root)?;
-        let session_id = match session_id {
-            Some(id) if is_uuid(&id) => id,
-            Some(id) => {
-                return Err(AdapterError::invalid_params(format!(
-                    "params.sessionID must be a UUID (the CLI runs with it as its session id); got {id:?}"
-                )))
-            }
-            None => uuid::Uuid::new_v4().to_string(),
-        };
+        let session_id = session_id_for(session_id)?;
         let branch = match &params {
             StartParams::Implementor { branch_name, .. } => Some(branch_name.clone()),
             _ => None,

@@ -222,7 +222,7 @@ impl RuntimeAdapter {
         env.spawn_future_with_callback(
             async move {
                 Ok(match parsed {
-                    Ok((p, _)) => inner.preview_prompt(&p).await,
+                    Ok((p, id)) => inner.preview_prompt(&p, id).await,
                     Err(e) => Err(e),
                 })
             },
