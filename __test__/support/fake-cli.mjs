@@ -16,7 +16,10 @@ import { createInterface } from 'node:readline';
 
 const mode = process.env.FAKE_CLI_MODE ?? 'ok';
 const sessionId = (process.argv.find((a) => a.startsWith('--session-id=')) ?? '').slice('--session-id='.length) || randomUUID();
-if (process.env.FAKE_CLI_ARGV_FILE) writeFileSync(process.env.FAKE_CLI_ARGV_FILE, JSON.stringify({ argv: process.argv.slice(2), cwd: process.cwd(), pid: process.pid }));
+// FAKE_CLI_ENV_KEYS: comma-separated variable names whose values (or null) are recorded too.
+const envKeys = (process.env.FAKE_CLI_ENV_KEYS ?? '').split(',').filter(Boolean);
+const env = Object.fromEntries(envKeys.map((k) => [k, process.env[k] ?? null]));
+if (process.env.FAKE_CLI_ARGV_FILE) writeFileSync(process.env.FAKE_CLI_ARGV_FILE, JSON.stringify({ argv: process.argv.slice(2), cwd: process.cwd(), pid: process.pid, env }));
 
 const KNOWN = ['ok', 'crash-mid-stream', 'garbage-line', 'huge-line', 'exit-without-result', 'ignore-sigterm'];
 if (!KNOWN.includes(mode)) {
