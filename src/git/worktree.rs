@@ -371,7 +371,7 @@ impl RepoGit {
         } else {
             "\n"
         };
-        write!(f, "{sep}/{WORKTREES_DIR}/\n")?;
+        writeln!(f, "{sep}/{WORKTREES_DIR}/")?;
         Ok(())
     }
 
