@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A scripted stand-in for the Claude Code CLI, for fault injection the real CLI cannot do.
 // Speaks stream-json like the real one (see PROTOCOL-NOTES.md). Selected by env:
-//   FAKE_CLI_MODE = ok | crash-mid-stream | garbage-line | huge-line | exit-without-result | ignore-sigterm
+//   FAKE_CLI_MODE = ok | hang | crash-mid-stream | garbage-line | huge-line | exit-without-result | ignore-sigterm
 //   FAKE_CLI_OUTPUT        JSON put in result.structured_output (mode ok / garbage-line / huge-line; default {})
 //   FAKE_CLI_TEXT          assistant text to emit (default "working on it")
 //   FAKE_CLI_HUGE_BYTES    size of the huge-line text (default 100 MB)
@@ -21,7 +21,7 @@ const envKeys = (process.env.FAKE_CLI_ENV_KEYS ?? '').split(',').filter(Boolean)
 const env = Object.fromEntries(envKeys.map((k) => [k, process.env[k] ?? null]));
 if (process.env.FAKE_CLI_ARGV_FILE) writeFileSync(process.env.FAKE_CLI_ARGV_FILE, JSON.stringify({ argv: process.argv.slice(2), cwd: process.cwd(), pid: process.pid, env }));
 
-const KNOWN = ['ok', 'crash-mid-stream', 'garbage-line', 'huge-line', 'exit-without-result', 'ignore-sigterm'];
+const KNOWN = ['ok', 'hang', 'crash-mid-stream', 'garbage-line', 'huge-line', 'exit-without-result', 'ignore-sigterm'];
 if (!KNOWN.includes(mode)) {
   process.stderr.write(`fake-cli: unknown FAKE_CLI_MODE ${mode}\n`);
   process.exit(2);
@@ -113,6 +113,11 @@ async function runTurn() {
       await emit(assistantText(text));
       process.stderr.write('fake-cli: simulated crash (mid-stream)\n');
       process.exit(3);
+      return;
+    case 'hang':
+      // runs until signalled (default SIGTERM handling: it dies)
+      await emit(assistantText(text));
+      keepAlive = setInterval(() => {}, 1e9);
       return;
     case 'exit-without-result':
       await emit(assistantText(text));
