@@ -835,4 +835,6 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
-module.exports.ping = nativeBinding.ping
+module.exports.OutputStream = nativeBinding.OutputStream
+module.exports.RuntimeAdapter = nativeBinding.RuntimeAdapter
+module.exports.createClaudeAdapter = nativeBinding.createClaudeAdapter

@@ -12,7 +12,10 @@ use crate::error::Result;
 pub trait Deps: Send + Sync + 'static {
     fn get_state(&self) -> BoxFuture<'static, Result<EngineState>>;
     fn get_work_item_body(&self, id: String) -> BoxFuture<'static, Result<String>>;
-    fn get_revision_files(&self, revision_id: String) -> BoxFuture<'static, Result<Vec<RevisionFile>>>;
+    fn get_revision_files(
+        &self,
+        revision_id: String,
+    ) -> BoxFuture<'static, Result<Vec<RevisionFile>>>;
     fn get_review_history(&self, revision_id: String) -> BoxFuture<'static, Result<ReviewHistory>>;
 }
 
@@ -25,7 +28,11 @@ pub enum HookDecision {
 
 pub trait BashHook: Send + Sync + 'static {
     /// `Err` means the hook failed (threw, rejected, answered nonsense): the caller blocks.
-    fn validate(&self, tool_name: String, tool_input: Value) -> BoxFuture<'static, Result<HookDecision>>;
+    fn validate(
+        &self,
+        tool_name: String,
+        tool_input: Value,
+    ) -> BoxFuture<'static, Result<HookDecision>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,17 @@
 //! Module map. napi lives only in `binding/`; the Claude Code CLI protocol only in `claude/`.
 
+pub mod adapter;
+pub mod agent_definition;
 pub mod bash_validator;
 pub mod binding;
+pub mod claude;
+pub mod config;
+pub mod context;
 pub mod deps;
 pub mod domain;
 pub mod error;
+pub mod git;
+pub mod output;
+pub mod params;
+pub mod schema;
+pub mod transcript;

@@ -1,6 +1,8 @@
-use napi_derive::napi;
+//! The napi skin: the only place that imports napi. One file per exported concept.
 
-#[napi]
-pub fn ping() -> String {
-    "pong".into()
-}
+pub mod adapter;
+pub mod deps;
+pub mod error;
+pub mod handle;
+pub mod js;
+pub mod schemas;

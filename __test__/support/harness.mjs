@@ -1,0 +1,123 @@
+// One place that wires the real addon to a temp git repository, the fake Messages API and the
+// real Claude Code CLI, the way the engine wires it: config, deps from providers, a logger.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as addon from '../../index.js';
+import { offlineCliEnv } from './cli-env.mjs';
+import { startFakeApi } from './fake-api.mjs';
+import { makeTempRepo } from './repo.mjs';
+
+/** A logger that records every call: `entries` is `[{ level, message, data }]`. */
+export function recordingLogger() {
+  const entries = [];
+  const at = (level) => (message, data) => entries.push({ level, message, data });
+  return { entries, debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
+}
+
+/** An engine provider object: its methods use `this`, like the engine's class instances. */
+export class WorkItemProvider {
+  constructor(bodies) {
+    this.bodies = bodies;
+    this.calls = 0;
+  }
+  async getWorkItemBody(id) {
+    this.calls += 1;
+    if (!(id in this.bodies)) throw new Error(`no body for ${id}`);
+    return this.bodies[id];
+  }
+}
+
+export class RevisionProvider {
+  constructor(files) {
+    this.files = files;
+  }
+  async getRevisionFiles(id) {
+    return this.files[id] ?? [];
+  }
+}
+
+export function engineState({ workItems = [], revisions = [], lastPlannedSHAs = [] } = {}) {
+  return {
+    workItems: new Map(workItems.map((w) => [w.id, w])),
+    revisions: new Map(revisions.map((r) => [r.id, r])),
+    lastPlannedSHAs: new Map(lastPlannedSHAs),
+  };
+}
+
+/**
+ * Start a fake API and a temp repo, and build config + deps for `createClaudeAdapter`.
+ * `script` scripts the model; `state`, `bodies`, `files`, `history` feed the deps.
+ */
+export async function setup({
+  script,
+  repo = {},
+  state = engineState(),
+  bodies = {},
+  files = {},
+  history = { reviews: [], inlineComments: [] },
+  config = {},
+  hook = async () => ({ decision: 'approve' }),
+} = {}) {
+  const api = await startFakeApi({ script });
+  const r = makeTempRepo(repo);
+  const scratch = mkdtempSync(join(tmpdir(), 'cra-scratch-'));
+  const logger = recordingLogger();
+  const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config') });
+  const hookCalls = [];
+  const fullConfig = {
+    repoRoot: r.root,
+    defaultBranch: 'main',
+    contextPaths: ['.claude/CLAUDE.md'],
+    maxAgentDuration: 0,
+    logging: { agentSessions: true, logsDir: join(scratch, 'logs') },
+    bashValidatorHook: async (event) => {
+      hookCalls.push(event);
+      return hook(event);
+    },
+    logger,
+    env,
+    worktreeSetupCommand: null,
+    ...config,
+  };
+  const deps = {
+    workItemReader: new WorkItemProvider(bodies),
+    revisionReader: new RevisionProvider(files),
+    getState: () => state,
+    getReviewHistory: async () => history,
+  };
+  return {
+    api,
+    repo: r,
+    scratch,
+    logger,
+    hookCalls,
+    config: fullConfig,
+    deps,
+    adapter: () => addon.createClaudeAdapter(fullConfig, deps),
+    async cleanup() {
+      await api.close();
+      r.cleanup();
+      rmSync(scratch, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Everything the output iterable yields, joined. */
+export async function collect(output) {
+  let text = '';
+  for await (const chunk of output) text += chunk;
+  return text;
+}
+
+/** The error a promise rejects with (fails if it resolves). */
+export async function rejection(promise) {
+  try {
+    const value = await promise;
+    throw new Error(`expected a rejection, got ${JSON.stringify(value)?.slice(0, 500)}`);
+  } catch (err) {
+    return err;
+  }
+}
+
+export { addon };

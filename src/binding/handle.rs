@@ -1,0 +1,123 @@
+//! `AgentRunHandle` in JS: `output` as a native async iterator, `result` as a promise that is
+//! marked handled at birth (an engine that awaits it late still gets the rejection, and Node
+//! never reports it unhandled), and `abortSignal` from a real `AbortController`, aborted with
+//! `'cancelled'` or `'timeout'` before `result` rejects for that cause.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use super::error::to_napi;
+use crate::adapter::StartedSession;
+use crate::claude::session::StopReason;
+use crate::error::ErrorCode;
+use crate::output::OutputBuffer;
+
+/// The live text of one session. Breaking out of `for await` stops delivery, not the agent.
+#[napi(async_iterator)]
+pub struct OutputStream {
+    buffer: Arc<OutputBuffer>,
+}
+
+#[napi]
+impl AsyncGenerator for OutputStream {
+    type Yield = String;
+    type Next = ();
+    type Return = ();
+
+    fn next(
+        &mut self,
+        _value: Option<()>,
+    ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
+        let buffer = self.buffer.clone();
+        async move { Ok(buffer.next().await) }
+    }
+
+    fn complete(
+        &mut self,
+        _value: Option<()>,
+    ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
+        self.buffer.detach();
+        async move { Ok(None) }
+    }
+}
+
+/// AbortControllers of running sessions, by session id (JS-thread only).
+pub type Controllers = Rc<RefCell<HashMap<String, ObjectRef<false>>>>;
+
+pub fn abort(env: &Env, controller: &ObjectRef<false>, reason: StopReason) -> Result<()> {
+    let controller = controller.get_value(env)?;
+    let abort: Function<String, Unknown> = controller.get_named_property("abort")?;
+    abort.apply(controller, reason.as_str().to_string())?;
+    Ok(())
+}
+
+pub fn build<'env>(
+    env: &'env Env,
+    started: StartedSession,
+    controllers: &Controllers,
+) -> Result<Object<'env>> {
+    let StartedSession {
+        session_id,
+        output,
+        result,
+        log_file_path,
+        stop: _,
+    } = started;
+    let ctor: Function<(), Unknown> = env.get_global()?.get_named_property("AbortController")?;
+    let controller = ctor.new_instance(())?.coerce_to_object()?;
+    let signal: Object = controller.get_named_property("signal")?;
+    controllers
+        .borrow_mut()
+        .insert(session_id.clone(), controller.create_ref::<false>()?);
+
+    let controllers = controllers.clone();
+    let id = session_id.clone();
+    let promise = env.spawn_future_with_callback(
+        async move {
+            Ok(result.await.unwrap_or_else(|_| {
+                Err(crate::error::AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    "the session ended without reporting a result",
+                ))
+            }))
+        },
+        move |env: &Env,
+              outcome: std::result::Result<serde_json::Value, crate::error::AdapterError>|
+              -> Result<serde_json::Value> {
+            let controller = controllers.borrow_mut().remove(&id);
+            match outcome {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    let reason = match e.code {
+                        ErrorCode::Cancelled => Some(StopReason::Cancelled),
+                        ErrorCode::Timeout => Some(StopReason::Timeout),
+                        _ => None,
+                    };
+                    if let (Some(reason), Some(c)) = (reason, &controller) {
+                        abort(env, c, reason)?;
+                    }
+                    Err(to_napi(env, &e))
+                }
+            }
+        },
+    )?;
+    // Mark the original promise handled; `handle.result` is the original, so an engine that
+    // awaits it (even late) still sees the rejection.
+    let _ = promise.catch(|_ctx: CallbackContext<Unknown>| Ok(()))?;
+
+    let mut handle = Object::new(env)?;
+    handle.set("sessionID", session_id)?;
+    handle.set("output", OutputStream { buffer: output })?;
+    handle.set("result", promise)?;
+    handle.set(
+        "logFilePath",
+        log_file_path.map(|p| p.display().to_string()),
+    )?;
+    handle.set("abortSignal", signal)?;
+    Ok(handle)
+}

@@ -1,0 +1,131 @@
+//! Reading untrusted JS values: a callback's return value that may or may not be a promise,
+//! and shapes checked in Rust with errors that name the callback and the field.
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use serde_json::Value;
+
+/// A callback's return value: the value itself or a promise of it (`getState` may return
+/// either; the engine's providers are async).
+pub enum MaybePromise<T: FromNapiValue + 'static> {
+    Ready(T),
+    Pending(Promise<T>),
+}
+
+impl<T: FromNapiValue + 'static> FromNapiValue for MaybePromise<T> {
+    unsafe fn from_napi_value(env: sys::napi_env, value: sys::napi_value) -> Result<Self> {
+        let mut is_promise = false;
+        // SAFETY: env and value come from napi for this call.
+        unsafe {
+            check_status!(sys::napi_is_promise(env, value, &mut is_promise))?;
+            Ok(if is_promise {
+                MaybePromise::Pending(Promise::<T>::from_napi_value(env, value)?)
+            } else {
+                MaybePromise::Ready(T::from_napi_value(env, value)?)
+            })
+        }
+    }
+}
+
+impl<T: FromNapiValue + 'static> MaybePromise<T> {
+    pub async fn settle(self) -> Result<T> {
+        match self {
+            MaybePromise::Ready(v) => Ok(v),
+            MaybePromise::Pending(p) => p.await,
+        }
+    }
+}
+
+/// A JS value read as JSON, where a conversion problem is data, not an `Err`: the only `Err`
+/// a callback call can then produce is the JS error it threw or rejected with (the `cause`).
+/// `Map`s become arrays of `[key, value]` pairs and plain objects stay objects (in key order
+/// via `pairs`), so the engine's Maps are accepted wherever the spec indexes objects.
+pub struct Json(pub std::result::Result<Value, String>);
+
+impl FromNapiValue for Json {
+    unsafe fn from_napi_value(env: sys::napi_env, value: sys::napi_value) -> Result<Self> {
+        // SAFETY: forwarded napi handles.
+        Ok(Json(unsafe { to_json(env, value) }.map_err(|e| e.reason)))
+    }
+}
+
+unsafe fn type_of(env: sys::napi_env, value: sys::napi_value) -> Result<ValueType> {
+    let mut t = 0;
+    // SAFETY: forwarded napi handles.
+    unsafe { check_status!(sys::napi_typeof(env, value, &mut t))? };
+    Ok(ValueType::from(t))
+}
+
+unsafe fn is_map(env: sys::napi_env, value: sys::napi_value) -> Result<bool> {
+    let env_ = Env::from_raw(env);
+    let ctor: Function<Unknown, Unknown> = env_.get_global()?.get_named_property("Map")?;
+    let mut result = false;
+    // SAFETY: forwarded napi handles; ctor is a live function value.
+    unsafe { check_status!(sys::napi_instanceof(env, value, ctor.raw(), &mut result))? };
+    Ok(result)
+}
+
+/// JSON of a JS value, with `Map` → `[[k, v], …]` at any depth and `undefined` → `null`.
+unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
+    // SAFETY: every handle below comes from napi calls on this env during this callback.
+    unsafe {
+        match type_of(env, value)? {
+            ValueType::Undefined | ValueType::Null => Ok(Value::Null),
+            ValueType::Boolean => Ok(Value::Bool(bool::from_napi_value(env, value)?)),
+            ValueType::Number => {
+                let n = f64::from_napi_value(env, value)?;
+                Ok(serde_json::Number::from_f64(n)
+                    .map(Value::Number)
+                    .unwrap_or(Value::Null))
+            }
+            ValueType::String => Ok(Value::String(String::from_napi_value(env, value)?)),
+            ValueType::Object => {
+                let mut is_array = false;
+                check_status!(sys::napi_is_array(env, value, &mut is_array))?;
+                if is_array || is_map(env, value)? {
+                    let items = if is_array {
+                        value
+                    } else {
+                        let env_ = Env::from_raw(env);
+                        // `Array` is a function; read it as one and use it as the `this` of `from`.
+                        let array: Unknown = env_.get_global()?.get_named_property("Array")?;
+                        let array = array.coerce_to_object()?;
+                        let from: Function<Unknown, Unknown> = array.get_named_property("from")?;
+                        from.apply(array, Unknown::from_raw_unchecked(env, value))?
+                            .raw()
+                    };
+                    let mut len = 0u32;
+                    check_status!(sys::napi_get_array_length(env, items, &mut len))?;
+                    let mut out = Vec::with_capacity(len as usize);
+                    for i in 0..len {
+                        let mut el = std::ptr::null_mut();
+                        check_status!(sys::napi_get_element(env, items, i, &mut el))?;
+                        out.push(to_json(env, el)?);
+                    }
+                    return Ok(Value::Array(out));
+                }
+                let mut names = std::ptr::null_mut();
+                check_status!(sys::napi_get_property_names(env, value, &mut names))?;
+                let mut len = 0u32;
+                check_status!(sys::napi_get_array_length(env, names, &mut len))?;
+                let mut map = serde_json::Map::new();
+                for i in 0..len {
+                    let mut key = std::ptr::null_mut();
+                    check_status!(sys::napi_get_element(env, names, i, &mut key))?;
+                    let mut v = std::ptr::null_mut();
+                    check_status!(sys::napi_get_property(env, value, key, &mut v))?;
+                    if matches!(type_of(env, v)?, ValueType::Function) {
+                        continue;
+                    }
+                    let k = String::from_napi_value(env, key)?;
+                    map.insert(k, to_json(env, v)?);
+                }
+                Ok(Value::Object(map))
+            }
+            other => Err(Error::new(
+                Status::InvalidArg,
+                format!("a {other} value cannot be read as data"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The CLI process and everything it starts. Each session's CLI runs as the leader of a process
+//! session of its own (`setsid`), so every process it starts — including the Bash commands it
+//! puts in process groups of their own — can be found (same session id, or a descendant) and
+//! killed, even after the CLI itself has died and they were re-parented.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+pub fn spawn(
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+) -> std::io::Result<Child> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A safety net only: the session kills the process itself in every path.
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    {
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn()
+}
+
+#[cfg(unix)]
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain syscall; a stale pid at worst yields ESRCH.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+#[cfg(unix)]
+pub const SIGTERM: i32 = libc::SIGTERM;
+
+/// Every live process that belongs to the session led by `leader` (the CLI's pid): members of
+/// its process session plus descendants by parent pid (a child that called `setsid` itself).
+#[cfg(target_os = "linux")]
+pub fn session_processes(leader: u32) -> Vec<u32> {
+    let mut table: Vec<(u32, u32, u32)> = Vec::new(); // (pid, ppid, sid)
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // rest: state ppid pgrp session ...
+        if fields.len() < 4 || fields[0] == "Z" {
+            continue;
+        }
+        let ppid = fields[1].parse().unwrap_or(0);
+        let sid = fields[3].parse().unwrap_or(0);
+        table.push((pid, ppid, sid));
+    }
+    let mut found: Vec<u32> = table
+        .iter()
+        .filter(|(pid, _, sid)| *sid == leader || *pid == leader)
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    // Close over descendants.
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for (pid, ppid, _) in &table {
+            if *ppid == parent && !found.contains(pid) {
+                found.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Without /proc the session's process group is the best handle there is.
+#[cfg(all(unix, not(target_os = "linux")))]
+pub fn session_processes(leader: u32) -> Vec<u32> {
+    vec![leader]
+}
+
+/// SIGKILL everything of the session until nothing is left (a process may fork while we kill;
+/// a few rounds settle it). Returns how many processes were killed.
+#[cfg(unix)]
+pub fn kill_session(leader: u32) -> usize {
+    let mut killed = 0;
+    for _ in 0..10 {
+        let procs = session_processes(leader);
+        if procs.is_empty() {
+            break;
+        }
+        #[cfg(not(target_os = "linux"))]
+        // SAFETY: plain syscall on our own process group.
+        unsafe {
+            libc::killpg(leader as libc::pid_t, libc::SIGKILL);
+        }
+        for pid in &procs {
+            signal(*pid, libc::SIGKILL);
+        }
+        killed += procs.len();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        #[cfg(not(target_os = "linux"))]
+        break;
+    }
+    killed
+}
+
+#[cfg(windows)]
+pub const SIGTERM: i32 = 15;
+
+#[cfg(windows)]
+pub fn signal(_pid: u32, _sig: i32) {}
+
+/// On Windows the CLI is killed through its handle (`kill_on_drop`/`start_kill`); a job object
+/// would be needed to reach grandchildren.
+#[cfg(windows)]
+pub fn session_processes(leader: u32) -> Vec<u32> {
+    vec![leader]
+}
+
+#[cfg(windows)]
+pub fn kill_session(_leader: u32) -> usize {
+    0
+}

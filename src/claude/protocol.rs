@@ -1,0 +1,255 @@
+//! The CLI's stream-json protocol: one JSON object per line in both directions. Readers are
+//! lenient (unknown message types pass through as `Other`) because the protocol is not formally
+//! versioned; writers produce exactly what the official SDK sends.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// One line the CLI wrote, classified.
+#[derive(Debug)]
+pub enum Inbound {
+    /// The answer to one of our control requests (`initialize`, `interrupt`).
+    ControlResponse {
+        request_id: String,
+        outcome: std::result::Result<Value, String>,
+    },
+    /// A request from the CLI to us (`hook_callback`, …).
+    ControlRequest {
+        request_id: String,
+        request: Value,
+    },
+    /// `system` with subtype `init`: session id, cwd, tools, model.
+    SystemInit(Value),
+    System(Value),
+    /// One assistant content block (the CLI sends one message per block).
+    Assistant(Value),
+    User(Value),
+    Result(Box<ResultMessage>),
+    Other(Value),
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct ResultMessage {
+    #[serde(default)]
+    pub subtype: String,
+    #[serde(default)]
+    pub is_error: bool,
+    #[serde(default)]
+    pub structured_output: Option<Value>,
+    #[serde(default)]
+    pub errors: Vec<Value>,
+    #[serde(default)]
+    pub result: Option<String>,
+    #[serde(default)]
+    pub num_turns: Option<u64>,
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    #[serde(default)]
+    pub total_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub usage: Option<Value>,
+    #[serde(default)]
+    pub stop_reason: Option<String>,
+}
+
+impl ResultMessage {
+    /// `errors[]` as text (entries are strings in practice; anything else is shown as JSON).
+    pub fn error_texts(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .map(|e| match e {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect()
+    }
+}
+
+pub fn parse_line(line: &[u8]) -> std::result::Result<Inbound, String> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
+    Ok(match kind {
+        "control_response" => {
+            let response = value.get("response").cloned().unwrap_or(Value::Null);
+            let request_id = str_field(&response, "request_id");
+            let outcome = if response.get("subtype").and_then(Value::as_str) == Some("success") {
+                Ok(response.get("response").cloned().unwrap_or(Value::Null))
+            } else {
+                Err(response
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("control request failed")
+                    .to_string())
+            };
+            Inbound::ControlResponse {
+                request_id,
+                outcome,
+            }
+        }
+        "control_request" => Inbound::ControlRequest {
+            request_id: str_field(&value, "request_id"),
+            request: value.get("request").cloned().unwrap_or(Value::Null),
+        },
+        "system" if value.get("subtype").and_then(Value::as_str) == Some("init") => {
+            Inbound::SystemInit(value)
+        }
+        "system" => Inbound::System(value),
+        // The CLI reports API errors as a synthetic assistant message too; that is not the
+        // agent's text (the error itself arrives in the result).
+        "assistant" if value.get("is_api_error_message").and_then(Value::as_bool) == Some(true) => {
+            Inbound::Other(value)
+        }
+        "assistant" => Inbound::Assistant(value),
+        "user" => Inbound::User(value),
+        "result" => match serde_json::from_value::<ResultMessage>(value.clone()) {
+            Ok(r) => Inbound::Result(Box::new(r)),
+            Err(_) => Inbound::Other(value),
+        },
+        _ => Inbound::Other(value),
+    })
+}
+
+fn str_field(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+/// A content block of an assistant message, as far as the adapter cares.
+pub enum Block<'a> {
+    Text(&'a str),
+    ToolUse { name: &'a str, input: &'a Value },
+    Other,
+}
+
+pub fn assistant_blocks(message: &Value) -> Vec<Block<'_>> {
+    let Some(content) = message
+        .pointer("/message/content")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    content
+        .iter()
+        .map(|b| match b.get("type").and_then(Value::as_str) {
+            Some("text") => Block::Text(b.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("tool_use") => Block::ToolUse {
+                name: b.get("name").and_then(Value::as_str).unwrap_or(""),
+                input: b.get("input").unwrap_or(&Value::Null),
+            },
+            _ => Block::Other,
+        })
+        .collect()
+}
+
+pub const BASH_HOOK_ID: &str = "hook_0";
+
+/// The `initialize` control request: the Bash PreToolUse hook registered with
+/// `onFailure: "block"` (without it an error answer fails OPEN), the schema, a minimal base
+/// system prompt, and the inline agent definition.
+pub fn initialize(request_id: &str, role: &str, agent: &Value, schema: &Value) -> Value {
+    json!({
+        "type": "control_request",
+        "request_id": request_id,
+        "request": {
+            "subtype": "initialize",
+            "hooks": {
+                "PreToolUse": [{
+                    "matcher": "Bash",
+                    "hookCallbackIds": [BASH_HOOK_ID],
+                    "onFailure": "block",
+                }]
+            },
+            "jsonSchema": schema,
+            "systemPrompt": [""],
+            "agents": { role: agent },
+        }
+    })
+}
+
+pub fn user_message(prompt: &str) -> Value {
+    json!({
+        "type": "user",
+        "session_id": "",
+        "message": {"role": "user", "content": [{"type": "text", "text": prompt}]},
+        "parent_tool_use_id": null,
+    })
+}
+
+pub fn interrupt(request_id: &str) -> Value {
+    json!({"type": "control_request", "request_id": request_id, "request": {"subtype": "interrupt"}})
+}
+
+pub fn success_response(request_id: &str, response: Value) -> Value {
+    json!({
+        "type": "control_response",
+        "response": {"subtype": "success", "request_id": request_id, "response": response}
+    })
+}
+
+pub fn error_response(request_id: &str, error: &str) -> Value {
+    json!({
+        "type": "control_response",
+        "response": {"subtype": "error", "request_id": request_id, "error": error}
+    })
+}
+
+/// Hook answer that lets the command run.
+pub fn hook_allow() -> Value {
+    json!({"continue": true})
+}
+
+/// Hook answer that blocks the command, in the current documented `hookSpecificOutput` form.
+pub fn hook_deny(reason: &str) -> Value {
+    json!({
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": reason,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_response_success_and_error_are_told_apart() {
+        let ok = parse_line(br#"{"type":"control_response","response":{"subtype":"success","request_id":"r1","response":{"pid":1}}}"#).unwrap();
+        assert!(
+            matches!(ok, Inbound::ControlResponse { ref request_id, outcome: Ok(_) } if request_id == "r1")
+        );
+        let err = parse_line(br#"{"type":"control_response","response":{"subtype":"error","request_id":"r2","error":"bad"}}"#).unwrap();
+        assert!(matches!(err, Inbound::ControlResponse { outcome: Err(ref e), .. } if e == "bad"));
+    }
+
+    #[test]
+    fn result_keeps_structured_output_and_errors() {
+        let r = parse_line(br#"{"type":"result","subtype":"error_max_turns","is_error":true,"errors":["too many"],"structured_output":{"a":1}}"#).unwrap();
+        let Inbound::Result(r) = r else {
+            panic!("not a result")
+        };
+        assert_eq!(r.subtype, "error_max_turns");
+        assert_eq!(r.error_texts(), vec!["too many".to_string()]);
+        assert_eq!(r.structured_output, Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn synthetic_api_error_messages_are_not_assistant_text() {
+        let m = parse_line(br#"{"type":"assistant","is_api_error_message":true,"message":{"model":"<synthetic>","content":[{"type":"text","text":"API Error: 500"}]}}"#).unwrap();
+        assert!(matches!(m, Inbound::Other(_)));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(parse_line(b"not json").is_err());
+    }
+
+    #[test]
+    fn only_text_blocks_are_text() {
+        let m = json!({"type":"assistant","message":{"content":[{"type":"text","text":"hi"},{"type":"tool_use","name":"Bash","input":{"command":"ls"}},{"type":"thinking","thinking":"x"}]}});
+        let blocks = assistant_blocks(&m);
+        assert!(matches!(blocks[0], Block::Text("hi")));
+        assert!(matches!(blocks[1], Block::ToolUse { name: "Bash", .. }));
+        assert!(matches!(blocks[2], Block::Other));
+    }
+}

@@ -1,0 +1,519 @@
+//! One CLI process driven through a session: spawn, `initialize`, the prompt, then the control
+//! loop (assistant text out, hook callbacks answered, the result) and a stop that leaves no
+//! process behind. Stopping — cancel, timeout, shutdown, or the normal end — is one procedure:
+//! an `interrupt` request, a short grace for a `result`, SIGTERM to the CLI, then SIGKILL to
+//! every process of the session still alive.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::process;
+use super::protocol::{self, Inbound, ResultMessage};
+use crate::deps::{BashHook, HookDecision};
+use crate::error::{AdapterError, ErrorCode, Result};
+
+/// How long the CLI gets to answer `interrupt` with a `result` before SIGTERM.
+const INTERRUPT_GRACE: Duration = Duration::from_millis(250);
+/// How long the CLI gets to exit after SIGTERM (it exits in ~150 ms) before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(200);
+/// After a normal `result`, how long the CLI gets to exit once stdin is closed.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+/// Spawn → `initialize` answered. The real CLI takes ~0.3 s; this bounds a CLI that hangs.
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes of stderr kept for error messages.
+const STDERR_TAIL: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Cancelled,
+    Timeout,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Cancelled => "cancelled",
+            StopReason::Timeout => "timeout",
+        }
+    }
+}
+
+/// Asks a session to stop; the first reason given wins.
+#[derive(Clone, Default)]
+pub struct StopSignal {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<StopReason>>>,
+}
+
+impl StopSignal {
+    pub fn stop(&self, reason: StopReason) {
+        {
+            let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+            if r.is_none() {
+                *r = Some(reason);
+            }
+        }
+        self.token.cancel();
+    }
+
+    pub fn reason(&self) -> Option<StopReason> {
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    pub async fn stopped(&self) {
+        self.token.cancelled().await
+    }
+}
+
+/// What a session reports as it runs (for the output stream, the transcript and the logger).
+pub enum SessionEvent<'a> {
+    Init(&'a Value),
+    Text(&'a str),
+    ToolUse {
+        name: &'a str,
+        input: &'a Value,
+    },
+    Hook {
+        tool_name: &'a str,
+        input: &'a Value,
+        decision: &'a HookDecision,
+        failure: Option<&'a str>,
+    },
+    Result(&'a ResultMessage),
+    UnreadableLine {
+        error: &'a str,
+        bytes: usize,
+    },
+    Stopping(StopReason),
+}
+
+pub trait SessionObserver: Send + Sync + 'static {
+    fn on_event(&self, event: SessionEvent<'_>);
+}
+
+pub struct SessionSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub role: String,
+    pub agent: Value,
+    pub schema: Value,
+    pub prompt: String,
+    /// A validator that has not answered by then blocks the command (fail closed).
+    pub hook_timeout: Duration,
+}
+
+/// How a session ended.
+pub struct SessionEnd {
+    pub result: Option<ResultMessage>,
+    pub exit: Option<ExitStatus>,
+    pub stderr_tail: String,
+    pub stopped: Option<StopReason>,
+    pub pid: u32,
+}
+
+pub struct RunningSession {
+    child: Child,
+    pid: u32,
+    reader: BufReader<ChildStdout>,
+    writer: Option<mpsc::UnboundedSender<Value>>,
+    stderr: Arc<Mutex<VecDeque<u8>>>,
+    stderr_done: tokio::task::JoinHandle<()>,
+    hook: Arc<dyn BashHook>,
+    observer: Arc<dyn SessionObserver>,
+    stop: StopSignal,
+    hook_timeout: Duration,
+    pending: Vec<Vec<u8>>,
+    next_request: u64,
+}
+
+fn tail_text(buf: &Mutex<VecDeque<u8>>) -> String {
+    let b = buf.lock().unwrap_or_else(|e| e.into_inner());
+    let bytes: Vec<u8> = b.iter().copied().collect();
+    String::from_utf8_lossy(&bytes).trim().to_string()
+}
+
+/// Spawn the CLI, initialize it and hand it the prompt. Resolves once the CLI has answered
+/// `initialize` and the prompt is written; the agent then runs under [`RunningSession::run`].
+/// On any failure the process (and anything it started) is killed before returning.
+pub async fn start(
+    spec: SessionSpec,
+    hook: Arc<dyn BashHook>,
+    observer: Arc<dyn SessionObserver>,
+    stop: StopSignal,
+) -> Result<RunningSession> {
+    let mut child =
+        process::spawn(&spec.program, &spec.args, &spec.env, &spec.cwd).map_err(|e| {
+            AdapterError::new(
+                ErrorCode::AgentFailed,
+                format!(
+                    "could not start the Claude Code CLI {}: {e}",
+                    spec.program.display()
+                ),
+            )
+            .with_cause(e)
+        })?;
+    let pid = child.id().unwrap_or(0);
+    let stdin = child.stdin.take().expect("stdin is piped");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+    // The writer owns stdin; when every sender is dropped it closes stdin, which is how the
+    // CLI learns the conversation is over.
+    tokio::spawn(async move {
+        let mut stdin = stdin;
+        while let Some(msg) = rx.recv().await {
+            let mut line = msg.to_string().into_bytes();
+            line.push(b'\n');
+            if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
+    let tail_w = tail.clone();
+    let stderr_done = tokio::spawn(async move {
+        let mut stderr = stderr;
+        let mut chunk = vec![0u8; 8192];
+        while let Ok(n) = stderr.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            let mut t = tail_w.lock().unwrap_or_else(|e| e.into_inner());
+            t.extend(&chunk[..n]);
+            while t.len() > STDERR_TAIL {
+                t.pop_front();
+            }
+        }
+    });
+
+    let mut session = RunningSession {
+        child,
+        pid,
+        reader: BufReader::with_capacity(64 * 1024, stdout),
+        writer: Some(tx),
+        stderr: tail,
+        stderr_done,
+        hook,
+        observer,
+        stop,
+        hook_timeout: spec.hook_timeout,
+        pending: Vec::new(),
+        next_request: 0,
+    };
+    match session.initialize(&spec).await {
+        Ok(()) => Ok(session),
+        Err(e) => {
+            session.kill_all().await;
+            Err(e)
+        }
+    }
+}
+
+impl RunningSession {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn request_id(&mut self) -> String {
+        self.next_request += 1;
+        format!("req_{}", self.next_request)
+    }
+
+    fn send(&self, msg: Value) {
+        if let Some(w) = &self.writer {
+            let _ = w.send(msg);
+        }
+    }
+
+    async fn initialize(&mut self, spec: &SessionSpec) -> Result<()> {
+        let id = self.request_id();
+        self.send(protocol::initialize(
+            &id,
+            &spec.role,
+            &spec.agent,
+            &spec.schema,
+        ));
+        let deadline = Instant::now() + INIT_TIMEOUT;
+        let mut buf = Vec::new();
+        loop {
+            let read = tokio::select! {
+                r = self.reader.read_until(b'\n', &mut buf) => r,
+                _ = sleep_until(deadline) => {
+                    return Err(AdapterError::new(ErrorCode::AgentFailed, format!(
+                        "the Claude Code CLI did not answer initialize within {}s; stderr: {}",
+                        INIT_TIMEOUT.as_secs(), tail_text(&self.stderr))));
+                }
+                _ = self.stop.stopped() => {
+                    let code = match self.stop.reason() { Some(StopReason::Timeout) => ErrorCode::Timeout, _ => ErrorCode::Cancelled };
+                    return Err(AdapterError::new(code, "the session was stopped while the CLI was starting"));
+                }
+            };
+            match read {
+                Ok(0) | Err(_) => {
+                    let status = self.child.wait().await.ok();
+                    let _ = (&mut self.stderr_done).await;
+                    return Err(AdapterError::new(
+                        ErrorCode::AgentFailed,
+                        format!(
+                            "the Claude Code CLI exited before answering initialize ({}); stderr: {}",
+                            describe_exit(status),
+                            tail_text(&self.stderr)
+                        ),
+                    ));
+                }
+                Ok(_) => {}
+            }
+            let line = std::mem::take(&mut buf);
+            match protocol::parse_line(&line) {
+                Ok(Inbound::ControlResponse {
+                    request_id,
+                    outcome,
+                }) if request_id == id => {
+                    return match outcome {
+                        Ok(_) => {
+                            self.send(protocol::user_message(&spec.prompt));
+                            Ok(())
+                        }
+                        Err(e) => Err(AdapterError::new(
+                            ErrorCode::AgentFailed,
+                            format!("the Claude Code CLI refused initialize: {e}"),
+                        )),
+                    };
+                }
+                // Anything else before the answer is kept and handled in order by `run`.
+                _ => self.pending.push(line),
+            }
+        }
+    }
+
+    /// Drive the session to its end and make sure nothing of it is left running.
+    pub async fn run(mut self) -> SessionEnd {
+        let mut result: Option<ResultMessage> = None;
+        let mut stopping: Option<(StopReason, Instant, bool)> = None; // (reason, deadline, sigterm sent)
+        for line in std::mem::take(&mut self.pending) {
+            if let Some(r) = self.handle_line(&line) {
+                result = Some(r);
+            }
+        }
+        let mut buf = Vec::new();
+        while result.is_none() {
+            let deadline = stopping.map(|(_, d, _)| d);
+            tokio::select! {
+                read = self.reader.read_until(b'\n', &mut buf) => {
+                    match read {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            let line = std::mem::take(&mut buf);
+                            if let Some(r) = self.handle_line(&line) {
+                                result = Some(r);
+                            }
+                        }
+                    }
+                }
+                _ = self.stop.stopped(), if stopping.is_none() => {
+                    let reason = self.stop.reason().unwrap_or(StopReason::Cancelled);
+                    self.observer.on_event(SessionEvent::Stopping(reason));
+                    let id = self.request_id();
+                    self.send(protocol::interrupt(&id));
+                    stopping = Some((reason, Instant::now() + INTERRUPT_GRACE, false));
+                }
+                _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    let (reason, _, termed) = stopping.expect("deadline implies stopping");
+                    if termed {
+                        break;
+                    }
+                    #[cfg(unix)]
+                    process::signal(self.pid, process::SIGTERM);
+                    #[cfg(not(unix))]
+                    let _ = self.child.start_kill();
+                    stopping = Some((reason, Instant::now() + TERM_GRACE, true));
+                }
+            }
+        }
+        // Closing stdin tells the CLI the conversation is over.
+        self.writer = None;
+        let grace = if stopping.is_some() || result.is_none() {
+            TERM_GRACE
+        } else {
+            EXIT_GRACE
+        };
+        let mut exit = timeout(grace, self.child.wait())
+            .await
+            .ok()
+            .and_then(|r| r.ok());
+        if exit.is_none() {
+            #[cfg(unix)]
+            process::signal(self.pid, process::SIGTERM);
+            exit = timeout(TERM_GRACE, self.child.wait())
+                .await
+                .ok()
+                .and_then(|r| r.ok());
+        }
+        let stderr_tail = {
+            self.kill_all().await;
+            if exit.is_none() {
+                exit = self.child.wait().await.ok();
+            }
+            tail_text(&self.stderr)
+        };
+        SessionEnd {
+            result,
+            exit,
+            stderr_tail,
+            stopped: self.stop.reason().filter(|_| stopping.is_some()),
+            pid: self.pid,
+        }
+    }
+
+    /// SIGKILL every process of the session, reap the CLI and drain stderr.
+    async fn kill_all(&mut self) {
+        self.writer = None;
+        let pid = self.pid;
+        #[cfg(unix)]
+        {
+            let _ = tokio::task::spawn_blocking(move || process::kill_session(pid)).await;
+        }
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        // stderr closes once every holder of the pipe is dead; bounded in case one escaped.
+        let _ = timeout(Duration::from_secs(2), &mut self.stderr_done).await;
+    }
+
+    fn handle_line(&mut self, line: &[u8]) -> Option<ResultMessage> {
+        let trimmed = line.trim_ascii();
+        if trimmed.is_empty() {
+            return None;
+        }
+        let msg = match protocol::parse_line(trimmed) {
+            Ok(m) => m,
+            Err(e) => {
+                self.observer.on_event(SessionEvent::UnreadableLine {
+                    error: &e,
+                    bytes: trimmed.len(),
+                });
+                return None;
+            }
+        };
+        match msg {
+            Inbound::SystemInit(v) => self.observer.on_event(SessionEvent::Init(&v)),
+            Inbound::Assistant(v) => {
+                for block in protocol::assistant_blocks(&v) {
+                    match block {
+                        protocol::Block::Text(t) => self.observer.on_event(SessionEvent::Text(t)),
+                        protocol::Block::ToolUse { name, input } => self
+                            .observer
+                            .on_event(SessionEvent::ToolUse { name, input }),
+                        protocol::Block::Other => {}
+                    }
+                }
+            }
+            Inbound::ControlRequest {
+                request_id,
+                request,
+            } => self.answer_control_request(request_id, request),
+            Inbound::Result(r) => {
+                self.observer.on_event(SessionEvent::Result(&r));
+                return Some(*r);
+            }
+            Inbound::ControlResponse { .. }
+            | Inbound::System(_)
+            | Inbound::User(_)
+            | Inbound::Other(_) => {}
+        }
+        None
+    }
+
+    fn answer_control_request(&self, request_id: String, request: Value) {
+        let Some(writer) = self.writer.clone() else {
+            return;
+        };
+        let subtype = request.get("subtype").and_then(Value::as_str).unwrap_or("");
+        if subtype != "hook_callback"
+            || request.get("callback_id").and_then(Value::as_str) != Some(protocol::BASH_HOOK_ID)
+        {
+            // Nothing else was registered. An error answer to a hook blocks (onFailure: block).
+            let _ = writer.send(protocol::error_response(
+                &request_id,
+                &format!("unsupported control request: {subtype}"),
+            ));
+            return;
+        }
+        let input = request.get("input").cloned().unwrap_or(Value::Null);
+        let hook = self.hook.clone();
+        let observer = self.observer.clone();
+        let bound = self.hook_timeout;
+        tokio::spawn(async move {
+            let tool_name = input
+                .get("tool_name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let tool_input = input.get("tool_input").cloned().unwrap_or(Value::Null);
+            let (decision, failure) =
+                match timeout(bound, hook.validate(tool_name.clone(), tool_input.clone())).await {
+                    Ok(Ok(d)) => (d, None),
+                    Ok(Err(e)) => (validator_failed(&e.message), Some(e.message)),
+                    Err(_) => {
+                        let m = format!(
+                            "the validator did not answer within {} ms",
+                            bound.as_millis()
+                        );
+                        (validator_failed(&m), Some(m))
+                    }
+                };
+            observer.on_event(SessionEvent::Hook {
+                tool_name: &tool_name,
+                input: &tool_input,
+                decision: &decision,
+                failure: failure.as_deref(),
+            });
+            let answer = match &decision {
+                HookDecision::Approve => protocol::hook_allow(),
+                HookDecision::Block { reason } => protocol::hook_deny(reason),
+            };
+            let _ = writer.send(protocol::success_response(&request_id, answer));
+        });
+    }
+}
+
+fn validator_failed(why: &str) -> HookDecision {
+    HookDecision::Block {
+        reason: format!("Blocked: the Bash validator failed ({why}); the command was not run"),
+    }
+}
+
+pub fn describe_exit(status: Option<ExitStatus>) -> String {
+    match status {
+        None => "exit status unknown".to_string(),
+        Some(s) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                if let Some(sig) = s.signal() {
+                    return format!("killed by signal {sig}");
+                }
+            }
+            match s.code() {
+                Some(c) => format!("exit code {c}"),
+                None => "exit status unknown".to_string(),
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Running the git CLI: argv only (never a shell string), stdin closed, no prompt, no pager,
+//! C locale (so the few stderr messages we classify read the same everywhere), output read
+//! into growable buffers (no ceiling short of memory), and bounded retries when another git
+//! process holds one of the repository's lock files.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+/// Environment variables that would point git at another repository, index or diff program.
+/// The Node process may itself run under a git hook (which exports `GIT_DIR`, `GIT_INDEX_FILE`,
+/// ...); inheriting them would make every command below act on the wrong repository.
+const SCRUBBED_ENV: &[&str] = &[
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_COMMON_DIR",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_QUARANTINE_PATH",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_DIFF_OPTS",
+    "GIT_ATTR_SOURCE",
+];
+
+/// How long a lock held by another git process is waited out before giving up.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// A git (or setup) command that could not start or exited unsuccessfully. Kept as the
+/// `cause` of the `AdapterError` so callers see git's own words.
+#[derive(Debug, Clone)]
+pub struct CommandError {
+    /// The command line, for humans (argv joined with spaces; never executed as a string).
+    pub command: String,
+    /// Exit code, when the process exited normally.
+    pub code: Option<i32>,
+    /// Terminating signal, when it was killed.
+    pub signal: Option<i32>,
+    /// What it printed (git: stderr; setup: the tail of stdout+stderr), lossily decoded.
+    pub output: String,
+    /// Set when the process could not be started at all (e.g. not on PATH).
+    pub spawn_error: Option<String>,
+}
+
+impl CommandError {
+    pub(crate) fn from_status(command: String, status: ExitStatus, output: String) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        CommandError {
+            command,
+            code: status.code(),
+            signal: status.signal(),
+            output,
+            spawn_error: None,
+        }
+    }
+
+    pub(crate) fn spawn(command: String, err: &std::io::Error) -> Self {
+        CommandError {
+            command,
+            code: None,
+            signal: None,
+            output: String::new(),
+            spawn_error: Some(err.to_string()),
+        }
+    }
+
+    /// "exit status 1" / "killed by signal 9" / "could not start: ...".
+    pub fn status_text(&self) -> String {
+        if let Some(e) = &self.spawn_error {
+            format!("could not start: {e}")
+        } else if let Some(c) = self.code {
+            format!("exit status {c}")
+        } else if let Some(s) = self.signal {
+            format!("killed by signal {s}")
+        } else {
+            "unknown status".to_string()
+        }
+    }
+}
+
+impl fmt::Display for CommandError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` failed ({})", self.command, self.status_text())?;
+        let out = self.output.trim();
+        if !out.is_empty() {
+            write!(f, ": {out}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+pub(crate) fn display_argv<S: AsRef<OsStr>>(program: &str, args: &[S]) -> String {
+    let mut s = program.to_string();
+    for a in args {
+        s.push(' ');
+        s.push_str(&a.as_ref().to_string_lossy());
+    }
+    s
+}
+
+/// A `git` command with the hygiene every invocation needs.
+pub(crate) fn git_command<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_PAGER", "cat")
+        .env("PAGER", "cat")
+        .env("LC_ALL", "C")
+        .env("LANGUAGE", "C");
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// Output of a successful git run.
+pub(crate) struct GitOutput {
+    pub stdout: Vec<u8>,
+    #[allow(dead_code)]
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `cmd` to completion, reading stdout and stderr concurrently into growable buffers
+/// (reading them one after the other deadlocks once the other pipe fills).
+pub(crate) async fn run(mut cmd: Command, display: String) -> Result<GitOutput, CommandError> {
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let (r1, r2, status) = tokio::join!(
+        stdout.read_to_end(&mut out),
+        stderr.read_to_end(&mut err),
+        child.wait()
+    );
+    let status = status.map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    if let Err(e) = r1.and(r2) {
+        return Err(CommandError::spawn(display, &e));
+    }
+    if status.success() {
+        Ok(GitOutput {
+            stdout: out,
+            stderr: err,
+        })
+    } else {
+        Err(CommandError::from_status(
+            display,
+            status,
+            String::from_utf8_lossy(&err).into_owned(),
+        ))
+    }
+}
+
+/// Whether git failed only because another process holds one of the repository's lock files
+/// (`index.lock`, `config.lock`, `refs/heads/x.lock`, `packed-refs.lock`, ...). Relies on the C
+/// locale set in [`git_command`]: "Unable to create '<path>.lock': File exists." and
+/// "could not lock config file".
+pub(crate) fn is_lock_contention(err: &CommandError) -> bool {
+    let o = &err.output;
+    (o.contains(".lock") && o.contains("File exists")) || o.contains("could not lock config file")
+}
+
+/// Runs git in `cwd`; if it fails on a lock held by another git process, waits with exponential
+/// backoff (25 ms doubling to 500 ms) and retries, for up to [`LOCK_WAIT`]. Retrying is safe for
+/// the commands we run this way: git rolls back a `worktree add` or `branch -D` that failed on a
+/// lock before changing anything.
+pub(crate) async fn run_git_retrying<S: AsRef<OsStr>>(
+    cwd: &Path,
+    args: &[S],
+) -> Result<GitOutput, CommandError> {
+    let shown = display_argv("git", args);
+    let deadline = Instant::now() + LOCK_WAIT;
+    let mut delay = Duration::from_millis(25);
+    loop {
+        match run(git_command(cwd, args), shown.clone()).await {
+            Err(e) if is_lock_contention(&e) && Instant::now() + delay < deadline => {
+                tracing::debug!(command = %shown, "git lock held by another process; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs git once (read-only commands: no lock to wait for).
+pub(crate) async fn run_git<S: AsRef<OsStr>>(
+    cwd: &Path,
+    args: &[S],
+) -> Result<GitOutput, CommandError> {
+    run(git_command(cwd, args), display_argv("git", args)).await
+}
