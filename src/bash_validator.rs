@@ -6,17 +6,17 @@
 //! messages) and translated once into equivalent Rust syntax.
 //!
 //! The walkers work on `char`s, so every masked or split position is a whole code point. A JS
-//! implementation walks UTF-16 code units instead; the only visible difference is that a masked
-//! astral character becomes one space here and two there, which no pattern can tell apart (every
-//! `\s` in the blocklist is either `\s+` or followed by `.*`/`\|`-free text that a run of spaces
-//! satisfies equally).
+//! implementation walks UTF-16 code units instead; the only difference is that a masked astral
+//! character becomes one space here and two there. No pattern can tell: a masked run only ever
+//! meets `\s` (one blank matches as well as two), `\s+`, `\s*` or `.*`, and `\b` sees blanks
+//! either way.
 
 use std::sync::LazyLock;
 
 use regex::RegexSet;
 use serde_json::Value;
 
-use crate::deps::HookDecision;
+use crate::deps::{BashHook, HookDecision};
 
 /// Blocklist pattern sources (JavaScript syntax), in evaluation order. The text is also the
 /// `<pattern source>` of the block message, so it must stay byte-for-byte the reference's.
@@ -297,6 +297,26 @@ pub fn hook_decision(tool_name: &str, tool_input: &Value) -> HookDecision {
         _ => HookDecision::Block {
             reason: MISSING_COMMAND_REASON.to_owned(),
         },
+    }
+}
+
+/// Reason given when the hook is called with something that is not a `{tool_name, tool_input}`
+/// event (no string `tool_name`): it cannot be told apart from a Bash call, so it blocks.
+pub const INVALID_EVENT_REASON: &str = "Blocked: the hook event has no string tool_name";
+
+/// The rule set as the core's [`BashHook`]: what the adapter runs when the engine hands it the
+/// hook from `createBashValidatorHook()`, answering without a round trip through JS.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NativeBashHook;
+
+impl BashHook for NativeBashHook {
+    fn validate(
+        &self,
+        tool_name: String,
+        tool_input: Value,
+    ) -> futures::future::BoxFuture<'static, crate::error::Result<HookDecision>> {
+        let decision = hook_decision(&tool_name, &tool_input);
+        Box::pin(std::future::ready(Ok(decision)))
     }
 }
 
