@@ -121,12 +121,21 @@ export declare class RuntimeAdapter {
   /** Provision (Implementor), assemble the prompt, start the CLI; resolves once the agent runs. */
   startAgent(params: AgentStartParams): Promise<AgentRunHandle>
   /** Stop a running session (`result` rejects with `ERR_CANCELLED`); unknown ids are a no-op. */
-  cancelAgent(sessionId: string): void
+  cancelAgent(sessionID: string): void
   /** Cancel every session; resolves when each has settled and been cleaned up. */
   shutdown(): Promise<void>
   /** The enriched prompt `startAgent` would send for these params; provisions and runs nothing. */
   previewPrompt(params: AgentStartParams): Promise<string>
 }
 
+/**
+ * The shared rule set as a `PreToolUse` hook: Bash commands are validated natively, other
+ * tools approved.
+ */
+export declare function createBashValidatorHook(): BashValidatorHook
+
 /** Create the adapter for one repository. Throws `ERR_INVALID_PARAMS` naming the field. */
 export declare function createClaudeAdapter(config: ClaudeAdapterConfig, deps: RuntimeAdapterDeps): RuntimeAdapter
+
+/** Check one Bash command against the shared rule set. */
+export declare function validateBashCommand(command: string): { allowed: true } | { allowed: false; reason: string }
