@@ -128,5 +128,14 @@ export declare class RuntimeAdapter {
   previewPrompt(params: AgentStartParams): Promise<string>
 }
 
+/**
+ * The shared rule set as a `PreToolUse` hook: Bash commands are validated natively, other
+ * tools approved.
+ */
+export declare function createBashValidatorHook(): BashValidatorHook
+
 /** Create the adapter for one repository. Throws `ERR_INVALID_PARAMS` naming the field. */
 export declare function createClaudeAdapter(config: ClaudeAdapterConfig, deps: RuntimeAdapterDeps): RuntimeAdapter
+
+/** Check one Bash command against the shared rule set. */
+export declare function validateBashCommand(command: string): { allowed: true } | { allowed: false; reason: string }

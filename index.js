@@ -837,4 +837,6 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.OutputStream = nativeBinding.OutputStream
 module.exports.RuntimeAdapter = nativeBinding.RuntimeAdapter
+module.exports.createBashValidatorHook = nativeBinding.createBashValidatorHook
 module.exports.createClaudeAdapter = nativeBinding.createClaudeAdapter
+module.exports.validateBashCommand = nativeBinding.validateBashCommand

@@ -6,3 +6,4 @@ pub mod error;
 pub mod handle;
 pub mod js;
 pub mod schemas;
+pub mod validator;
