@@ -14,9 +14,12 @@ use super::deps::{method, JsDeps, JsHook, JsLogger};
 use super::error::to_napi;
 use super::handle::{self, Controllers};
 use super::js::Json;
+use super::validator::is_native_bash_validator_hook;
 use crate::adapter::Adapter;
+use crate::bash_validator::NativeBashHook;
 use crate::claude::session::StopReason;
 use crate::config::RawConfig;
+use crate::deps::BashHook;
 use crate::domain::StartParams;
 use crate::error::{AdapterError, Result as CoreResult};
 
@@ -87,9 +90,14 @@ pub fn create_claude_adapter(env: Env, config: Unknown, deps: Unknown) -> Result
     let cfg = raw.validate().map_err(|e| to_napi(&env, &e))?;
 
     let fail = |m: String| invalid(&env, m);
-    let hook = JsHook(Arc::new(
-        method(&config_obj, "bashValidatorHook", "config.bashValidatorHook").map_err(fail)?,
-    ));
+    // The hook `createBashValidatorHook()` makes runs natively: no round trip through JS for
+    // every command. Any other function is called as the engine's own hook.
+    let hook: Arc<dyn BashHook> = match config_obj.get::<Unknown>("bashValidatorHook")? {
+        Some(f) if is_native_bash_validator_hook(&f) => Arc::new(NativeBashHook),
+        _ => Arc::new(JsHook(Arc::new(
+            method(&config_obj, "bashValidatorHook", "config.bashValidatorHook").map_err(fail)?,
+        ))),
+    };
     let logger_obj = config_obj
         .get::<Object>("logger")
         .ok()
@@ -138,7 +146,7 @@ pub fn create_claude_adapter(env: Env, config: Unknown, deps: Unknown) -> Result
             method(&deps_obj, "getReviewHistory", "deps.getReviewHistory").map_err(fail)?,
         ),
     };
-    let inner = Adapter::new(cfg, Arc::new(js_deps), Arc::new(hook), Arc::new(logger));
+    let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
     // Worktrees a dead engine process left behind are removed before the first session.
     let sweeper = inner.clone();
     napi::bindgen_prelude::block_on(async move { sweeper.sweep_stale_worktrees().await });
