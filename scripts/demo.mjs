@@ -326,25 +326,6 @@ function makeLogger() {
 
 // ---------------------------------------------------------------- the bash validator
 
-// TODO(createBashValidatorHook): once the build exports `createBashValidatorHook`, drop this
-// fallback and use `api.createBashValidatorHook()` directly.
-const ALLOWED_COMMANDS = new Set(
-  'git yarn head tail grep rg awk sed tr cut sort uniq wc jq xargs diff tee echo printf ls pwd which command test true false env date basename dirname realpath find chmod mkdir touch cp mv'.split(' '),
-);
-function inlineBashValidatorHook() {
-  return async ({ tool_name, tool_input }) => {
-    if (tool_name !== 'Bash') return { decision: 'approve' };
-    const command = String(tool_input?.command ?? '');
-    if (/`|\$\(/.test(command)) return { decision: 'block', reason: 'Blocked: command substitution is not allowed' };
-    for (const segment of command.split(/&&|\|\||[;|\n]/)) {
-      const words = segment.trim().split(/\s+/).filter(Boolean);
-      while (words.length && /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[0])) words.shift();
-      if (words.length && !ALLOWED_COMMANDS.has(words[0])) return { decision: 'block', reason: `Blocked: '${words[0]}' is not an allowed command` };
-    }
-    return { decision: 'approve' };
-  };
-}
-const createBashValidatorHook = typeof api.createBashValidatorHook === 'function' ? api.createBashValidatorHook : inlineBashValidatorHook;
 
 // ---------------------------------------------------------------- cleanup checks
 
@@ -424,7 +405,7 @@ async function main() {
     say(`Throwaway repository: ${repoRoot}${KEEP ? '' : dim(' (removed at exit; --keep keeps it)')}`);
 
     const store = new InMemoryStore();
-    const validate = createBashValidatorHook();
+    const validate = api.createBashValidatorHook();
     let currentRole = null;
     adapter = createClaudeAdapter(
       {
