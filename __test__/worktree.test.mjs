@@ -82,6 +82,23 @@ describe('the implementor works in a worktree and its patch loses nothing', () =
   });
 });
 
+describe('work is never silently lost', () => {
+  it('a cancelled implementor leaves its changes as a .patch next to the transcript', async () => {
+    const marker = `34.${Date.now() % 100000}`;
+    h = await setup({ state: items(1), bodies: bodies(1), script: scenario.steps([bash('echo wip > wip.txt'), bash(`echo waiting; sleep ${marker}`), structured({ role: 'implementor', outcome: 'completed', summary: 's' })]) });
+    const adapter = h.adapter();
+    const handle = await adapter.startAgent({ role: 'implementor', workItemID: '0', branchName: 'wi-wip' });
+    const wip = join(h.repo.root, '.worktrees', 'wi-wip', 'wip.txt');
+    for (let i = 0; i < 200 && !(existsSync(wip) && h.api.mainBodies().length >= 3); i++) await new Promise((r) => setTimeout(r, 50));
+    adapter.cancelAgent(handle.sessionID);
+    expect((await rejection(handle.result)).code).toBe('ERR_CANCELLED');
+    const saved = readFileSync(handle.logFilePath.replace(/\.log$/, '.patch'), 'utf8');
+    expect(saved).toContain('+++ b/wip.txt');
+    expect(readFileSync(handle.logFilePath, 'utf8')).toContain("[patch] the worktree's changes were saved to");
+    expect(worktreesAndBranches(h.repo.root)).toEqual({ worktrees: 0, branches: ['main'] });
+  });
+});
+
 describe('provisioning', () => {
   const fakeConfig = (extra = {}) => ({
     claudeExecutable: FAKE_CLI,

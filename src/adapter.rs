@@ -303,6 +303,13 @@ impl Adapter {
                     &monitor_id,
                 )
                 .await;
+            if let (Some(w), Some(t)) = (worktree.as_ref(), transcript.as_deref()) {
+                let has_patch =
+                    matches!(&outcome, Ok(v) if v.get("patch").is_some_and(Value::is_string));
+                if !has_patch {
+                    adapter.salvage_patch(w, t, &monitor_id).await;
+                }
+            }
             adapter
                 .cleanup_worktree(worktree.as_ref(), &monitor_id)
                 .await;
@@ -404,6 +411,31 @@ impl Adapter {
             hook_timeout: cfg.hook_timeout,
         };
         Ok((spec, transcript, output, observer))
+    }
+
+    /// A run that ends without a patch in its result (failed, cancelled, timed out, blocked)
+    /// may still have changed files. With logging on, keep them next to the transcript before
+    /// the worktree goes, so an operator can recover the agent's work.
+    async fn salvage_patch(&self, w: &Worktree, t: &Transcript, session_id: &str) {
+        match patch::extract_patch(&w.path, &w.base_commit).await {
+            Ok(p) if !p.is_empty() => {
+                let path = t.path().with_extension("patch");
+                match std::fs::write(&path, &p) {
+                    Ok(()) => t.note("patch", &format!("the worktree's changes were saved to {}", path.display())),
+                    Err(e) => self.log(
+                        LogLevel::Warn,
+                        "could not save the worktree's changes next to the transcript",
+                        json!({ "sessionID": session_id, "path": path.display().to_string(), "error": e.to_string() }),
+                    ),
+                }
+            }
+            Ok(_) => {}
+            Err(e) => self.log(
+                LogLevel::Warn,
+                "could not read the worktree's changes before cleanup",
+                json!({ "sessionID": session_id, "error": e.to_string() }),
+            ),
+        }
     }
 
     async fn cleanup_worktree(&self, worktree: Option<&Worktree>, session_id: &str) {
