@@ -5,37 +5,12 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use claude_runtime_adapter::git::{extract_patch, RepoGit, Worktree};
 use proptest::prelude::*;
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .expect("run git");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn configure(dir: &Path) {
-    for (k, v) in [
-        ("user.name", "Test"),
-        ("user.email", "test@example.com"),
-        ("core.autocrlf", "false"),
-        ("commit.gpgsign", "false"),
-    ] {
-        git(dir, &["config", k, v]);
-    }
-}
+mod common;
+use common::{configure, git};
 
 const ATTRIBUTES: &str = "*.txt text eol=crlf\n*.bin binary\n";
 const IGNORE: &str = "*.log\nignored/\n";

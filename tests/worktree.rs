@@ -7,21 +7,8 @@ use std::time::Duration;
 use claude_runtime_adapter::error::ErrorCode;
 use claude_runtime_adapter::git::{Owner, RepoGit};
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .expect("run git");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+mod common;
+use common::{configure, git};
 
 /// A repository with a few files committed on `main`.
 fn repo() -> (tempfile::TempDir, PathBuf) {
@@ -29,14 +16,7 @@ fn repo() -> (tempfile::TempDir, PathBuf) {
     let root = tmp.path().join("repo");
     std::fs::create_dir(&root).unwrap();
     git(&root, &["init", "-q", "-b", "main"]);
-    for (k, v) in [
-        ("user.name", "Test"),
-        ("user.email", "test@example.com"),
-        ("core.autocrlf", "false"),
-        ("commit.gpgsign", "false"),
-    ] {
-        git(&root, &["config", k, v]);
-    }
+    configure(&root);
     std::fs::write(root.join("README.md"), "hello\n").unwrap();
     std::fs::create_dir(root.join("src")).unwrap();
     std::fs::write(root.join("src/lib.rs"), "pub fn f() {}\n").unwrap();

@@ -1,0 +1,33 @@
+//! Helpers shared by the git integration tests: running git in a test repository.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Run git in `dir`, fail the test with git's stderr if it fails, return its stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A committer identity and byte-exact checkouts for a test repository.
+pub fn configure(dir: &Path) {
+    for (k, v) in [
+        ("user.name", "Test"),
+        ("user.email", "test@example.com"),
+        ("core.autocrlf", "false"),
+        ("commit.gpgsign", "false"),
+    ] {
+        git(dir, &["config", k, v]);
+    }
+}
