@@ -1,7 +1,7 @@
 // Locating the real Claude Code CLI and the environment it needs to run offline against the
 // fake Messages API (see fake-api.mjs).
 import { createRequire } from 'node:module';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -48,7 +48,7 @@ export function claudePackageVersion() {
  * SDK replaces the child's environment rather than merging): PATH/HOME/etc. from the parent,
  * minus NODE_OPTIONS/DEBUG and any ANTHROPIC_/CLAUDE_ variables of the parent, plus:
  *   ANTHROPIC_BASE_URL, a dummy ANTHROPIC_API_KEY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1,
- *   a scratch CLAUDE_CONFIG_DIR (created when not given), IS_SANDBOX=1 (root + bypassPermissions),
+ *   a scratch CLAUDE_CONFIG_DIR (created when not given) that is also HOME, IS_SANDBOX=1 (root + bypassPermissions),
  *   CLAUDE_CODE_MAX_RETRIES (default 0: API errors end the session at once instead of retrying
  *   with backoff; pass `maxRetries: null` to leave the CLI default).
  * `extra` is merged last.
@@ -60,11 +60,16 @@ export function offlineCliEnv({ apiUrl, configDir, maxRetries = 0, extra = {} } 
     if (k === 'NODE_OPTIONS' || k === 'DEBUG' || k.startsWith('ANTHROPIC_') || k.startsWith('CLAUDE_') || k.startsWith('VITEST')) continue;
     env[k] = v;
   }
+  const config = configDir ?? mkdtempSync(join(tmpdir(), 'claude-config-'));
+  mkdirSync(config, { recursive: true });
   Object.assign(env, {
     ANTHROPIC_BASE_URL: apiUrl,
     ANTHROPIC_API_KEY: 'sk-ant-fake-key-for-tests',
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
-    CLAUDE_CONFIG_DIR: configDir ?? mkdtempSync(join(tmpdir(), 'claude-config-')),
+    CLAUDE_CONFIG_DIR: config,
+    // The CLI runs Bash as a login shell: a scratch HOME keeps the machine's own profile
+    // (e.g. pyenv's rehash, which waits on a lock file a killed shell can leave) out of tests.
+    HOME: config,
     IS_SANDBOX: '1',
   });
   if (maxRetries != null) env.CLAUDE_CODE_MAX_RETRIES = String(maxRetries);

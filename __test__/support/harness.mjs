@@ -63,9 +63,7 @@ export async function setup({
   const r = makeTempRepo(repo);
   const scratch = mkdtempSync(join(tmpdir(), 'cra-scratch-'));
   const logger = recordingLogger();
-  // A scratch HOME too: the CLI runs Bash as a login shell, and the machine's own profile
-  // (pyenv rehash with its lock file, say) has no business in a test.
-  const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config'), extra: { HOME: scratch } });
+  const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config') });
   const hookCalls = [];
   const fullConfig = {
     repoRoot: r.root,
