@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 use crate::agent_definition;
 use crate::claude::command::{self, CliArgs};
@@ -22,6 +23,7 @@ use crate::domain::{Role, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::patch;
 use crate::git::worktree::{RepoGit, Worktree};
+use crate::logging::LogRoute;
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::schema;
@@ -40,6 +42,8 @@ pub struct Adapter {
     logger: Arc<dyn Logger>,
     sessions: Mutex<HashMap<String, Entry>>,
     shut_down: AtomicBool,
+    /// Routes the core modules' `tracing` diagnostics to this adapter's logger.
+    log_route: LogRoute,
 }
 
 /// What `startAgent` hands back; the binding wraps it into the JS `AgentRunHandle`.
@@ -86,6 +90,7 @@ impl Adapter {
         hook: Arc<dyn BashHook>,
         logger: Arc<dyn Logger>,
     ) -> Arc<Adapter> {
+        let log_route = LogRoute::register(logger.clone());
         Arc::new(Adapter {
             config,
             deps,
@@ -93,6 +98,7 @@ impl Adapter {
             logger,
             sessions: Mutex::new(HashMap::new()),
             shut_down: AtomicBool::new(false),
+            log_route,
         })
     }
 
@@ -105,13 +111,13 @@ impl Adapter {
     }
 
     fn log(&self, level: LogLevel, message: &str, data: Value) {
-        tracing::event!(tracing::Level::DEBUG, %message, %data);
         self.logger.log(level, message, data);
     }
 
     /// Remove worktrees that a dead engine process left under `.worktrees/`.
     pub async fn sweep_stale_worktrees(&self) {
-        match RepoGit::for_repo(&self.config.repo_root).sweep_stale().await {
+        let repo = RepoGit::for_repo(&self.config.repo_root);
+        match repo.sweep_stale().instrument(self.log_route.span()).await {
             Ok(removed) if !removed.is_empty() => self.log(
                 LogLevel::Info,
                 "removed worktrees left by a process that is gone",
@@ -173,6 +179,16 @@ impl Adapter {
     }
 
     pub async fn start_agent(
+        self: &Arc<Self>,
+        params: StartParams,
+        session_id: Option<String>,
+    ) -> Result<StartedSession> {
+        self.start(params, session_id)
+            .instrument(self.log_route.span())
+            .await
+    }
+
+    async fn start(
         self: &Arc<Self>,
         params: StartParams,
         session_id: Option<String>,
@@ -291,7 +307,9 @@ impl Adapter {
         let monitor_stop = stop.clone();
         let monitor_id = session_id.clone();
         let log_file_path = transcript.as_ref().map(|t| t.path().to_path_buf());
-        tokio::spawn(async move {
+        let monitor_span = self.log_route.span();
+        tokio::spawn(
+            async move {
             let end = running.run().await;
             monitor_output.close();
             let outcome = adapter
@@ -332,7 +350,9 @@ impl Adapter {
             adapter.lock_sessions().remove(&monitor_id);
             let _ = done.send(true);
             let _ = result_tx.send(outcome);
-        });
+            }
+            .instrument(monitor_span),
+        );
         Ok(StartedSession {
             session_id,
             output,
