@@ -291,3 +291,24 @@ describe('the CLI', () => {
     }
   });
 });
+
+describe('the logger', () => {
+  it('a logger that throws never breaks a session or crashes Node', async () => {
+    h = await setup({ script: plannerOk });
+    const throwing = () => {
+      throw new Error('logger down');
+    };
+    const adapter = addon.createClaudeAdapter({ ...h.config, logger: { debug: throwing, info: throwing, warn: throwing, error: throwing } }, h.deps);
+    const handle = await adapter.startAgent({ role: 'planner', specPaths: [] });
+    expect(await handle.result).toEqual({ role: 'planner', create: [], close: [], update: [] });
+  });
+
+  it('logs session lifecycle with session id and role', async () => {
+    h = await setup({ script: plannerOk });
+    const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
+    await handle.result;
+    const done = h.logger.entries.find((e) => e.message === 'agent session completed');
+    expect(done).toEqual({ level: 'info', message: 'agent session completed', data: { sessionID: handle.sessionID, role: 'planner' } });
+    expect(h.logger.entries.find((e) => e.message === 'starting agent session')?.data).toEqual({ sessionID: handle.sessionID, role: 'planner' });
+  });
+});
