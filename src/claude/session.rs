@@ -349,7 +349,15 @@ impl RunningSession {
         }
         // Closing stdin tells the CLI the conversation is over.
         self.writer = None;
-        let grace = if stopping.is_some() || result.is_none() {
+        // A stopped session's outcome is already decided: SIGTERM at once rather than waiting
+        // for the CLI's own wind-down (it takes 100-250 ms after an interrupt result).
+        let mut termed = stopping.is_some_and(|(_, _, termed)| termed);
+        if stopping.is_some() && !termed {
+            #[cfg(unix)]
+            process::signal(self.pid, process::SIGTERM);
+            termed = true;
+        }
+        let grace = if termed || result.is_none() {
             TERM_GRACE
         } else {
             EXIT_GRACE
@@ -358,7 +366,7 @@ impl RunningSession {
             .await
             .ok()
             .and_then(|r| r.ok());
-        if exit.is_none() {
+        if exit.is_none() && !termed {
             #[cfg(unix)]
             process::signal(self.pid, process::SIGTERM);
             exit = timeout(TERM_GRACE, self.child.wait())
