@@ -1,0 +1,175 @@
+// Written the way the engine calls the adapter. Must compile with zero errors under --strict.
+import {
+  createClaudeAdapter,
+  outputSchemas,
+  type AgentResult,
+  type AgentRunHandle,
+  type AgentStartParams,
+  type BashValidatorHook,
+  type ClaudeAdapterConfig,
+  type EngineState,
+  type ImplementorResult,
+  type Logger,
+  type PlannerResult,
+  type ReviewHistory,
+  type ReviewerResult,
+  type Revision,
+  type RevisionFile,
+  type RuntimeAdapter,
+  type RuntimeAdapterDeps,
+  type WorkItem,
+} from 'claude-runtime-adapter';
+
+// --- engine-side providers (class instances: the adapter calls them as methods) ---
+class GitHubWorkItemReader {
+  constructor(private readonly bodies: Map<string, string>) {}
+  async getWorkItemBody(id: string): Promise<string> {
+    return this.bodies.get(id) ?? '';
+  }
+}
+class GitHubRevisionReader {
+  private readonly files = new Map<string, RevisionFile[]>();
+  async getRevisionFiles(id: string): Promise<RevisionFile[]> {
+    return this.files.get(id) ?? [{ path: 'src/a.ts', status: 'modified', patch: null }];
+  }
+}
+
+const logger: Logger = {
+  debug: (message, data) => console.debug(message, data),
+  info: (message, data) => console.info(message, data),
+  error: (message, data) => console.error(message, data),
+  warn: (message) => console.warn(message),
+};
+// A logger without the optional `warn` is fine too.
+const minimalLogger: Logger = { debug() {}, info() {}, error() {} };
+
+// The engine's state: Maps.
+const workItems = new Map<string, WorkItem>([
+  ['w1', { id: 'w1', title: 'Add login', status: 'ready', linkedRevision: null }],
+]);
+const revisions = new Map<string, Revision>([
+  ['r1', { id: 'r1', title: 'Add login', pipeline: { status: 'failure', url: null, reason: 'lint' } }],
+  ['r2', { id: 'r2', title: 'Other', pipeline: null }],
+]);
+const state: EngineState = { workItems, revisions, lastPlannedSHAs: new Map([['specs/a.md', 'abc123']]) };
+// Plain objects are accepted as well.
+const plainState: EngineState = { workItems: { w1: workItems.get('w1')! }, revisions: {}, lastPlannedSHAs: {} };
+
+const customHook: BashValidatorHook = async (event) => {
+  const command = event.tool_input['command'];
+  if (typeof command === 'string' && command.includes('rm -rf /')) return { decision: 'block', reason: 'no' };
+  if (event.tool_name !== 'Bash') return undefined;
+  return { decision: 'approve' };
+};
+
+const config: ClaudeAdapterConfig = {
+  repoRoot: '/repo',
+  defaultBranch: 'main',
+  contextPaths: ['AGENTS.md', 'docs/architecture.md'],
+  maxAgentDuration: 3600,
+  logging: { agentSessions: true, logsDir: '/var/log/agents' },
+  bashValidatorHook: customHook,
+  logger,
+  claudeExecutable: '/usr/local/bin/claude',
+  env: { ANTHROPIC_API_KEY: 'k' },
+  model: 'sonnet',
+  worktreeSetupCommand: null,
+  contextConcurrency: 8,
+};
+
+const deps: RuntimeAdapterDeps = {
+  workItemReader: new GitHubWorkItemReader(new Map()),
+  revisionReader: new GitHubRevisionReader(),
+  getState: () => state,
+  getReviewHistory: async (revisionID: string): Promise<ReviewHistory> => ({
+    reviews: [{ author: 'alice', state: 'CHANGES_REQUESTED', body: `on ${revisionID}` }],
+    inlineComments: [{ path: 'src/a.ts', line: 3, author: 'alice', body: 'nit' }, { path: 'b', line: null, author: 'bob', body: '' }],
+  }),
+};
+
+const adapter: RuntimeAdapter = createClaudeAdapter(config, deps);
+createClaudeAdapter(
+  { repoRoot: '/r', defaultBranch: 'main', contextPaths: [], maxAgentDuration: 0, logging: { agentSessions: false, logsDir: '' }, bashValidatorHook: customHook, logger: minimalLogger, worktreeSetupCommand: ['yarn', 'install'] },
+  { ...deps, getState: () => plainState },
+);
+
+// --- the engine's handling of results: narrow on `role` ---
+function apply(result: AgentResult): string {
+  switch (result.role) {
+    case 'planner': {
+      const r: PlannerResult = result;
+      const titles: string[] = r.create.map((item) => `${item.tempID} ${item.title} ${item.labels.join(',')} ${item.blockedBy.length}`);
+      const closed: string[] = r.close;
+      const bodies: (string | null)[] = r.update.map((u) => u.body);
+      const labels: (string[] | null)[] = r.update.map((u) => u.labels);
+      return [...titles, ...closed, String(bodies.length + labels.length)].join('\n');
+    }
+    case 'implementor': {
+      const r: ImplementorResult = result;
+      const patch: string | null = r.patch;
+      if (r.outcome === 'completed' && patch !== null) {
+        const p: string = patch;
+        return p;
+      }
+      const outcome: 'blocked' | 'validation-failure' | 'completed' = r.outcome;
+      return `${outcome}: ${r.summary}`;
+    }
+    case 'reviewer': {
+      const r: ReviewerResult = result;
+      const verdict: 'approve' | 'needs-changes' = r.review.verdict;
+      const lines: (number | null)[] = r.review.comments.map((c) => c.line);
+      return `${verdict} ${r.review.summary} ${r.review.comments.map((c) => `${c.path}:${c.body}`).join()} ${lines.length}`;
+    }
+    default: {
+      const never: never = result;
+      return never;
+    }
+  }
+}
+
+async function run(params: AgentStartParams): Promise<string> {
+  const handle: AgentRunHandle = await adapter.startAgent(params);
+  const id: string = handle.sessionID;
+  const logFile: string | null = handle.logFilePath;
+  handle.abortSignal.addEventListener('abort', () => {
+    const reason: unknown = handle.abortSignal.reason;
+    logger.info('aborted', { id, reason, logFile });
+  });
+  let text = '';
+  for await (const chunk of handle.output) {
+    const s: string = chunk;
+    text += s;
+  }
+  try {
+    const result = await handle.result;
+    return apply(result) + text;
+  } catch (error) {
+    if (handle.abortSignal.aborted && handle.abortSignal.reason === 'timeout') return 'timed out';
+    throw error;
+  }
+}
+
+export async function engineMain(): Promise<void> {
+  await run({ role: 'planner', specPaths: ['specs/001.md'] });
+  await run({ role: 'implementor', workItemID: 'w1', branchName: 'agent/w1' });
+  await run({ role: 'reviewer', workItemID: 'w1', revisionID: 'r1', sessionID: '7b1f7c38-0000-4000-8000-000000000000' });
+
+  const handle = await adapter.startAgent({ role: 'implementor', workItemID: 'w1', branchName: 'agent/w1', sessionID: 's-1' });
+  adapter.cancelAgent(handle.sessionID);
+  adapter.cancelAgent('unknown-id');
+  const outcome = await handle.result.then(
+    (r) => (r.role === 'implementor' ? r.outcome : r.role),
+    (e: unknown) => (e instanceof Error ? e.message : String(e)),
+  );
+  logger.info(outcome);
+
+  const prompt: string = await adapter.previewPrompt({ role: 'reviewer', workItemID: 'w1', revisionID: 'r1' });
+  logger.debug(prompt);
+
+  const schema: object = outputSchemas.planner;
+  const schemas: object[] = [outputSchemas.implementor, outputSchemas.reviewer, schema];
+  logger.debug('schemas', { count: schemas.length });
+
+  const shutdown: Promise<void> = adapter.shutdown();
+  await shutdown;
+}

