@@ -393,9 +393,9 @@ impl RunningSession {
     /// SIGKILL every process of the session, reap the CLI and drain stderr.
     async fn kill_all(&mut self) {
         self.writer = None;
-        let pid = self.pid;
         #[cfg(unix)]
         {
+            let pid = self.pid;
             let _ = tokio::task::spawn_blocking(move || process::kill_session(pid)).await;
         }
         let _ = self.child.start_kill();

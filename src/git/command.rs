@@ -51,11 +51,14 @@ pub struct CommandError {
 
 impl CommandError {
     pub(crate) fn from_status(command: String, status: ExitStatus, output: String) -> Self {
-        use std::os::unix::process::ExitStatusExt;
+        #[cfg(unix)]
+        let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+        #[cfg(not(unix))]
+        let signal = None;
         CommandError {
             command,
             code: status.code(),
-            signal: status.signal(),
+            signal,
             output,
             spawn_error: None,
         }

@@ -113,6 +113,7 @@ fn proc_start_time(pid: u32) -> Option<u64> {
     Some(start)
 }
 
+#[cfg(unix)]
 fn pid_exists(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -122,6 +123,19 @@ fn pid_exists(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Without a cheap existence probe, an owner is presumed alive: a sweep must never remove a
+/// live session's worktree.
+#[cfg(not(unix))]
+fn pid_exists(_pid: u32) -> bool {
+    true
+}
+
+#[cfg(not(unix))]
+fn hostname() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "unknown".to_string())
+}
+
+#[cfg(unix)]
 fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates when it fits.

@@ -610,8 +610,19 @@ fn same_path(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn parse_worktree_list(raw: &[u8]) -> Vec<ListedWorktree> {
+/// git prints paths as raw bytes: exact on Unix; on Windows git writes UTF-8.
+#[cfg(unix)]
+fn path_from_bytes(p: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
+    PathBuf::from(std::ffi::OsStr::from_bytes(p))
+}
+
+#[cfg(not(unix))]
+fn path_from_bytes(p: &[u8]) -> PathBuf {
+    PathBuf::from(String::from_utf8_lossy(p).into_owned())
+}
+
+fn parse_worktree_list(raw: &[u8]) -> Vec<ListedWorktree> {
     let mut out = Vec::new();
     let mut cur: Option<ListedWorktree> = None;
     for field in raw.split(|&b| b == 0) {
@@ -622,7 +633,7 @@ fn parse_worktree_list(raw: &[u8]) -> Vec<ListedWorktree> {
         if let Some(p) = field.strip_prefix(b"worktree ") {
             out.extend(cur.take());
             cur = Some(ListedWorktree {
-                path: PathBuf::from(std::ffi::OsStr::from_bytes(p)),
+                path: path_from_bytes(p),
                 ..Default::default()
             });
         } else if let Some(w) = cur.as_mut() {
@@ -659,6 +670,7 @@ struct KillGroup(Option<i32>);
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
+        #[cfg(unix)]
         if let Some(pgid) = self.0 {
             // SAFETY: signalling a process group we created; failure (already gone) is fine.
             unsafe {
@@ -685,8 +697,9 @@ async fn run_setup(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
+    #[cfg(unix)]
+    cmd.process_group(0);
     let mut child = cmd
         .spawn()
         .map_err(|e| CommandError::spawn(display.clone(), &e))?;
