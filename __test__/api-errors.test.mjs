@@ -196,7 +196,7 @@ describe('context callbacks (ERR_CONTEXT with the original error as cause)', () 
   });
 
   it('a missing spec file', async () => {
-    h = await setup({ state });
+    h = await setup({ state, bodies: { 1: 'Body one' } });
     const err = await rejection(h.adapter().previewPrompt({ role: 'planner', specPaths: ['specs/none.md'] }));
     expect(err.code).toBe('ERR_CONTEXT');
     expect(err.message).toContain('specs/none.md');

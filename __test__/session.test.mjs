@@ -100,7 +100,10 @@ describe('the handle', () => {
   });
 
   it('refuses a second running session with the same id (ERR_DUPLICATE_SESSION)', async () => {
-    h = await setup({ script: scenario.steps([bash('echo slow; sleep 5'), structured({ role: 'planner', create: [], close: [], update: [] })]) });
+    h = await setup({
+      script: scenario.steps([bash('echo slow; sleep 35.25'), structured({ role: 'planner', create: [], close: [], update: [] })]),
+      repo: { agents: { planner: { description: 'p', tools: ['Bash'], prompt: 'p' } } },
+    });
     const adapter = h.adapter();
     const sessionID = '2c1c6b1e-62a5-4a8e-9d64-1f0f6a4b5c3d';
     const first = await adapter.startAgent({ role: 'planner', specPaths: [], sessionID });
