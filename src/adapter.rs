@@ -46,13 +46,20 @@ pub struct Adapter {
     log_route: LogRoute,
 }
 
+/// Everything a session needs before its CLI starts.
+struct Prepared {
+    spec: SessionSpec,
+    transcript: Option<Arc<Transcript>>,
+    output: Arc<OutputBuffer>,
+    observer: Arc<dyn SessionObserver>,
+}
+
 /// What `startAgent` hands back; the binding wraps it into the JS `AgentRunHandle`.
 pub struct StartedSession {
     pub session_id: String,
     pub output: Arc<OutputBuffer>,
     pub result: oneshot::Receiver<Result<Value>>,
     pub log_file_path: Option<std::path::PathBuf>,
-    pub stop: StopSignal,
 }
 
 /// Removes a registry entry (and marks it done) unless the session was handed to its monitor.
@@ -265,7 +272,12 @@ impl Adapter {
         let prepared = self
             .prepare(&params, &session_id, &stop, worktree.as_ref())
             .await;
-        let (spec, transcript, output, observer) = match prepared {
+        let Prepared {
+            spec,
+            transcript,
+            output,
+            observer,
+        } = match prepared {
             Ok(p) => p,
             Err(e) => {
                 self.cleanup_worktree(worktree.as_ref(), &session_id).await;
@@ -358,23 +370,16 @@ impl Adapter {
             output,
             result: result_rx,
             log_file_path,
-            stop,
         })
     }
 
-    #[allow(clippy::type_complexity)]
     async fn prepare(
         &self,
         params: &StartParams,
         session_id: &str,
         stop: &StopSignal,
         worktree: Option<&Worktree>,
-    ) -> Result<(
-        SessionSpec,
-        Option<Arc<Transcript>>,
-        Arc<OutputBuffer>,
-        Arc<dyn SessionObserver>,
-    )> {
+    ) -> Result<Prepared> {
         let cfg = &self.config;
         let role = params.role();
         let prompt = context::build_prompt(
@@ -430,7 +435,12 @@ impl Adapter {
             prompt,
             hook_timeout: cfg.hook_timeout,
         };
-        Ok((spec, transcript, output, observer))
+        Ok(Prepared {
+            spec,
+            transcript,
+            output,
+            observer,
+        })
     }
 
     /// A run that ends without a patch in its result (failed, cancelled, timed out, blocked)
@@ -687,12 +697,10 @@ impl SessionObserver for Observer {
     }
 }
 
-#[cfg(test)]
-mod send_tests {
+/// Compile-time check: the binding runs `start_agent`'s future on napi's multi-threaded
+/// runtime, so it must stay `Send` (a borrow held across an await can silently break that).
+const _: fn(Arc<Adapter>, StartParams) = |adapter, params| {
     fn assert_send<T: Send>(_: &T) {}
-    #[allow(dead_code)]
-    fn futures_are_send(a: std::sync::Arc<super::Adapter>, p: crate::domain::StartParams) {
-        let f = async move { a.start_agent(p, None).await };
-        assert_send(&f);
-    }
-}
+    let start = async move { adapter.start_agent(params, None).await };
+    assert_send(&start);
+};

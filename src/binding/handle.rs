@@ -66,7 +66,6 @@ pub fn build<'env>(
         output,
         result,
         log_file_path,
-        stop: _,
     } = started;
     let ctor: Function<(), Unknown> = env.get_global()?.get_named_property("AbortController")?;
     let controller = ctor.new_instance(())?.coerce_to_object()?;

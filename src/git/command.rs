@@ -129,11 +129,9 @@ pub(crate) fn git_command<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Command {
     cmd
 }
 
-/// Output of a successful git run.
+/// Output of a successful git run (its stderr only matters when it fails).
 pub(crate) struct GitOutput {
     pub stdout: Vec<u8>,
-    #[allow(dead_code)]
-    pub stderr: Vec<u8>,
 }
 
 /// Runs `cmd` to completion, reading stdout and stderr concurrently into growable buffers
@@ -156,10 +154,7 @@ pub(crate) async fn run(mut cmd: Command, display: String) -> Result<GitOutput, 
         return Err(CommandError::spawn(display, &e));
     }
     if status.success() {
-        Ok(GitOutput {
-            stdout: out,
-            stderr: err,
-        })
+        Ok(GitOutput { stdout: out })
     } else {
         Err(CommandError::from_status(
             display,
