@@ -3,7 +3,7 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { apiError, bash, reply, scenario, structured, text, latestToolResultText } from './support/fake-api.mjs';
+import { apiError, bash, latestToolResultText, reply, scenario, structured, text, toolNames } from './support/fake-api.mjs';
 import { collect, engineState, rejection, setup } from './support/harness.mjs';
 
 const implementorState = engineState({
@@ -65,6 +65,8 @@ describe('each role resolves with its validated result', () => {
     });
     const handle = await h.adapter().startAgent({ role: 'reviewer', workItemID: '7', revisionID: 'r1' });
     expect(await handle.result).toEqual(review);
+    // no worktree: the reviewer runs at the repository root
+    expect(readFileSync(handle.logFilePath, 'utf8')).toContain(`cwd=${h.repo.root} `);
   });
 
   it('implementor resolves with its result and the extracted patch', async () => {
@@ -78,6 +80,34 @@ describe('each role resolves with its validated result', () => {
     expect(result).toMatchObject({ role: 'implementor', outcome: 'completed', summary: 'wrote done.txt' });
     expect(result.patch).toContain('+++ b/done.txt');
     expect(result.patch).toContain('+hi');
+  });
+});
+
+describe('the agent definition reaches the CLI', () => {
+  const plan = { role: 'planner', create: [], close: [], update: [] };
+
+  it('a tools allowlist is offered with StructuredOutput added; disallowedTools are denied even if listed', async () => {
+    h = await setup({
+      script: scenario.steps([structured(plan)]),
+      repo: { agents: false, files: { '.claude/agents/planner.md': '---\ndescription: p\ntools: Bash, Read, Grep\ndisallowedTools: [Grep]\n---\nYou plan.\n' } },
+    });
+    const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
+    expect(await handle.result).toEqual(plan);
+    const tools = toolNames(h.api.mainBodies()[0]);
+    expect(tools).toEqual(expect.arrayContaining(['Bash', 'Read', 'StructuredOutput']));
+    expect(tools).not.toContain('Grep');
+    expect(tools).not.toContain('Write');
+  });
+
+  it('an absent tools list inherits the default tools (not none)', async () => {
+    h = await setup({
+      script: scenario.steps([structured(plan)]),
+      repo: { agents: false, files: { '.claude/agents/planner.md': '---\ndescription: p\n---\nYou plan.\n' } },
+    });
+    const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
+    expect(await handle.result).toEqual(plan);
+    const tools = toolNames(h.api.mainBodies()[0]);
+    expect(tools).toEqual(expect.arrayContaining(['Bash', 'Read', 'Write', 'Edit', 'StructuredOutput']));
   });
 });
 
