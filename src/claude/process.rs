@@ -114,10 +114,9 @@ pub fn session_processes(leader: u32) -> Vec<u32> {
 }
 
 /// SIGKILL everything of the session until nothing is left (a process may fork while we kill;
-/// a few rounds settle it). Returns how many processes were killed.
+/// a few rounds settle it).
 #[cfg(unix)]
-pub fn kill_session(leader: u32) -> usize {
-    let mut killed = 0;
+pub fn kill_session(leader: u32) {
     for _ in 0..10 {
         let procs = session_processes(leader);
         if procs.is_empty() {
@@ -131,28 +130,118 @@ pub fn kill_session(leader: u32) -> usize {
         for pid in &procs {
             signal(*pid, libc::SIGKILL);
         }
-        killed += procs.len();
         std::thread::sleep(std::time::Duration::from_millis(5));
         #[cfg(not(target_os = "linux"))]
         break;
     }
-    killed
 }
 
 #[cfg(windows)]
 pub const SIGTERM: i32 = 15;
 
+/// No signals on Windows: stopping goes straight to [`ProcessTree::kill_all`].
 #[cfg(windows)]
 pub fn signal(_pid: u32, _sig: i32) {}
 
-/// On Windows the CLI is killed through its handle (`kill_on_drop`/`start_kill`); a job object
-/// would be needed to reach grandchildren.
-#[cfg(windows)]
-pub fn session_processes(leader: u32) -> Vec<u32> {
-    vec![leader]
+/// Everything one session's CLI starts. On Unix the CLI leads a process session of its own and
+/// the tree is found through `/proc` (see [`kill_session`]); on Windows the CLI is put in a job
+/// object that kills every process in it when terminated or closed.
+pub struct ProcessTree {
+    leader: u32,
+    #[cfg(windows)]
+    job: Option<windows_job::Job>,
+}
+
+impl ProcessTree {
+    #[cfg(unix)]
+    pub fn of(child: &Child) -> ProcessTree {
+        ProcessTree {
+            leader: child.id().unwrap_or(0),
+        }
+    }
+
+    #[cfg(windows)]
+    pub fn of(child: &Child) -> ProcessTree {
+        let job = child
+            .raw_handle()
+            .and_then(|h| windows_job::Job::containing(h).ok());
+        ProcessTree {
+            leader: child.id().unwrap_or(0),
+            job,
+        }
+    }
+
+    pub fn leader(&self) -> u32 {
+        self.leader
+    }
+
+    /// Kill every process of the session still alive.
+    pub fn kill_all(&self) {
+        #[cfg(unix)]
+        kill_session(self.leader);
+        #[cfg(windows)]
+        if let Some(job) = &self.job {
+            job.terminate();
+        }
+    }
 }
 
 #[cfg(windows)]
-pub fn kill_session(_leader: u32) -> usize {
-    0
+mod windows_job {
+    use windows_sys::Win32::Foundation::{CloseHandle, HANDLE};
+    use windows_sys::Win32::System::JobObjects::{
+        AssignProcessToJobObject, CreateJobObjectW, JobObjectExtendedLimitInformation,
+        SetInformationJobObject, TerminateJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION,
+        JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE,
+    };
+
+    pub struct Job(HANDLE);
+
+    // SAFETY: a job handle is a kernel handle, usable from any thread.
+    unsafe impl Send for Job {}
+    unsafe impl Sync for Job {}
+
+    impl Job {
+        /// A job that kills its processes when closed, holding `process`.
+        pub fn containing(process: std::os::windows::io::RawHandle) -> std::io::Result<Job> {
+            // SAFETY: plain Win32 calls on handles we own; the info struct is zero-initialised
+            // and fully sized.
+            unsafe {
+                let job = CreateJobObjectW(std::ptr::null(), std::ptr::null());
+                if job.is_null() {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let job = Job(job);
+                let mut info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = std::mem::zeroed();
+                info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
+                if SetInformationJobObject(
+                    job.0,
+                    JobObjectExtendedLimitInformation,
+                    (&info as *const JOBOBJECT_EXTENDED_LIMIT_INFORMATION).cast(),
+                    std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
+                ) == 0
+                    || AssignProcessToJobObject(job.0, process as HANDLE) == 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(job)
+            }
+        }
+
+        pub fn terminate(&self) {
+            // SAFETY: our own job handle.
+            unsafe {
+                TerminateJobObject(self.0, 1);
+            }
+        }
+    }
+
+    impl Drop for Job {
+        fn drop(&mut self) {
+            // SAFETY: closing our own handle; KILL_ON_JOB_CLOSE ends whatever is left.
+            unsafe {
+                CloseHandle(self.0);
+            }
+        }
+    }
 }

@@ -130,6 +130,7 @@ pub struct SessionEnd {
 pub struct RunningSession {
     child: Child,
     pid: u32,
+    tree: Arc<process::ProcessTree>,
     reader: BufReader<ChildStdout>,
     writer: Option<mpsc::UnboundedSender<Value>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
@@ -168,7 +169,8 @@ pub async fn start(
             )
             .with_cause(e)
         })?;
-    let pid = child.id().unwrap_or(0);
+    let tree = Arc::new(process::ProcessTree::of(&child));
+    let pid = tree.leader();
     let stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -206,6 +208,7 @@ pub async fn start(
     let mut session = RunningSession {
         child,
         pid,
+        tree,
         reader: BufReader::with_capacity(64 * 1024, stdout),
         writer: Some(tx),
         stderr: tail,
@@ -393,11 +396,8 @@ impl RunningSession {
     /// SIGKILL every process of the session, reap the CLI and drain stderr.
     async fn kill_all(&mut self) {
         self.writer = None;
-        #[cfg(unix)]
-        {
-            let pid = self.pid;
-            let _ = tokio::task::spawn_blocking(move || process::kill_session(pid)).await;
-        }
+        let tree = self.tree.clone();
+        let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
         // stderr closes once every holder of the pipe is dead; bounded in case one escaped.
