@@ -45,7 +45,14 @@ pub struct Json(pub std::result::Result<Value, String>);
 impl FromNapiValue for Json {
     unsafe fn from_napi_value(env: sys::napi_env, value: sys::napi_value) -> Result<Self> {
         // SAFETY: forwarded napi handles.
-        Ok(Json(unsafe { to_json(env, value) }.map_err(|e| e.reason)))
+        // The `Map` constructor is looked up once per reply, not once per object in it.
+        let read = || -> Result<Value> {
+            let map_ctor: Function<Unknown, Unknown> =
+                Env::from_raw(env).get_global()?.get_named_property("Map")?;
+            // SAFETY: forwarded napi handles; map_ctor is a live function value of this env.
+            unsafe { to_json(env, value, map_ctor.raw()) }
+        };
+        Ok(Json(read().map_err(|e| e.reason)))
     }
 }
 
@@ -56,17 +63,23 @@ unsafe fn type_of(env: sys::napi_env, value: sys::napi_value) -> Result<ValueTyp
     Ok(ValueType::from(t))
 }
 
-unsafe fn is_map(env: sys::napi_env, value: sys::napi_value) -> Result<bool> {
-    let env_ = Env::from_raw(env);
-    let ctor: Function<Unknown, Unknown> = env_.get_global()?.get_named_property("Map")?;
+unsafe fn is_map(
+    env: sys::napi_env,
+    value: sys::napi_value,
+    map_ctor: sys::napi_value,
+) -> Result<bool> {
     let mut result = false;
-    // SAFETY: forwarded napi handles; ctor is a live function value.
-    unsafe { check_status!(sys::napi_instanceof(env, value, ctor.raw(), &mut result))? };
+    // SAFETY: forwarded napi handles.
+    unsafe { check_status!(sys::napi_instanceof(env, value, map_ctor, &mut result))? };
     Ok(result)
 }
 
 /// JSON of a JS value, with `Map` → `[[k, v], …]` at any depth and `undefined` → `null`.
-unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
+unsafe fn to_json(
+    env: sys::napi_env,
+    value: sys::napi_value,
+    map_ctor: sys::napi_value,
+) -> Result<Value> {
     // SAFETY: every handle below comes from napi calls on this env during this callback.
     unsafe {
         match type_of(env, value)? {
@@ -82,7 +95,7 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
             ValueType::Object => {
                 let mut is_array = false;
                 check_status!(sys::napi_is_array(env, value, &mut is_array))?;
-                if is_array || is_map(env, value)? {
+                if is_array || is_map(env, value, map_ctor)? {
                     let items = if is_array {
                         value
                     } else {
@@ -100,7 +113,7 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
                     for i in 0..len {
                         let mut el = std::ptr::null_mut();
                         check_status!(sys::napi_get_element(env, items, i, &mut el))?;
-                        out.push(to_json(env, el)?);
+                        out.push(to_json(env, el, map_ctor)?);
                     }
                     return Ok(Value::Array(out));
                 }
@@ -118,7 +131,7 @@ unsafe fn to_json(env: sys::napi_env, value: sys::napi_value) -> Result<Value> {
                         continue;
                     }
                     let k = String::from_napi_value(env, key)?;
-                    map.insert(k, to_json(env, v)?);
+                    map.insert(k, to_json(env, v, map_ctor)?);
                 }
                 Ok(Value::Object(map))
             }
