@@ -11,6 +11,7 @@ pub mod deps;
 pub mod domain;
 pub mod error;
 pub mod git;
+pub mod lifecycle;
 pub mod logging;
 pub mod output;
 pub mod params;

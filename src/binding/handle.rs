@@ -3,18 +3,15 @@
 //! never reports it unhandled), and `abortSignal` from a real `AbortController`, aborted with
 //! `'cancelled'` or `'timeout'` before `result` rejects for that cause.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
 use super::error::to_napi;
-use crate::adapter::StartedSession;
 use crate::claude::session::StopReason;
 use crate::error::ErrorCode;
+use crate::lifecycle::StartedSession;
 use crate::output::OutputBuffer;
 
 /// The live text of one session. Breaking out of `for await` stops delivery, not the agent.
@@ -46,21 +43,17 @@ impl AsyncGenerator for OutputStream {
     }
 }
 
-/// AbortControllers of running sessions, by session id (JS-thread only).
-pub type Controllers = Rc<RefCell<HashMap<String, ObjectRef<false>>>>;
-
-pub fn abort(env: &Env, controller: &ObjectRef<false>, reason: StopReason) -> Result<()> {
+fn abort(env: &Env, controller: &ObjectRef<false>, reason: StopReason) -> Result<()> {
     let controller = controller.get_value(env)?;
     let abort: Function<String, Unknown> = controller.get_named_property("abort")?;
     abort.apply(controller, reason.as_str().to_string())?;
     Ok(())
 }
 
-pub fn build<'env>(
-    env: &'env Env,
-    started: StartedSession,
-    controllers: &Controllers,
-) -> Result<Object<'env>> {
+/// The handle. Its `abortSignal` is aborted only from `result`'s settlement, right before a
+/// rejection for a stop: a cancel that arrives after the agent's outcome was settled (during
+/// patch extraction or cleanup) changes nothing, so the two never disagree.
+pub fn build<'env>(env: &'env Env, started: StartedSession) -> Result<Object<'env>> {
     let StartedSession {
         session_id,
         output,
@@ -70,25 +63,20 @@ pub fn build<'env>(
     let ctor: Function<(), Unknown> = env.get_global()?.get_named_property("AbortController")?;
     let controller = ctor.new_instance(())?.coerce_to_object()?;
     let signal: Object = controller.get_named_property("signal")?;
-    controllers
-        .borrow_mut()
-        .insert(session_id.clone(), controller.create_ref::<false>()?);
-
-    let controllers = controllers.clone();
-    let id = session_id.clone();
+    let controller = controller.create_ref::<false>()?;
     let promise = env.spawn_future_with_callback(
         async move {
+            // The sender only goes away without a result if the session's task panicked.
             Ok(result.await.unwrap_or_else(|_| {
                 Err(crate::error::AdapterError::new(
-                    ErrorCode::AgentFailed,
-                    "the session ended without reporting a result",
+                    ErrorCode::Internal,
+                    "the session ended without reporting a result (its task panicked; a bug in claude-runtime-adapter)",
                 ))
             }))
         },
         move |env: &Env,
               outcome: std::result::Result<serde_json::Value, crate::error::AdapterError>|
               -> Result<serde_json::Value> {
-            let controller = controllers.borrow_mut().remove(&id);
             match outcome {
                 Ok(value) => Ok(value),
                 Err(e) => {
@@ -97,8 +85,8 @@ pub fn build<'env>(
                         ErrorCode::Timeout => Some(StopReason::Timeout),
                         _ => None,
                     };
-                    if let (Some(reason), Some(c)) = (reason, &controller) {
-                        abort(env, c, reason)?;
+                    if let Some(reason) = reason {
+                        abort(env, &controller, reason)?;
                     }
                     Err(to_napi(env, &e))
                 }
