@@ -1,4 +1,5 @@
-//! `AgentRunHandle` in JS: `output` as a native async iterator, `result` as a promise that is
+//! `AgentRunHandle` in JS: `output` as an async iterable whose every iteration is a fresh
+//! native reader replaying from the first chunk, `result` as a promise that is
 //! marked handled at birth (an engine that awaits it late still gets the rejection, and Node
 //! never reports it unhandled), and `abortSignal` from a real `AbortController`, aborted with
 //! `'cancelled'` or `'timeout'` before `result` rejects for that cause.
@@ -15,12 +16,13 @@ use super::error::to_napi;
 use crate::adapter::StartedSession;
 use crate::claude::session::StopReason;
 use crate::error::ErrorCode;
-use crate::output::OutputBuffer;
+use crate::output::{OutputBuffer, OutputReader};
 
-/// The live text of one session. Breaking out of `for await` stops delivery, not the agent.
+/// One reader of a session's live text. Breaking out of `for await` ends this reader only,
+/// not the other readers and not the agent.
 #[napi(async_iterator)]
 pub struct OutputStream {
-    buffer: Arc<OutputBuffer>,
+    reader: OutputReader,
 }
 
 #[napi]
@@ -33,17 +35,43 @@ impl AsyncGenerator for OutputStream {
         &mut self,
         _value: Option<()>,
     ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
-        let buffer = self.buffer.clone();
-        async move { Ok(buffer.next().await) }
+        let reader = self.reader.clone();
+        async move { Ok(reader.next().await) }
     }
 
     fn complete(
         &mut self,
         _value: Option<()>,
     ) -> impl std::future::Future<Output = Result<Option<String>>> + Send + 'static {
-        self.buffer.detach();
+        self.reader.detach();
         async move { Ok(None) }
     }
+}
+
+fn async_iterator_symbol<'env>(env: &'env Env) -> Result<Unknown<'env>> {
+    let symbol: Object = env.get_global()?.get_named_property("Symbol")?;
+    symbol.get_named_property("asyncIterator")
+}
+
+/// `handle.output`: `{ [Symbol.asyncIterator]() }` making a new [`OutputStream`] per call, so
+/// each `for await` starts from the first chunk. (A napi async-iterator instance hands every
+/// `for await` the same underlying generator, which would split the text between readers.)
+fn output_iterable<'env>(env: &'env Env, buffer: Arc<OutputBuffer>) -> Result<Object<'env>> {
+    let factory =
+        env.create_function_from_closure::<(), Unknown, _>("asyncIterator", move |ctx| {
+            let env: &Env = ctx.env;
+            let stream = OutputStream {
+                reader: buffer.reader(),
+            }
+            .into_instance(env)?;
+            let object = stream.as_object(env);
+            let iterate: Function<(), Unknown> =
+                object.get_property(async_iterator_symbol(env)?)?;
+            iterate.apply(object, ())
+        })?;
+    let mut iterable = Object::new(env)?;
+    iterable.set_property(async_iterator_symbol(env)?, factory)?;
+    Ok(iterable)
 }
 
 /// AbortControllers of running sessions, by session id (JS-thread only).
@@ -111,7 +139,7 @@ pub fn build<'env>(
 
     let mut handle = Object::new(env)?;
     handle.set("sessionID", session_id)?;
-    handle.set("output", OutputStream { buffer: output })?;
+    handle.set("output", output_iterable(env, output)?)?;
     handle.set("result", promise)?;
     handle.set(
         "logFilePath",
