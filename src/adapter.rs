@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::agent_definition;
 use crate::claude::command::{self, CliArgs};
 use crate::claude::locate;
+use crate::claude::protocol::ResultMessage;
 use crate::claude::session::{
     self, SessionEnd, SessionEvent, SessionObserver, SessionSpec, StopReason, StopSignal,
 };
@@ -27,6 +28,7 @@ use crate::logging::LogRoute;
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::schema;
+use crate::schema::semantic::{self, Facts};
 use crate::transcript::{self, Transcript};
 
 struct Entry {
@@ -52,7 +54,12 @@ struct Prepared {
     transcript: Option<Arc<Transcript>>,
     output: Arc<OutputBuffer>,
     observer: Arc<dyn SessionObserver>,
+    facts: Facts,
 }
+
+/// Follow-up turns for semantic output violations. Placeholder for `config.output_retries`
+/// (the lead's config change); the lifecycle takes it from there.
+const OUTPUT_RETRIES: u32 = 2;
 
 /// What `startAgent` hands back; the binding wraps it into the JS `AgentRunHandle`.
 pub struct StartedSession {
@@ -277,6 +284,7 @@ impl Adapter {
             transcript,
             output,
             observer,
+            facts,
         } = match prepared {
             Ok(p) => p,
             Err(e) => {
@@ -322,11 +330,14 @@ impl Adapter {
         let monitor_span = self.log_route.span();
         tokio::spawn(
             async move {
-            let end = running.run().await;
+            let end = running
+                .run(OUTPUT_RETRIES, |r| semantic_follow_up(role, &facts, r))
+                .await;
             monitor_output.close();
             let outcome = adapter
                 .finish(
                     role,
+                    &facts,
                     end,
                     worktree.as_ref(),
                     transcript.as_deref(),
@@ -382,7 +393,7 @@ impl Adapter {
     ) -> Result<Prepared> {
         let cfg = &self.config;
         let role = params.role();
-        let prompt = context::build_prompt(
+        let context::Assembled { prompt, facts } = context::assemble(
             params,
             &self.deps,
             &cfg.repo_root,
@@ -440,6 +451,7 @@ impl Adapter {
             transcript,
             output,
             observer,
+            facts,
         })
     }
 
@@ -480,12 +492,13 @@ impl Adapter {
     async fn finish(
         &self,
         role: Role,
+        facts: &Facts,
         end: SessionEnd,
         worktree: Option<&Worktree>,
         transcript: Option<&Transcript>,
         session_id: &str,
     ) -> Result<Value> {
-        let output = evaluate(role, end)?;
+        let output = evaluate(role, facts, end)?;
         let Some(w) = worktree else { return Ok(output) };
         let mut output = output;
         let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
@@ -530,8 +543,23 @@ impl Adapter {
     }
 }
 
-/// The result rules: `success` AND not `is_error` AND structured output present AND valid.
-pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
+/// After a `result`: the follow-up turn asking the agent to fix its output, when the output
+/// passed the schema but breaks the semantic rules. Other failures get no follow-up: the CLI
+/// already retried schema failures, and errors end the session.
+fn semantic_follow_up(role: Role, facts: &Facts, r: &ResultMessage) -> Option<String> {
+    if r.subtype != "success" || r.is_error {
+        return None;
+    }
+    let out = r.structured_output.as_ref()?;
+    schema::validate(role, out).ok()?;
+    semantic::check(facts, out)
+        .err()
+        .map(|v| semantic::follow_up_prompt(&v))
+}
+
+/// The result rules: `success` AND not `is_error` AND structured output present AND valid
+/// (schema, then the semantic rules).
+pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
     let exit = session::describe_exit(end.exit);
     let stderr = if end.stderr_tail.is_empty() {
         String::new()
@@ -588,6 +616,17 @@ pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
             format!(
                 "the structured output fails the {} schema: {}",
                 role.as_str(),
+                violations.join("; ")
+            ),
+        )
+    })?;
+    semantic::check(facts, &out).map_err(|violations| {
+        AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!(
+                "the structured output breaks the {} output rules after {} follow-up turn(s): {}",
+                role.as_str(),
+                end.follow_ups,
                 violations.join("; ")
             ),
         )
@@ -664,6 +703,18 @@ impl SessionObserver for Observer {
                 if let Some(t) = t {
                     t.result(r);
                 }
+            }
+            SessionEvent::FollowUp(text) => {
+                if let Some(t) = t {
+                    t.note("follow-up", text);
+                }
+                let mut d = ids();
+                d["prompt"] = json!(text);
+                self.logger.log(
+                    LogLevel::Info,
+                    "asking the agent to correct its structured output",
+                    d,
+                );
             }
             SessionEvent::UnreadableLine { error, bytes } => {
                 if let Some(t) = t {

@@ -49,7 +49,8 @@ impl AsyncGenerator for OutputStream {
 }
 
 fn async_iterator_symbol<'env>(env: &'env Env) -> Result<Unknown<'env>> {
-    let symbol: Object = env.get_global()?.get_named_property("Symbol")?;
+    // `Symbol` is a function, which the checked getter would refuse as an `Object`.
+    let symbol: Object = env.get_global()?.get_named_property_unchecked("Symbol")?;
     symbol.get_named_property("asyncIterator")
 }
 
@@ -62,11 +63,14 @@ fn output_iterable<'env>(env: &'env Env, buffer: Arc<OutputBuffer>) -> Result<Ob
             let env: &Env = ctx.env;
             let stream = OutputStream {
                 reader: buffer.reader(),
-            }
-            .into_instance(env)?;
-            let object = stream.as_object(env);
+            };
+            // Through `ToNapiValue`, which (unlike `into_instance`) installs the instance's
+            // `Symbol.asyncIterator`.
+            // SAFETY: `env` is the live env of this call; the value is used within it.
+            let raw = unsafe { OutputStream::to_napi_value(env.raw(), stream)? };
+            let object = Object::from_raw(env.raw(), raw);
             let iterate: Function<(), Unknown> =
-                object.get_property(async_iterator_symbol(env)?)?;
+                object.get_property_unchecked(async_iterator_symbol(env)?)?;
             iterate.apply(object, ())
         })?;
     let mut iterable = Object::new(env)?;
