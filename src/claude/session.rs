@@ -346,6 +346,13 @@ impl RunningSession {
                 break;
             }
             let Some(text) = check(result) else { break };
+            if let Some(reason) = self.stop.reason() {
+                // Asked to stop between turns: the answer needed correcting, so the session
+                // ends stopped rather than with output known to be wrong.
+                self.observer.on_event(SessionEvent::Stopping(reason));
+                turn.stopping = Some((reason, Instant::now(), false));
+                break;
+            }
             follow_ups += 1;
             self.observer.on_event(SessionEvent::FollowUp(&text));
             self.send(protocol::user_message(&text));
