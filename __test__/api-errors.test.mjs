@@ -310,7 +310,7 @@ describe('the logger', () => {
     const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
     await handle.result;
     const done = h.logger.entries.find((e) => e.message === 'agent session completed');
-    expect(done).toEqual({ level: 'info', message: 'agent session completed', data: { sessionID: handle.sessionID, role: 'planner' } });
+    expect(done).toEqual({ level: 'info', message: 'agent session completed', data: { sessionID: handle.sessionID, role: 'planner', stats: await handle.stats } });
     expect(h.logger.entries.find((e) => e.message === 'starting agent session')?.data).toEqual({ sessionID: handle.sessionID, role: 'planner' });
   });
 });

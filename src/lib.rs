@@ -16,4 +16,5 @@ pub mod logging;
 pub mod output;
 pub mod params;
 pub mod schema;
+pub mod stats;
 pub mod transcript;

@@ -13,6 +13,19 @@ export interface AgentRunHandle {
   logFilePath: string | null
   /** aborted with reason 'cancelled' | 'timeout' before `result` rejects for that cause; never aborted when `result` resolves */
   abortSignal: AbortSignal
+  /** settles with `result` (also for failed and cancelled sessions) */
+  stats: Promise<SessionStats>
+}
+
+export interface SessionStats {
+  /** wall clock from startAgent to the settled result */
+  durationMs: number
+  turns: number | null
+  costUsd: number | null
+  model: string | null
+  tokens: { input: number; output: number; cacheRead: number; cacheCreation: number } | null
+  /** implementor only */
+  changedFiles: { path: string; status: 'added' | 'modified' | 'deleted' | 'renamed'; added: number; removed: number }[] | null
 }
 
 /** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. */

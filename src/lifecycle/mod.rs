@@ -22,6 +22,7 @@ mod outcome;
 mod registry;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -30,6 +31,7 @@ use tracing::Instrument;
 use crate::adapter::Adapter;
 use crate::agent_definition;
 use crate::claude::command::{self, CliArgs};
+use crate::claude::ids;
 use crate::claude::locate;
 use crate::claude::session::{
     self, RunningSession, SessionEnd, SessionSpec, StopReason, StopSignal,
@@ -42,6 +44,8 @@ use crate::git::worktree::{RepoGit, Worktree};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::schema;
+use crate::schema::semantic::Facts;
+use crate::stats::{RunStats, SessionStats};
 use crate::transcript::{self, Transcript};
 
 use observer::Observer;
@@ -53,7 +57,8 @@ pub use registry::{Registry, SessionInfo};
 pub struct StartedSession {
     pub session_id: String,
     pub output: Arc<OutputBuffer>,
-    pub result: oneshot::Receiver<Result<Value>>,
+    /// The result and the run's stats, together once the session is cleaned up.
+    pub result: oneshot::Receiver<(Result<Value>, SessionStats)>,
     pub log_file_path: Option<std::path::PathBuf>,
 }
 
@@ -71,6 +76,9 @@ pub struct Session {
     worktree: Option<Worktree>,
     transcript: Option<Arc<Transcript>>,
     output: Arc<OutputBuffer>,
+    /// What the semantic output checks need, fetched once during context assembly.
+    facts: Facts,
+    started: Instant,
 }
 
 impl Session {
@@ -98,7 +106,7 @@ impl Session {
         }
         Ok(Session {
             adapter: adapter.clone(),
-            cli_id: cli_session_id(&id),
+            cli_id: ids::cli_session_uuid(&id),
             id,
             params,
             options,
@@ -107,6 +115,8 @@ impl Session {
             worktree: None,
             transcript: None,
             output: OutputBuffer::new(DEFAULT_BOUND),
+            facts: Facts::Implementor,
+            started: Instant::now(),
         })
     }
 
@@ -175,10 +185,11 @@ impl Session {
             call_timeout: cfg.context_call_timeout,
             cancel: self.stop.token().clone(),
         };
-        let prompt =
-            context::build_prompt(&self.params, self.adapter.deps(), &cfg.repo_root, &fetch)
+        let context::Assembled { prompt, facts } =
+            context::assemble(&self.params, self.adapter.deps(), &cfg.repo_root, &fetch)
                 .await
                 .map_err(|e| self.or_stopped(e))?;
+        self.facts = facts;
         if let Some(e) = self.stopped_error() {
             return Err(e);
         }
@@ -255,15 +266,34 @@ impl Session {
     }
 
     /// Run the agent to its end (result, crash, stop); nothing of the CLI is left running.
+    /// Output that passes the schema but breaks the semantic rules is sent back to the agent
+    /// in the same session, up to `config.outputRetries` times.
     pub async fn supervise(&self, running: RunningSession) -> SessionEnd {
-        let end = running.run().await;
+        let (role, facts) = (self.role(), &self.facts);
+        let retries = self.adapter.config().output_retries;
+        let end = running
+            .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
+            .await;
         self.output.close();
         end
     }
 
     /// How the session ended → the engine's `result` (the Implementor's patch added).
-    pub async fn extract(&self, end: SessionEnd) -> Result<Value> {
-        let output = evaluate(self.role(), end)?;
+    pub async fn extract(&self, end: SessionEnd) -> (Result<Value>, SessionStats) {
+        let run_stats = end.stats.clone();
+        let outcome = self.result_of(end).await;
+        let patch = match (&self.worktree, &outcome) {
+            (None, _) => None,
+            (Some(_), Ok(v)) => Some(v.get("patch").and_then(Value::as_str).unwrap_or("")),
+            (Some(_), Err(_)) => Some(""),
+        };
+        let elapsed = self.started.elapsed().as_millis() as u64;
+        let stats = run_stats.finish(elapsed, patch);
+        (outcome, stats)
+    }
+
+    async fn result_of(&self, end: SessionEnd) -> Result<Value> {
+        let output = evaluate(self.role(), &self.facts, end)?;
         match &self.worktree {
             Some(w) => {
                 outcome::with_patch(output, w, self.transcript.as_deref(), |m, d| {
@@ -276,7 +306,7 @@ impl Session {
     }
 
     /// Keep the work, remove the worktree and branch, write the footer, log, release the id.
-    pub async fn clean(mut self, outcome: &Result<Value>) {
+    pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         if let (Some(w), Some(t)) = (&self.worktree, &self.transcript) {
             let has_patch =
                 matches!(outcome, Ok(v) if v.get("patch").is_some_and(Value::is_string));
@@ -293,7 +323,9 @@ impl Session {
                 );
             }
         }
+        let stats_json = serde_json::to_value(stats).unwrap_or(Value::Null);
         if let Some(t) = &self.transcript {
+            t.note("stats", &stats_json.to_string());
             match outcome {
                 Ok(_) => t.footer("completed", "the agent's result passed validation"),
                 Err(e) if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => {
@@ -303,11 +335,15 @@ impl Session {
             }
         }
         match outcome {
-            Ok(_) => self.log(LogLevel::Info, "agent session completed", json!({})),
+            Ok(_) => self.log(
+                LogLevel::Info,
+                "agent session completed",
+                json!({ "stats": stats_json }),
+            ),
             Err(e) => self.log(
                 LogLevel::Error,
                 "agent session failed",
-                json!({ "code": e.code.as_str(), "error": e.message }),
+                json!({ "code": e.code.as_str(), "error": e.message, "stats": stats_json }),
             ),
         }
         // Stop the timer (if any) and release the id before the result is visible.
@@ -326,7 +362,9 @@ impl Session {
         match started {
             Ok(running) => Ok((self, running)),
             Err(e) => {
-                self.clean(&Err(e.clone())).await;
+                let stats =
+                    RunStats::default().finish(self.started.elapsed().as_millis() as u64, None);
+                self.clean(&Err(e.clone()), &stats).await;
                 Err(e)
             }
         }
@@ -353,39 +391,11 @@ pub async fn start_agent(
     tokio::spawn(
         async move {
             let end = session.supervise(running).await;
-            let outcome = session.extract(end).await;
-            session.clean(&outcome).await;
-            let _ = result_tx.send(outcome);
+            let (outcome, stats) = session.extract(end).await;
+            session.clean(&outcome, &stats).await;
+            let _ = result_tx.send((outcome, stats));
         }
         .instrument(span),
     );
     Ok(started)
-}
-
-/// The CLI needs a UUID session id; the engine may use any string. A non-UUID id is mapped to
-/// a name-based UUID (v5), so the same engine id always gives the same CLI id.
-pub fn cli_session_id(id: &str) -> String {
-    match uuid::Uuid::parse_str(id) {
-        Ok(u) if id.len() == 36 => u.hyphenated().to_string(),
-        _ => uuid::Uuid::new_v5(&CLI_ID_NAMESPACE, id.as_bytes()).to_string(),
-    }
-}
-
-/// Namespace of the derived CLI ids (a fixed random UUID of this project).
-const CLI_ID_NAMESPACE: uuid::Uuid =
-    uuid::Uuid::from_u128(0x6f1c_2b7e_4d3a_4c59_9e21_8a47_b5d0_c3f2);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cli_ids_are_uuids_stable_per_engine_id_and_uuids_pass_through() {
-        let u = "0b8a6f0e-3c1d-4e2f-9a7b-5c6d7e8f9a0b";
-        assert_eq!(cli_session_id(u), u);
-        let a = cli_session_id("run-1");
-        assert_eq!(a, cli_session_id("run-1"));
-        assert_ne!(a, cli_session_id("run-2"));
-        assert!(uuid::Uuid::parse_str(&a).is_ok());
-    }
 }

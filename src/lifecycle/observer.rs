@@ -80,6 +80,18 @@ impl SessionObserver for Observer {
                     t.result(r);
                 }
             }
+            SessionEvent::FollowUp(text) => {
+                if let Some(t) = t {
+                    t.note("follow-up", text);
+                }
+                let mut d = ids();
+                d["prompt"] = json!(text);
+                self.logger.log(
+                    LogLevel::Info,
+                    "asking the agent to correct its structured output",
+                    d,
+                );
+            }
             SessionEvent::UnreadableLine { error, bytes } => {
                 if let Some(t) = t {
                     t.note(

@@ -3,16 +3,33 @@
 
 use serde_json::{json, Value};
 
+use crate::claude::protocol::ResultMessage;
 use crate::claude::session::{self, SessionEnd, StopReason};
 use crate::domain::Role;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::patch;
 use crate::git::worktree::Worktree;
 use crate::schema;
+use crate::schema::semantic::{self, Facts};
 use crate::transcript::Transcript;
 
-/// The result rules: `success` AND not `is_error` AND structured output present AND valid.
-pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
+/// After a `result`: the follow-up turn asking the agent to fix its output, when the output
+/// passed the schema but breaks the semantic rules. Other failures get no follow-up: the CLI
+/// already retried schema failures, and errors end the session.
+pub fn semantic_follow_up(role: Role, facts: &Facts, r: &ResultMessage) -> Option<String> {
+    if r.subtype != "success" || r.is_error {
+        return None;
+    }
+    let out = r.structured_output.as_ref()?;
+    schema::validate(role, out).ok()?;
+    semantic::check(facts, out)
+        .err()
+        .map(|v| semantic::follow_up_prompt(&v))
+}
+
+/// The result rules: `success` AND not `is_error` AND structured output present AND valid
+/// (schema, then the semantic rules).
+pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
     let exit = session::describe_exit(end.exit);
     let stderr = if end.stderr_tail.is_empty() {
         String::new()
@@ -69,6 +86,17 @@ pub fn evaluate(role: Role, end: SessionEnd) -> Result<Value> {
             format!(
                 "the structured output fails the {} schema: {}",
                 role.as_str(),
+                violations.join("; ")
+            ),
+        )
+    })?;
+    semantic::check(facts, &out).map_err(|violations| {
+        AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!(
+                "the structured output breaks the {} output rules after {} follow-up turn(s): {}",
+                role.as_str(),
+                end.follow_ups,
                 violations.join("; ")
             ),
         )
