@@ -21,8 +21,7 @@ use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, HookDecision, LogLevel, Logger};
 use crate::domain::{Role, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::patch;
-use crate::git::worktree::{RepoGit, Worktree};
+use crate::git::{ProvisionRequest, RepoGit, SessionRecord, Worktree};
 use crate::logging::LogRoute;
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
@@ -128,7 +127,10 @@ impl Adapter {
             Ok(removed) if !removed.is_empty() => self.log(
                 LogLevel::Info,
                 "removed worktrees left by a process that is gone",
-                json!({ "paths": removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>() }),
+                json!({
+                    "paths": removed.iter().map(|s| s.path.display().to_string()).collect::<Vec<_>>(),
+                    "patches": removed.iter().filter_map(|s| s.patch.as_ref()).map(|p| p.display().to_string()).collect::<Vec<_>>(),
+                }),
             ),
             Ok(_) => {}
             Err(e) => self.log(LogLevel::Warn, "could not sweep stale worktrees", json!({ "error": e.to_string() })),
@@ -257,13 +259,20 @@ impl Adapter {
         let worktree = match &branch {
             Some(b) => {
                 let env = command::build_env(std::env::vars(), &self.config.env);
+                let request = ProvisionRequest {
+                    branch: b.clone(),
+                    default_branch: self.config.default_branch.clone(),
+                    setup: self.config.worktree_setup_command.clone(),
+                    env,
+                    // Until config.worktree_setup_timeout lands: its documented default.
+                    setup_timeout: std::time::Duration::from_secs(600),
+                    session: SessionRecord {
+                        session_id: session_id.clone(),
+                        transcript: None,
+                    },
+                };
                 let provisioned = RepoGit::for_repo(&self.config.repo_root)
-                    .provision(
-                        b,
-                        &self.config.default_branch,
-                        self.config.worktree_setup_command.as_deref(),
-                        &env,
-                    )
+                    .provision(&request, stop.token())
                     .await?;
                 Some(provisioned)
             }
@@ -447,7 +456,7 @@ impl Adapter {
     /// may still have changed files. With logging on, keep them next to the transcript before
     /// the worktree goes, so an operator can recover the agent's work.
     async fn salvage_patch(&self, w: &Worktree, t: &Transcript, session_id: &str) {
-        match patch::extract_patch(&w.path, &w.base_commit).await {
+        match w.extract_patch().await {
             Ok(p) if !p.is_empty() => {
                 let path = t.path().with_extension("patch");
                 match std::fs::write(&path, &p) {
@@ -490,15 +499,13 @@ impl Adapter {
         let mut output = output;
         let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
         let patch = if completed {
-            let patch = patch::extract_patch(&w.path, &w.base_commit)
-                .await
-                .map_err(|e| {
-                    AdapterError::new(
-                        ErrorCode::AgentFailed,
-                        format!("could not extract the patch: {}", e.message),
-                    )
-                    .with_shared_cause(Arc::new(e))
-                })?;
+            let patch = w.extract_patch().await.map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    format!("could not extract the patch: {}", e.message),
+                )
+                .with_shared_cause(Arc::new(e))
+            })?;
             if patch.is_empty() {
                 return Err(AdapterError::new(
                     ErrorCode::EmptyPatch,
