@@ -537,3 +537,243 @@ fn owner_records_round_trip_and_detect_liveness() {
     assert_eq!(Owner::parse("locked by alice"), None);
     assert!(!dead_owner().is_alive());
 }
+
+/// Whether `pid` is still a running process (a zombie has exited).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 1..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) for `path` to exist.
+async fn wait_for(path: &Path) {
+    for _ in 0..600 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+#[tokio::test]
+async fn a_hung_setup_is_cancelled_promptly_with_its_process_tree_dead_and_nothing_left() {
+    let (t, root) = repo();
+    let pids = t.path().join("pids");
+    // The shell, and a child that left its process group and session (`setsid`), both hang.
+    let script = format!(
+        "echo $$ > {p}.tmp; setsid sleep 41 & echo $! >> {p}.tmp; mv {p}.tmp {p}; sleep 40",
+        p = pids.display()
+    );
+    let rg = RepoGit::for_repo(&root);
+    let stop = CancellationToken::new();
+    let req = request("hung", Some(&["sh", "-c", &script]));
+    let run = {
+        let (rg, stop) = (rg.clone(), stop.clone());
+        tokio::spawn(async move { rg.provision(&req, &stop).await })
+    };
+    wait_for(&pids).await;
+    let started = std::time::Instant::now();
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("a cancelled provision returns; it does not wait for the setup")
+        .unwrap();
+    println!("cancel -> provision returned in {:?}", started.elapsed());
+    assert_eq!(result.unwrap_err().code, ErrorCode::Cancelled);
+    let pids: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2);
+    for pid in pids {
+        assert!(!alive(pid), "setup process {pid} survived the cancel");
+    }
+    assert!(!root.join(".worktrees/hung").exists());
+    assert_eq!(branches(&root), ["main"]);
+    assert_eq!(worktree_paths(&root).len(), 1);
+}
+
+#[tokio::test]
+async fn a_stop_before_the_lock_is_free_makes_nothing() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let err = rg
+        .provision(&request("early", None), &stop)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Cancelled);
+    assert_eq!(branches(&root), ["main"]);
+}
+
+#[tokio::test]
+async fn a_setup_that_outlives_its_time_limit_is_a_provision_error_naming_the_limit() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let mut req = request("slow", Some(&["sh", "-c", "echo resolving; sleep 40"]));
+    req.setup_timeout = Duration::from_secs(1);
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        rg.provision(&req, &CancellationToken::new()),
+    )
+    .await
+    .expect("the setup limit bounds the provision")
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Provision);
+    assert!(
+        err.message.contains(
+            "setup command `sh -c echo resolving; sleep 40` did not finish within 1 s \
+             (config.worktreeSetupTimeout)"
+        ),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("resolving"),
+        "output tail: {}",
+        err.message
+    );
+    assert!(!root.join(".worktrees/slow").exists());
+    assert_eq!(branches(&root), ["main"]);
+}
+
+#[tokio::test]
+async fn the_post_checkout_hook_runs_in_the_new_worktree_as_git_worktree_add_runs_it() {
+    let (_t, root) = repo();
+    let hook = root.join(".git/hooks/post-checkout");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\nprintf '%s %s %s' \"$1\" \"$2\" \"$3\" > hook-args\npwd > hook-cwd\n\
+         printf %s \"${GIT_DIR-unset}\" > hook-git-dir\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "hooked", None).await.unwrap();
+    let read = |f: &str| std::fs::read_to_string(wt.path.join(f)).unwrap();
+    assert_eq!(
+        read("hook-args"),
+        format!("{} {} 1", "0".repeat(40), wt.base_commit)
+    );
+    assert_eq!(Path::new(read("hook-cwd").trim()), wt.path);
+    assert_eq!(read("hook-git-dir"), "unset");
+    // What the hook wrote is part of the starting point, not the agent's work.
+    assert_eq!(wt.extract_patch().await.unwrap(), "");
+    wt.cleanup().await.unwrap();
+}
+
+/// Not a test of its own: the process `crash_*` tests start and SIGKILL. It provisions a
+/// worktree (setup included) for a session, changes files as an agent would, says so, and waits
+/// to be killed.
+#[tokio::test]
+#[ignore = "helper run by the crash tests in a child process"]
+async fn crash_helper_provisions_then_waits_to_be_killed() {
+    let Ok(repo) = std::env::var("CRA_CRASH_REPO") else {
+        return;
+    };
+    let root = PathBuf::from(repo);
+    let mut req = request("crashed", Some(&["sh", "-c", "echo x > install-state.txt"]));
+    req.session.transcript = std::env::var_os("CRA_CRASH_TRANSCRIPT").map(PathBuf::from);
+    let wt = RepoGit::for_repo(&root)
+        .provision(&req, &CancellationToken::new())
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("README.md"), "hello\nfrom the agent\n").unwrap();
+    std::fs::write(wt.path.join("feature.rs"), "pub fn feature() {}\n").unwrap();
+    std::fs::write(std::env::var("CRA_CRASH_READY").unwrap(), "").unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+/// Runs the crash helper for `root`, kills it with SIGKILL once its agent has worked.
+async fn provision_then_crash(root: &Path, transcript: Option<&Path>) {
+    let ready = root.parent().unwrap().join("ready");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "crash_helper_provisions_then_waits_to_be_killed",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env("CRA_CRASH_REPO", root)
+    .env("CRA_CRASH_READY", &ready);
+    if let Some(t) = transcript {
+        cmd.env("CRA_CRASH_TRANSCRIPT", t);
+    }
+    let mut child = cmd.spawn().unwrap();
+    wait_for(&ready).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A crashed session's worktree beside a person's: the sweep saves the crashed session's work
+/// (returning where), removes its worktree and branch, and leaves the person's alone.
+async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
+    provision_then_crash(root, transcript).await;
+    assert!(root.join(".worktrees/crashed").exists());
+    git(
+        root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            ".worktrees/my-work",
+            "-b",
+            "manual",
+        ],
+    );
+    std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
+
+    let swept = RepoGit::for_repo(root).sweep_stale().await.unwrap();
+    assert_eq!(swept.len(), 1, "{swept:?}");
+    assert_eq!(swept[0].path, root.join(".worktrees/crashed"));
+    assert_eq!(swept[0].branch.as_deref(), Some("crashed"));
+    assert!(!root.join(".worktrees/crashed").exists());
+    assert_eq!(branches(root), ["main", "manual"]);
+    assert_eq!(
+        std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
+        b"mine\n"
+    );
+    // The saved patch is the agent's work only and applies on the base commit.
+    let patch = swept[0].patch.clone().expect("the work was saved");
+    let text = std::fs::read_to_string(&patch).unwrap();
+    assert!(!text.contains("install-state.txt"), "{text}");
+    git(root, &["apply", "--index", patch.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(root.join("README.md")).unwrap(),
+        b"hello\nfrom the agent\n"
+    );
+    assert!(root.join("feature.rs").exists());
+    patch
+}
+
+#[tokio::test]
+async fn a_crashed_sessions_work_is_saved_beside_its_transcript_before_its_worktree_is_swept() {
+    let (t, root) = repo();
+    let transcript = t.path().join("1700000000000-implementor-s1.log");
+    std::fs::write(&transcript, "transcript\n").unwrap();
+    let patch = crash_then_sweep(&root, Some(&transcript)).await;
+    assert_eq!(patch, t.path().join("1700000000000-implementor-s1.patch"));
+}
+
+#[tokio::test]
+async fn a_crashed_sessions_work_without_a_transcript_is_saved_in_the_git_dir() {
+    let (_t, root) = repo();
+    let patch = crash_then_sweep(&root, None).await;
+    assert_eq!(
+        patch.parent().unwrap(),
+        root.join(".git/claude-runtime-adapter/salvaged")
+    );
+    let name = patch.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("session-crashed-"), "{name}");
+}
