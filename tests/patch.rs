@@ -269,13 +269,10 @@ async fn extraction_does_not_disturb_the_agents_index() {
     git(&wt.path, &["add", "a.rs"]);
     write(&wt.path, "b.rs", b"unstaged\n");
     write(&wt.path, "c.rs", b"untracked\n");
-    let index = PathBuf::from(
-        git(
-            &wt.path,
-            &["rev-parse", "--path-format=absolute", "--git-path", "index"],
-        )
-        .trim(),
-    );
+    // Relative to the worktree unless absolute (`--path-format` needs git 2.31).
+    let index = wt
+        .path
+        .join(git(&wt.path, &["rev-parse", "--git-path", "index"]).trim());
     let before = std::fs::read(&index).unwrap();
     let status = git(&wt.path, &["status", "--porcelain"]);
     let patch = wt.extract_patch().await.unwrap();

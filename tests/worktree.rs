@@ -777,3 +777,143 @@ async fn a_crashed_sessions_work_without_a_transcript_is_saved_in_the_git_dir() 
     let name = patch.file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("session-crashed-"), "{name}");
 }
+
+/// A `git` that says it is `version` and refuses, the way git 2.30 does (usage error, exit 129;
+/// `hook` is not a command there), what git 2.30 does not have; everything else goes to the real
+/// git. Every refused call is appended to `<dir>/refused`.
+fn old_git(dir: &Path, version: &str) -> PathBuf {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("git"))
+        .find(|p| p.is_file())
+        .expect("git on PATH");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        r#"#!/bin/sh
+refused() {{ printf '%s\n' "$*" >> '{log}'; echo "error: unknown option (git 2.30): $*" >&2; exit 129; }}
+[ "$1" = "--version" ] && {{ echo "git version {version}"; exit 0; }}
+sub=""; skip=0
+for a in "$@"; do
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  case "$a" in -c|-C) skip=1 ;; -*) ;; *) sub="$a"; break ;; esac
+done
+if [ "$sub" = hook ]; then
+  printf '%s\n' "$*" >> '{log}'
+  echo "git: 'hook' is not a git command. See 'git --help'." >&2; exit 1
+fi
+for a in "$@"; do
+  case "$sub:$a" in
+    worktree:--reason|worktree:--reason=*|worktree:-z|worktree:--orphan) refused "$@" ;;
+    *:--path-format*) refused "$@" ;;
+    rev-parse:--end-of-options) refused "$@" ;;
+  esac
+done
+exec '{real}' "$@"
+"#,
+        log = dir.join("refused").display(),
+        real = real.display(),
+    );
+    let git = bin.join("git");
+    std::fs::write(&git, script).unwrap();
+    std::fs::set_permissions(&git, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// Runs `old_git_helper` in a child process whose PATH starts with an [`old_git`] of `version`.
+fn run_under_old_git(case: &str, version: &str) -> PathBuf {
+    let tmp = tempfile::tempdir().unwrap().keep();
+    let bin = old_git(&tmp, version);
+    let mut path = vec![bin.clone()];
+    path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap()));
+    // The wrapper is in effect: the 2.36 listing is refused as 2.30 would.
+    let probe = Command::new(bin.join("git"))
+        .args(["worktree", "list", "--porcelain", "-z"])
+        .output()
+        .unwrap();
+    assert_eq!(probe.status.code(), Some(129));
+    std::fs::remove_file(tmp.join("refused")).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["old_git_helper", "--exact", "--ignored", "--nocapture"])
+        .env("PATH", std::env::join_paths(path).unwrap())
+        .env("CRA_OLD_GIT_CASE", case)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("test old_git_helper ... ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tmp
+}
+
+#[test]
+fn provisioning_patch_and_sweep_work_with_git_2_30() {
+    let tmp = run_under_old_git("works", "2.30.2");
+    let refused = std::fs::read_to_string(tmp.join("refused")).unwrap_or_default();
+    assert_eq!(refused, "", "called git with options 2.30 does not have");
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+#[test]
+fn a_git_older_than_2_30_is_refused_with_the_minimum_named() {
+    let tmp = run_under_old_git("too-old", "2.29.2");
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+/// Not a test of its own: what [`run_under_old_git`] runs with the wrapper first on PATH.
+#[tokio::test]
+#[ignore = "helper run under a git 2.30 wrapper in a child process"]
+async fn old_git_helper() {
+    match std::env::var("CRA_OLD_GIT_CASE").as_deref() {
+        Ok("works") => old_git_works().await,
+        Ok("too-old") => {
+            let err = claude_runtime_adapter::git::check_git_version()
+                .await
+                .unwrap_err();
+            assert_eq!(err.code, ErrorCode::Provision);
+            assert!(err.message.contains("git 2.30 or newer"), "{}", err.message);
+            assert!(err.message.contains("2.29.2"), "{}", err.message);
+        }
+        _ => {}
+    }
+}
+
+async fn old_git_works() {
+    claude_runtime_adapter::git::check_git_version()
+        .await
+        .unwrap();
+    let (_t, root) = repo();
+    let hook = root.join(".git/hooks/post-checkout");
+    std::fs::write(&hook, "#!/bin/sh\necho \"$2\" > hook-ran\n").unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    add_worktree(&root, "dead", Some(&dead_owner().to_record()));
+    std::fs::write(root.join(".worktrees/dead/lost.rs"), "work\n").unwrap();
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            ".worktrees/my-work",
+            "-b",
+            "manual",
+        ],
+    );
+    let rg = RepoGit::for_repo(&root);
+    let setup = ["sh", "-c", "echo x > install-state.txt"];
+    let wt = provision(&rg, "old", Some(&setup)).await.unwrap();
+    assert!(wt.path.join("hook-ran").exists());
+    std::fs::write(wt.path.join("README.md"), "changed\n").unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(
+        patch.contains("README.md") && !patch.contains("install-state"),
+        "{patch}"
+    );
+    let swept = rg.sweep_stale().await.unwrap();
+    assert_eq!(swept.len(), 1, "{swept:?}");
+    assert!(swept[0].patch.is_some());
+    assert!(root.join(".worktrees/my-work").exists() && wt.path.exists());
+    wt.cleanup().await.unwrap();
+    assert_eq!(branches(&root), ["main", "manual"]);
+}
