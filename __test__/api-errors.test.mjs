@@ -1,7 +1,7 @@
 // Every error path of the API table that comes before an agent runs, triggered for real
 // through the addon: bad config, bad params, agent definitions, context callbacks, the CLI.
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -283,7 +283,11 @@ describe('the CLI', () => {
         adapter.startAgent({ role: 'planner', specPaths: [] }).then(
           () => { console.log(JSON.stringify({ resolved: true })); },
           (e) => { console.log(JSON.stringify({ code: e.code, message: e.message })); });`;
-      const out = execFileSync(process.execPath, ['-e', script], { cwd: dir, env: { PATH: '/nonexistent-bin', HOME: dir } }).toString();
+      // PATH holds git (the adapter needs it) and no `claude`.
+      const bin = join(dir, 'bin');
+      mkdirSync(bin);
+      symlinkSync(execFileSync('sh', ['-c', 'command -v git']).toString().trim(), join(bin, 'git'));
+      const out = execFileSync(process.execPath, ['-e', script], { cwd: dir, env: { PATH: bin, HOME: dir } }).toString();
       const err = JSON.parse(out);
       expect(err.code).toBe('ERR_CLI_NOT_FOUND');
       expect(err.message).toContain(join(dir, 'node_modules/@anthropic-ai/claude-agent-sdk-linux-x64/claude'));

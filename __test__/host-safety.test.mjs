@@ -2,7 +2,7 @@
 // reproductions that concern the host process and the session's bookkeeping, each through the
 // built addon (and the real CLI where an agent runs).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
@@ -96,6 +96,21 @@ describe('no number in the config crashes the host', () => {
       expect(err.message).toContain('options.graceMs');
     }
     await adapter.shutdown();
+  });
+});
+
+describe('git 2.30 or newer', () => {
+  it('createClaudeAdapter with an older git on PATH throws ERR_PROVISION naming the minimum', async () => {
+    h = await setup({});
+    const bin = join(h.scratch, 'old-git-bin');
+    mkdirSync(bin);
+    writeFileSync(join(bin, 'git'), `#!/bin/sh\nif [ "$1" = "--version" ]; then echo "git version 2.29.2"; exit 0; fi\nexec ${execFileSync('sh', ['-c', 'command -v git']).toString().trim()} "$@"\n`);
+    chmodSync(join(bin, 'git'), 0o755);
+    const r = inChild(h, `try { createClaudeAdapter(config, deps); report({ created: true }); }
+      catch (e) { report({ code: e.code, message: e.message }); }`, { PATH: `${bin}:${process.env.PATH}` });
+    expect(r.lines[0].code).toBe('ERR_PROVISION');
+    expect(r.lines[0].message).toContain('git 2.30 or newer is required');
+    expect(r.lines[0].message).toContain('git version 2.29.2');
   });
 });
 

@@ -3,6 +3,7 @@
 // (saving their work first); a person's worktree under .worktrees/ is never touched.
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { addon, engineState, setup } from './support/harness.mjs';
@@ -18,10 +19,9 @@ afterEach(async () => {
 /** A worktree at .worktrees/<name> whose owner record names a process that has exited. */
 function deadSessionWorktree(root, name) {
   git(root, 'worktree', 'add', '-q', '--lock', '-b', name, join('.worktrees', name), 'main');
-  const pid = Number(execFileSync('sh', ['-c', 'sh -c "echo \\$\\$"']).toString().trim());
-  const host = execFileSync('hostname').toString().trim();
+  const pid = Number(execFileSync('sh', ['-c', 'echo $$']).toString().trim());
   const admin = readFileSync(join(root, '.worktrees', name, '.git'), 'utf8').trim().replace(/^gitdir: /, '');
-  writeFileSync(join(admin, 'locked'), `claude-runtime-adapter owner pid=${pid} start=1 host=${host}\n`);
+  writeFileSync(join(admin, 'locked'), `claude-runtime-adapter owner pid=${pid} start=1 host=${hostname()}\n`);
 }
 
 /** The sweep may run in the background: wait (bounded) until it has removed `path`. */
@@ -31,7 +31,7 @@ async function sweptAway(path) {
 }
 
 describe('the sweep never destroys what the adapter did not make', () => {
-  it("a person's worktree with an uncommitted file survives createClaudeAdapter; a dead session's beside it is saved and swept", async () => {
+  it("a person's worktree with an uncommitted file survives createClaudeAdapter; a dead session's beside it is saved, then swept", async () => {
     h = await setup({ state: engineState({ workItems: [] }), bodies: {} });
     const root = h.repo.root;
     git(root, 'worktree', 'add', '-q', '.worktrees/my-work', '-b', 'manual');

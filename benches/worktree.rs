@@ -7,7 +7,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use claude_runtime_adapter::git::{extract_patch, RepoGit};
+use claude_runtime_adapter::git::{ProvisionRequest, RepoGit, SessionRecord};
+use tokio_util::sync::CancellationToken;
 
 fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
     let out = Command::new("git")
@@ -108,6 +109,15 @@ fn main() {
     // --- single provision vs `git worktree add` -------------------------------------------
     let rg = RepoGit::for_repo(&root);
     let env: Vec<(String, String)> = std::env::vars().collect();
+    let request = |branch: String| ProvisionRequest {
+        branch,
+        default_branch: "main".into(),
+        setup: None,
+        env: env.clone(),
+        setup_timeout: Duration::from_secs(600),
+        session: SessionRecord::default(),
+    };
+    let go = CancellationToken::new();
     let (mut plain, mut ours) = (Vec::new(), Vec::new());
     for round in 0..=rounds {
         // Alternate which goes first: the second one pays for the first one's dirty-page
@@ -135,7 +145,7 @@ fn main() {
         let run_ours = || {
             let t = Instant::now();
             let wt = rt
-                .block_on(rg.provision(&format!("ours{round}"), "main", None, &env))
+                .block_on(rg.provision(&request(format!("ours{round}")), &go))
                 .unwrap();
             let d = t.elapsed();
             rt.block_on(wt.cleanup()).unwrap();
@@ -164,7 +174,7 @@ fn main() {
 
     // --- patch extraction vs `git add -A && git diff --cached --binary` -------------------
     let wt = rt
-        .block_on(rg.provision("patchbench", "main", None, &env))
+        .block_on(rg.provision(&request("patchbench".into()), &go))
         .unwrap();
     let plain_wt = root.join(".worktrees/plainpatch");
     git(
@@ -190,9 +200,7 @@ fn main() {
     let mut sizes = (0, 0);
     for round in 0..=rounds {
         let t = Instant::now();
-        let patch = rt
-            .block_on(extract_patch(&wt.path, &wt.base_commit))
-            .unwrap();
+        let patch = rt.block_on(wt.extract_patch()).unwrap();
         let d_ours = t.elapsed();
         let t = Instant::now();
         git(&plain_wt, &["add", "-A"]);
@@ -228,8 +236,8 @@ fn main() {
     let t = Instant::now();
     let results = rt.block_on(futures::future::join_all((0..16).map(|i| {
         let rg = rg.clone();
-        let env = env.clone();
-        async move { rg.provision(&format!("conc/{i}"), "main", None, &env).await }
+        let (req, go) = (request(format!("conc/{i}")), go.clone());
+        async move { rg.provision(&req, &go).await }
     })));
     let wall = t.elapsed();
     let failures = results.iter().filter(|r| r.is_err()).count();

@@ -15,7 +15,7 @@ use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::worktree::RepoGit;
+use crate::git::RepoGit;
 use crate::lifecycle::{self, Registry, SessionInfo, StartedSession};
 use crate::logging::LogRoute;
 use crate::params;
@@ -88,7 +88,10 @@ impl Adapter {
             Ok(removed) => self.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },
                 "swept worktrees left by processes that are gone",
-                json!({ "paths": removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>() }),
+                json!({
+                    "paths": removed.iter().map(|s| s.path.display().to_string()).collect::<Vec<_>>(),
+                    "patches": removed.iter().filter_map(|s| s.patch.as_ref()).map(|p| p.display().to_string()).collect::<Vec<_>>(),
+                }),
             ),
             Err(e) => self.log(
                 LogLevel::Warn,

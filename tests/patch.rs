@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use claude_runtime_adapter::git::{extract_patch, RepoGit, Worktree};
+use claude_runtime_adapter::git::{RepoGit, Worktree};
 use proptest::prelude::*;
+use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{configure, git};
+use common::{configure, git, request};
 
 const ATTRIBUTES: &str = "*.txt text eol=crlf\n*.bin binary\n";
 const IGNORE: &str = "*.log\nignored/\n";
@@ -46,8 +47,12 @@ fn set_exec(dir: &Path, rel: &str, exec: bool) {
 }
 
 async fn provision(root: &Path, branch: &str) -> Worktree {
+    provision_with(root, branch, None).await
+}
+
+async fn provision_with(root: &Path, branch: &str, setup: Option<&[&str]>) -> Worktree {
     RepoGit::for_repo(root)
-        .provision(branch, "main", None, &std::env::vars().collect::<Vec<_>>())
+        .provision(&request(branch, setup), &CancellationToken::new())
         .await
         .unwrap()
 }
@@ -121,7 +126,81 @@ async fn nothing_changed_gives_an_empty_patch() {
     // Ignored files alone are not a change.
     write(&wt.path, "build.log", b"noise");
     write(&wt.path, "ignored/x", b"noise");
-    assert_eq!(extract_patch(&wt.path, &wt.base_commit).await.unwrap(), "");
+    assert_eq!(wt.extract_patch().await.unwrap(), "");
+    wt.cleanup().await.unwrap();
+}
+
+/// A setup step like an install: writes a marker file and touches a tracked file.
+const SETUP: &[&str] = &[
+    "sh",
+    "-c",
+    "echo installed > install-state.txt; echo '<!-- installed -->' >> README.md",
+];
+
+#[tokio::test]
+async fn setup_output_is_not_in_the_patch_and_the_agents_change_is_and_applies_on_base() {
+    let (_t, root) = repo_with(&[("README.md", b"hello\n"), ("src/a.rs", b"fn a() {}\n")]);
+    let wt = provision_with(&root, "agent", Some(SETUP)).await;
+    assert!(wt.path.join("install-state.txt").exists(), "setup ran");
+    // The agent's work: an edit, a new file, a deletion.
+    write(&wt.path, "src/a.rs", b"fn a() { todo!() }\n");
+    write(&wt.path, "src/b.rs", b"fn b() {}\n");
+    std::fs::remove_file(wt.path.join(".gitignore")).unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(
+        patch.contains("src/a.rs") && patch.contains("src/b.rs"),
+        "{patch}"
+    );
+    assert!(patch.contains("deleted file mode"), "{patch}");
+    assert!(
+        !patch.contains("install-state.txt"),
+        "setup output leaked:\n{patch}"
+    );
+    assert!(
+        !patch.contains("README.md"),
+        "setup's touch leaked:\n{patch}"
+    );
+    let (_c, clone) = apply_in_fresh_clone(&root, &wt.base_commit, &patch);
+    assert_eq!(
+        std::fs::read(clone.join("src/a.rs")).unwrap(),
+        b"fn a() { todo!() }\n"
+    );
+    assert_eq!(
+        std::fs::read(clone.join("src/b.rs")).unwrap(),
+        b"fn b() {}\n"
+    );
+    assert_eq!(std::fs::read(clone.join("README.md")).unwrap(), b"hello\n");
+    assert!(!clone.join("install-state.txt").exists());
+    assert!(!clone.join(".gitignore").exists());
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_agent_that_changed_nothing_after_setup_gets_an_empty_patch() {
+    let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
+    let wt = provision_with(&root, "idle", Some(SETUP)).await;
+    assert_eq!(wt.extract_patch().await.unwrap(), "");
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_path_both_setup_and_agent_changed_is_in_the_patch_from_the_base_commit() {
+    let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
+    let wt = provision_with(&root, "both", Some(SETUP)).await;
+    let mut readme = std::fs::read(wt.path.join("README.md")).unwrap();
+    readme.extend_from_slice(b"agent line\n");
+    write(&wt.path, "README.md", &readme);
+    // The agent renames the setup's marker: the new path is the agent's, the marker never was
+    // in the base commit, so the patch adds the new path and nothing else.
+    std::fs::rename(wt.path.join("install-state.txt"), wt.path.join("state.out")).unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(!patch.contains("install-state.txt"), "{patch}");
+    let (_c, clone) = apply_in_fresh_clone(&root, &wt.base_commit, &patch);
+    assert_eq!(std::fs::read(clone.join("README.md")).unwrap(), readme);
+    assert_eq!(
+        std::fs::read(clone.join("state.out")).unwrap(),
+        b"installed\n"
+    );
     wt.cleanup().await.unwrap();
 }
 
@@ -159,7 +238,7 @@ async fn patch_holds_commits_staged_unstaged_untracked_deletions_renames_modes_a
     write(p, "notes.txt", b"one\r\ntwo\r\nthree\r\n");
     write(p, "debug.log", b"ignored");
 
-    let patch = extract_patch(p, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     for needle in [
         "diff --git a/committed.rs b/committed.rs",
         "diff --git a/staged.rs b/staged.rs",
@@ -190,16 +269,13 @@ async fn extraction_does_not_disturb_the_agents_index() {
     git(&wt.path, &["add", "a.rs"]);
     write(&wt.path, "b.rs", b"unstaged\n");
     write(&wt.path, "c.rs", b"untracked\n");
-    let index = PathBuf::from(
-        git(
-            &wt.path,
-            &["rev-parse", "--path-format=absolute", "--git-path", "index"],
-        )
-        .trim(),
-    );
+    // Relative to the worktree unless absolute (`--path-format` needs git 2.31).
+    let index = wt
+        .path
+        .join(git(&wt.path, &["rev-parse", "--git-path", "index"]).trim());
     let before = std::fs::read(&index).unwrap();
     let status = git(&wt.path, &["status", "--porcelain"]);
-    let patch = extract_patch(&wt.path, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert!(patch.contains("c.rs"));
     assert_eq!(std::fs::read(&index).unwrap(), before);
     assert_eq!(git(&wt.path, &["status", "--porcelain"]), status);
@@ -224,7 +300,7 @@ async fn default_branch_advancing_mid_session_does_not_leak_into_the_patch() {
     git(&root, &["add", "-A"]);
     git(&root, &["commit", "-q", "-m", "upstream"]);
 
-    let patch = extract_patch(&wt.path, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert!(!patch.contains("upstream.rs"), "{patch}");
     assert!(!patch.contains("shared.rs"), "{patch}");
     assert_round_trip(&root, &wt, &patch);
@@ -249,7 +325,7 @@ async fn non_utf8_text_becomes_a_binary_patch_and_still_round_trips() {
     write(&wt.path, "latin1.rs", b"caf\xe9 cr\xe8me\nna\xefve\n");
     write(&wt.path, "new_latin1.rs", b"\xa9 2024\n");
     write(&wt.path, "plain.rs", b"ok \xc3\xa9\n");
-    let patch = extract_patch(&wt.path, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert!(patch.contains("diff --git a/latin1.rs b/latin1.rs\nindex "));
     assert!(
         patch.contains("+ok é"),
@@ -267,7 +343,7 @@ async fn non_utf8_and_unusual_paths_are_quoted_ascii() {
     write(&wt.path, "caf\u{e9} dir/fichier \u{e9}t\u{e9}.rs", b"x\n");
     let raw = std::ffi::OsStr::from_encoded_bytes_unchecked_safe(b"raw\xff.rs");
     std::fs::write(wt.path.join(raw), b"y\n").unwrap();
-    let patch = extract_patch(&wt.path, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert!(patch.is_ascii(), "{patch}");
     assert_round_trip(&root, &wt, &patch);
     wt.cleanup().await.unwrap();
@@ -299,7 +375,7 @@ async fn a_two_hundred_megabyte_diff_is_extracted_whole() {
     let lines = i;
     std::fs::write(wt.path.join("huge.txt.rs"), &big).unwrap();
     drop(big);
-    let patch = extract_patch(&wt.path, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert!(patch.len() > 200 << 20, "{}", patch.len());
     assert_eq!(
         patch.matches('\n').count() as u64,
@@ -462,7 +538,7 @@ async fn random_session(seed: u64) {
             }
         }
     }
-    let patch = extract_patch(w, &wt.base_commit).await.unwrap();
+    let patch = wt.extract_patch().await.unwrap();
     assert_round_trip(&root, &wt, &patch);
     wt.cleanup().await.unwrap();
 }

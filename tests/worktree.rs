@@ -5,10 +5,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use claude_runtime_adapter::error::ErrorCode;
-use claude_runtime_adapter::git::{Owner, RepoGit};
+use claude_runtime_adapter::git::{Owner, RepoGit, Worktree};
+use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{configure, git};
+use common::{configure, git, request};
 
 /// A repository with a few files committed on `main`.
 fn repo() -> (tempfile::TempDir, PathBuf) {
@@ -46,22 +47,21 @@ fn worktree_paths(root: &Path) -> Vec<String> {
         .collect()
 }
 
-fn env() -> Vec<(String, String)> {
-    std::env::vars().collect()
-}
-
-fn argv(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
+/// Provisions `branch` (with an optional setup argv) and never stops it.
+async fn provision(
+    rg: &RepoGit,
+    branch: &str,
+    setup: Option<&[&str]>,
+) -> claude_runtime_adapter::error::Result<Worktree> {
+    rg.provision(&request(branch, setup), &CancellationToken::new())
+        .await
 }
 
 #[tokio::test]
 async fn provision_checks_out_branch_at_default_branch_and_records_base_commit() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg
-        .provision("feat/one", "main", None, &env())
-        .await
-        .unwrap();
+    let wt = provision(&rg, "feat/one", None).await.unwrap();
     assert_eq!(wt.path, root.join(".worktrees/feat/one"));
     assert_eq!(wt.branch, "feat/one");
     assert_eq!(wt.base_commit, head(&root, "main"));
@@ -87,8 +87,8 @@ async fn provision_checks_out_branch_at_default_branch_and_records_base_commit()
 async fn main_checkout_stays_clean_and_exclude_entry_is_added_once() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let a = rg.provision("a", "main", None, &env()).await.unwrap();
-    let b = rg.provision("b", "main", None, &env()).await.unwrap();
+    let a = provision(&rg, "a", None).await.unwrap();
+    let b = provision(&rg, "b", None).await.unwrap();
     assert_eq!(git(&root, &["status", "--porcelain"]), "");
     let exclude = std::fs::read_to_string(root.join(".git/info/exclude")).unwrap();
     assert_eq!(exclude.matches(".worktrees/").count(), 1, "{exclude}");
@@ -108,7 +108,7 @@ async fn for_repo_returns_one_shared_instance_per_canonical_path() {
 async fn cleanup_removes_worktree_and_branch_and_second_call_does_nothing() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("gone", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "gone", None).await.unwrap();
     std::fs::write(wt.path.join("untracked.txt"), "x").unwrap();
     wt.cleanup().await.unwrap();
     assert!(!wt.path.exists());
@@ -125,55 +125,35 @@ async fn cleanup_removes_worktree_and_branch_and_second_call_does_nothing() {
 }
 
 #[tokio::test]
-async fn stale_worktree_at_the_path_is_replaced() {
+async fn a_worktree_the_adapter_did_not_make_at_the_path_is_refused_and_kept() {
     let (_t, root) = repo();
-    // A previous interrupted run: a worktree (no owner record) with uncommitted junk.
-    git(
-        &root,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            "stale",
-            ".worktrees/stale",
-            "main",
-        ],
-    );
-    std::fs::write(root.join(".worktrees/stale/README.md"), "junk\n").unwrap();
-    std::fs::write(root.join(".worktrees/stale/junk"), "junk\n").unwrap();
+    // Someone's own worktree where the session's would go, with uncommitted work.
+    add_worktree(&root, "stale", None);
+    std::fs::write(root.join(".worktrees/stale/junk"), "work\n").unwrap();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("stale", "main", None, &env()).await.unwrap();
-    assert_eq!(git(&wt.path, &["status", "--porcelain"]), "");
+    let err = provision(&rg, "stale", None).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Provision);
+    assert!(err.message.contains("did not make"), "{}", err.message);
     assert_eq!(
-        std::fs::read(wt.path.join("README.md")).unwrap(),
-        b"hello\n"
+        std::fs::read(root.join(".worktrees/stale/junk")).unwrap(),
+        b"work\n"
     );
-    assert_eq!(worktree_paths(&root).len(), 2);
-    wt.cleanup().await.unwrap();
+    assert!(branches(&root).contains(&"stale".to_string()));
 }
 
 #[tokio::test]
-async fn stale_worktree_of_a_dead_owner_is_replaced() {
+async fn stale_worktree_of_a_dead_owner_is_replaced_after_its_work_is_saved() {
     let (_t, root) = repo();
-    let dead = dead_owner();
-    git(
-        &root,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "--lock",
-            "--reason",
-            &dead.to_record(),
-            "-b",
-            "x",
-            ".worktrees/x",
-            "main",
-        ],
-    );
+    add_worktree(&root, "x", Some(&dead_owner().to_record()));
+    std::fs::write(root.join(".worktrees/x/unsaved.rs"), "work\n").unwrap();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("x", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "x", None).await.unwrap();
+    assert!(!wt.path.join("unsaved.rs").exists());
+    let saved = salvaged(&root);
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert!(std::fs::read_to_string(&saved[0])
+        .unwrap()
+        .contains("unsaved.rs"));
     wt.cleanup().await.unwrap();
     assert_eq!(branches(&root), ["main"]);
 }
@@ -182,9 +162,9 @@ async fn stale_worktree_of_a_dead_owner_is_replaced() {
 async fn provisioning_a_branch_in_use_by_a_live_session_of_this_process_is_refused() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("dup", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "dup", None).await.unwrap();
     std::fs::write(wt.path.join("work"), "precious").unwrap();
-    let err = rg.provision("dup", "main", None, &env()).await.unwrap_err();
+    let err = provision(&rg, "dup", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
     assert!(
         wt.path.join("work").exists(),
@@ -204,7 +184,7 @@ async fn existing_branch_is_force_reset_to_default_branch() {
     git(&root, &["commit", "-q", "-m", "leftover"]);
     git(&root, &["checkout", "-q", "main"]);
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("old", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "old", None).await.unwrap();
     assert_eq!(head(&root, "old"), main);
     assert!(!wt.path.join("leftover").exists());
     assert_eq!(git(&wt.path, &["status", "--porcelain"]), "");
@@ -228,10 +208,7 @@ async fn branch_checked_out_in_another_worktree_is_refused_and_left_alone() {
         ],
     );
     let rg = RepoGit::for_repo(&root);
-    let err = rg
-        .provision("busy", "main", None, &env())
-        .await
-        .unwrap_err();
+    let err = provision(&rg, "busy", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
     assert!(
         err.message.contains("checked out in another worktree"),
@@ -242,10 +219,7 @@ async fn branch_checked_out_in_another_worktree_is_refused_and_left_alone() {
     assert!(branches(&root).contains(&"busy".to_string()));
     assert!(!root.join(".worktrees/busy").exists());
     // The main checkout's own branch is refused too.
-    let err = rg
-        .provision("main", "main", None, &env())
-        .await
-        .unwrap_err();
+    let err = provision(&rg, "main", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
 }
 
@@ -253,7 +227,16 @@ async fn branch_checked_out_in_another_worktree_is_refused_and_left_alone() {
 async fn unknown_default_branch_is_a_provision_error() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let err = rg.provision("b", "nope", None, &env()).await.unwrap_err();
+    let err = rg
+        .provision(
+            &claude_runtime_adapter::git::ProvisionRequest {
+                default_branch: "nope".into(),
+                ..request("b", None)
+            },
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
     assert_eq!(branches(&root), ["main"]);
 }
@@ -262,14 +245,14 @@ async fn unknown_default_branch_is_a_provision_error() {
 async fn setup_runs_in_the_worktree_with_the_given_env() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let mut e = env();
-    e.push(("SETUP_MARK".into(), "from-config".into()));
-    let setup = argv(&[
+    let setup = [
         "sh",
         "-c",
         "pwd > .setup-cwd; printf %s \"$SETUP_MARK\" > .setup-env",
-    ]);
-    let wt = rg.provision("s", "main", Some(&setup), &e).await.unwrap();
+    ];
+    let mut req = request("s", Some(&setup));
+    req.env.push(("SETUP_MARK".into(), "from-config".into()));
+    let wt = rg.provision(&req, &CancellationToken::new()).await.unwrap();
     let cwd = std::fs::read_to_string(wt.path.join(".setup-cwd")).unwrap();
     assert_eq!(Path::new(cwd.trim()), wt.path);
     assert_eq!(
@@ -283,15 +266,12 @@ async fn setup_runs_in_the_worktree_with_the_given_env() {
 async fn setup_failure_removes_worktree_and_branch_and_reports_status_and_output() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let setup = argv(&[
+    let setup = [
         "sh",
         "-c",
         "echo installing; echo 'boom: missing dep' >&2; exit 1",
-    ]);
-    let err = rg
-        .provision("fails", "main", Some(&setup), &env())
-        .await
-        .unwrap_err();
+    ];
+    let err = provision(&rg, "fails", Some(&setup)).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
     assert!(err.message.contains("exit status 1"), "{}", err.message);
     assert!(err.message.contains("boom: missing dep"), "{}", err.message);
@@ -305,11 +285,8 @@ async fn setup_failure_removes_worktree_and_branch_and_reports_status_and_output
 async fn setup_command_not_found_removes_worktree_and_branch() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let setup = argv(&["definitely-not-a-command-7f3a", "install"]);
-    let err = rg
-        .provision("nf", "main", Some(&setup), &env())
-        .await
-        .unwrap_err();
+    let setup = ["definitely-not-a-command-7f3a", "install"];
+    let err = provision(&rg, "nf", Some(&setup)).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
     assert!(err.message.contains("could not start"), "{}", err.message);
     assert!(!root.join(".worktrees/nf").exists());
@@ -322,9 +299,7 @@ async fn chatty_setup_output_is_drained_and_only_a_bounded_tail_is_kept() {
     let rg = RepoGit::for_repo(&root);
     // ~6 MB on both streams (far past any pipe buffer), then a marker and failure.
     let script = "head -c 3000000 /dev/zero | tr '\\0' a; head -c 3000000 /dev/zero | tr '\\0' b >&2; echo; echo THE-END; exit 3";
-    let setup = argv(&["sh", "-c", script]);
-    let err = rg
-        .provision("chatty", "main", Some(&setup), &env())
+    let err = provision(&rg, "chatty", Some(&["sh", "-c", script]))
         .await
         .unwrap_err();
     assert!(err.message.contains("exit status 3"));
@@ -341,10 +316,9 @@ async fn chatty_setup_output_is_drained_and_only_a_bounded_tail_is_kept() {
 async fn dropping_a_provision_during_setup_rolls_the_worktree_back() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let setup = argv(&["sleep", "30"]);
     let r = tokio::time::timeout(
         Duration::from_millis(1500),
-        rg.provision("cancelled", "main", Some(&setup), &env()),
+        provision(&rg, "cancelled", Some(&["sleep", "30"])),
     )
     .await;
     assert!(r.is_err(), "setup was still running");
@@ -361,15 +335,9 @@ async fn dropping_a_provision_during_setup_rolls_the_worktree_back() {
 async fn sixteen_concurrent_provisions_all_succeed_and_all_clean_up() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let e = env();
-    let setup = argv(&["sh", "-c", "echo ok"]);
     let results = futures::future::join_all((0..16).map(|i| {
         let rg = rg.clone();
-        let (e, setup) = (e.clone(), setup.clone());
-        async move {
-            rg.provision(&format!("par/{i}"), "main", Some(&setup), &e)
-                .await
-        }
+        async move { provision(&rg, &format!("par/{i}"), Some(&["sh", "-c", "echo ok"])).await }
     }))
     .await;
     let wts: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
@@ -402,7 +370,7 @@ async fn provisioning_waits_out_an_index_lock_held_by_another_git_process() {
     let (_t, root) = repo();
     let holder = hold_lock(&root, "index.lock", Duration::from_secs(1));
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("il", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "il", None).await.unwrap();
     holder.join().unwrap();
     wt.cleanup().await.unwrap();
 }
@@ -414,7 +382,7 @@ async fn provisioning_waits_out_a_ref_lock_it_needs() {
     let holder = hold_lock(&root, "refs/heads/rl.lock", Duration::from_secs(1));
     let rg = RepoGit::for_repo(&root);
     let started = std::time::Instant::now();
-    let wt = rg.provision("rl", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "rl", None).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(900));
     holder.join().unwrap();
     wt.cleanup().await.unwrap();
@@ -425,7 +393,7 @@ async fn provisioning_waits_out_a_ref_lock_it_needs() {
 async fn cleanup_waits_out_a_packed_refs_lock() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
-    let wt = rg.provision("pr", "main", None, &env()).await.unwrap();
+    let wt = provision(&rg, "pr", None).await.unwrap();
     git(&root, &["pack-refs", "--all"]);
     let holder = hold_lock(&root, "packed-refs.lock", Duration::from_secs(1));
     wt.cleanup().await.unwrap();
@@ -456,44 +424,109 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
         start_time: live.start_time + 1,
         ..live.clone()
     };
-    let dead = dead_owner();
-    let add = |branch: &str, reason: Option<String>| {
-        let path = format!(".worktrees/{branch}");
-        let mut args = vec!["worktree", "add", "-q"];
-        if let Some(r) = reason.as_deref() {
-            args.extend(["--lock", "--reason", r]);
-        }
-        args.extend(["-b", branch, &path, "main"]);
-        git(&root, &args);
-    };
-    add("live", Some(live.to_record()));
-    add("dead", Some(dead.to_record()));
-    add("reused", Some(reused.to_record()));
-    add("ownerless", None);
+    add_worktree(&root, "live", Some(&live.to_record()));
+    add_worktree(&root, "dead", Some(&dead_owner().to_record()));
+    add_worktree(&root, "reused", Some(&reused.to_record()));
     let rg = RepoGit::for_repo(&root);
-    let mine = rg.provision("mine", "main", None, &env()).await.unwrap();
+    let mine = provision(&rg, "mine", None).await.unwrap();
     // Provisioned by this process, then dropped without cleanup: leaked, hence stale.
-    let leaked = rg.provision("leaked", "main", None, &env()).await.unwrap();
+    let leaked = provision(&rg, "leaked", None).await.unwrap();
     drop(leaked);
 
-    let mut removed = rg.sweep_stale().await.unwrap();
+    let swept = rg.sweep_stale().await.unwrap();
+    let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
     removed.sort();
-    let expect: Vec<PathBuf> = ["dead", "leaked", "ownerless", "reused"]
+    let expect: Vec<PathBuf> = ["dead", "leaked", "reused"]
         .iter()
         .map(|b| root.join(".worktrees").join(b))
         .collect();
     assert_eq!(removed, expect);
+    assert!(swept.iter().all(|s| s.patch.is_none()), "nothing to save");
     assert!(root.join(".worktrees/live").exists());
     assert!(mine.path.exists());
-    // Branches of swept owned worktrees go; an ownerless worktree's branch may hold someone's
-    // work and is kept.
-    assert_eq!(branches(&root), ["live", "main", "mine", "ownerless"]);
+    assert_eq!(branches(&root), ["live", "main", "mine"]);
 
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    let removed = rg.sweep_stale().await.unwrap();
-    assert_eq!(removed, [root.join(".worktrees/live")]);
+    let swept = rg.sweep_stale().await.unwrap();
+    assert_eq!(swept.len(), 1);
+    assert_eq!(swept[0].path, root.join(".worktrees/live"));
+    assert_eq!(swept[0].branch.as_deref(), Some("live"));
     mine.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
+    let (_t, root) = repo();
+    // `git worktree add .worktrees/my-work -b manual`, then work not yet committed.
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            ".worktrees/my-work",
+            "-b",
+            "manual",
+        ],
+    );
+    std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
+    // Locked by a person, and one of our records outside .worktrees/: not ours to touch either.
+    add_worktree(&root, "held", Some("on a USB disk"));
+    let outside = root.parent().unwrap().join("outside");
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "outside",
+            outside.to_str().unwrap(),
+        ],
+    );
+    lock_with(&outside, &dead_owner().to_record());
+    let rg = RepoGit::for_repo(&root);
+    let swept = rg.sweep_stale().await.unwrap();
+    assert_eq!(swept, []);
+    assert_eq!(
+        std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
+        b"mine\n"
+    );
+    assert!(root.join(".worktrees/held").exists() && outside.exists());
+    assert_eq!(branches(&root), ["held", "main", "manual", "outside"]);
+    assert_eq!(worktree_paths(&root).len(), 4);
+}
+
+/// Adds a worktree at `.worktrees/<branch>` on a new branch, locked with `reason` if given —
+/// the way git 2.30 can: `--lock`, then the reason written into the admin dir's `locked` file.
+fn add_worktree(root: &Path, branch: &str, reason: Option<&str>) {
+    let path = format!(".worktrees/{branch}");
+    let mut args = vec!["worktree", "add", "-q"];
+    if reason.is_some() {
+        args.push("--lock");
+    }
+    args.extend(["-b", branch, &path, "main"]);
+    git(root, &args);
+    if let Some(r) = reason {
+        lock_with(&root.join(&path), r);
+    }
+}
+
+/// Writes `reason` as the lock reason of the worktree at `worktree`.
+fn lock_with(worktree: &Path, reason: &str) {
+    let dot_git = std::fs::read_to_string(worktree.join(".git")).unwrap();
+    let admin = PathBuf::from(dot_git.trim().strip_prefix("gitdir: ").unwrap());
+    std::fs::write(admin.join("locked"), format!("{reason}\n")).unwrap();
+}
+
+/// The patches a sweep saved in the repository's git dir.
+fn salvaged(root: &Path) -> Vec<PathBuf> {
+    let dir = root.join(".git/claude-runtime-adapter/salvaged");
+    match std::fs::read_dir(dir) {
+        Ok(d) => d.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 #[test]
@@ -503,4 +536,384 @@ fn owner_records_round_trip_and_detect_liveness() {
     assert_eq!(Owner::parse(&me.to_record()), Some(me.clone()));
     assert_eq!(Owner::parse("locked by alice"), None);
     assert!(!dead_owner().is_alive());
+}
+
+/// Whether `pid` is still a running process (a zombie has exited).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 1..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) for `path` to exist.
+async fn wait_for(path: &Path) {
+    for _ in 0..600 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+#[tokio::test]
+async fn a_hung_setup_is_cancelled_promptly_with_its_process_tree_dead_and_nothing_left() {
+    let (t, root) = repo();
+    let pids = t.path().join("pids");
+    // The shell, and a child that left its process group and session (`setsid`), both hang.
+    let script = format!(
+        "echo $$ > {p}.tmp; setsid sleep 41 & echo $! >> {p}.tmp; mv {p}.tmp {p}; sleep 40",
+        p = pids.display()
+    );
+    let rg = RepoGit::for_repo(&root);
+    let stop = CancellationToken::new();
+    let req = request("hung", Some(&["sh", "-c", &script]));
+    let run = {
+        let (rg, stop) = (rg.clone(), stop.clone());
+        tokio::spawn(async move { rg.provision(&req, &stop).await })
+    };
+    wait_for(&pids).await;
+    let started = std::time::Instant::now();
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("a cancelled provision returns; it does not wait for the setup")
+        .unwrap();
+    println!("cancel -> provision returned in {:?}", started.elapsed());
+    assert_eq!(result.unwrap_err().code, ErrorCode::Cancelled);
+    let pids: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2);
+    for pid in pids {
+        assert!(!alive(pid), "setup process {pid} survived the cancel");
+    }
+    assert!(!root.join(".worktrees/hung").exists());
+    assert_eq!(branches(&root), ["main"]);
+    assert_eq!(worktree_paths(&root).len(), 1);
+}
+
+#[tokio::test]
+async fn a_stop_before_the_lock_is_free_makes_nothing() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let err = rg
+        .provision(&request("early", None), &stop)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Cancelled);
+    assert_eq!(branches(&root), ["main"]);
+}
+
+#[tokio::test]
+async fn a_setup_that_outlives_its_time_limit_is_a_provision_error_naming_the_limit() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let mut req = request("slow", Some(&["sh", "-c", "echo resolving; sleep 40"]));
+    req.setup_timeout = Duration::from_secs(1);
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        rg.provision(&req, &CancellationToken::new()),
+    )
+    .await
+    .expect("the setup limit bounds the provision")
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Provision);
+    assert!(
+        err.message.contains(
+            "setup command `sh -c echo resolving; sleep 40` did not finish within 1 s \
+             (config.worktreeSetupTimeout)"
+        ),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("resolving"),
+        "output tail: {}",
+        err.message
+    );
+    assert!(!root.join(".worktrees/slow").exists());
+    assert_eq!(branches(&root), ["main"]);
+}
+
+#[tokio::test]
+async fn the_post_checkout_hook_runs_in_the_new_worktree_as_git_worktree_add_runs_it() {
+    let (_t, root) = repo();
+    let hook = root.join(".git/hooks/post-checkout");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\nprintf '%s %s %s' \"$1\" \"$2\" \"$3\" > hook-args\npwd > hook-cwd\n\
+         printf %s \"${GIT_DIR-unset}\" > hook-git-dir\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "hooked", None).await.unwrap();
+    let read = |f: &str| std::fs::read_to_string(wt.path.join(f)).unwrap();
+    assert_eq!(
+        read("hook-args"),
+        format!("{} {} 1", "0".repeat(40), wt.base_commit)
+    );
+    assert_eq!(Path::new(read("hook-cwd").trim()), wt.path);
+    assert_eq!(read("hook-git-dir"), "unset");
+    // What the hook wrote is part of the starting point, not the agent's work.
+    assert_eq!(wt.extract_patch().await.unwrap(), "");
+    wt.cleanup().await.unwrap();
+}
+
+/// Not a test of its own: the process `crash_*` tests start and SIGKILL. It provisions a
+/// worktree (setup included) for a session, changes files as an agent would, says so, and waits
+/// to be killed.
+#[tokio::test]
+#[ignore = "helper run by the crash tests in a child process"]
+async fn crash_helper_provisions_then_waits_to_be_killed() {
+    let Ok(repo) = std::env::var("CRA_CRASH_REPO") else {
+        return;
+    };
+    let root = PathBuf::from(repo);
+    let mut req = request("crashed", Some(&["sh", "-c", "echo x > install-state.txt"]));
+    req.session.transcript = std::env::var_os("CRA_CRASH_TRANSCRIPT").map(PathBuf::from);
+    let wt = RepoGit::for_repo(&root)
+        .provision(&req, &CancellationToken::new())
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("README.md"), "hello\nfrom the agent\n").unwrap();
+    std::fs::write(wt.path.join("feature.rs"), "pub fn feature() {}\n").unwrap();
+    std::fs::write(std::env::var("CRA_CRASH_READY").unwrap(), "").unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+/// Runs the crash helper for `root`, kills it with SIGKILL once its agent has worked.
+async fn provision_then_crash(root: &Path, transcript: Option<&Path>) {
+    let ready = root.parent().unwrap().join("ready");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "crash_helper_provisions_then_waits_to_be_killed",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env("CRA_CRASH_REPO", root)
+    .env("CRA_CRASH_READY", &ready);
+    if let Some(t) = transcript {
+        cmd.env("CRA_CRASH_TRANSCRIPT", t);
+    }
+    let mut child = cmd.spawn().unwrap();
+    wait_for(&ready).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A crashed session's worktree beside a person's: the sweep saves the crashed session's work
+/// (returning where), removes its worktree and branch, and leaves the person's alone.
+async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
+    provision_then_crash(root, transcript).await;
+    assert!(root.join(".worktrees/crashed").exists());
+    git(
+        root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            ".worktrees/my-work",
+            "-b",
+            "manual",
+        ],
+    );
+    std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
+
+    let swept = RepoGit::for_repo(root).sweep_stale().await.unwrap();
+    assert_eq!(swept.len(), 1, "{swept:?}");
+    assert_eq!(swept[0].path, root.join(".worktrees/crashed"));
+    assert_eq!(swept[0].branch.as_deref(), Some("crashed"));
+    assert!(!root.join(".worktrees/crashed").exists());
+    assert_eq!(branches(root), ["main", "manual"]);
+    assert_eq!(
+        std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
+        b"mine\n"
+    );
+    // The saved patch is the agent's work only and applies on the base commit.
+    let patch = swept[0].patch.clone().expect("the work was saved");
+    let text = std::fs::read_to_string(&patch).unwrap();
+    assert!(!text.contains("install-state.txt"), "{text}");
+    git(root, &["apply", "--index", patch.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(root.join("README.md")).unwrap(),
+        b"hello\nfrom the agent\n"
+    );
+    assert!(root.join("feature.rs").exists());
+    patch
+}
+
+#[tokio::test]
+async fn a_crashed_sessions_work_is_saved_beside_its_transcript_before_its_worktree_is_swept() {
+    let (t, root) = repo();
+    let transcript = t.path().join("1700000000000-implementor-s1.log");
+    std::fs::write(&transcript, "transcript\n").unwrap();
+    let patch = crash_then_sweep(&root, Some(&transcript)).await;
+    assert_eq!(patch, t.path().join("1700000000000-implementor-s1.patch"));
+}
+
+#[tokio::test]
+async fn a_crashed_sessions_work_without_a_transcript_is_saved_in_the_git_dir() {
+    let (_t, root) = repo();
+    let patch = crash_then_sweep(&root, None).await;
+    assert_eq!(
+        patch.parent().unwrap(),
+        root.join(".git/claude-runtime-adapter/salvaged")
+    );
+    let name = patch.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("session-crashed-"), "{name}");
+}
+
+/// A `git` that says it is `version` and refuses, the way git 2.30 does (usage error, exit 129;
+/// `hook` is not a command there), what git 2.30 does not have; everything else goes to the real
+/// git. Every refused call is appended to `<dir>/refused`.
+fn old_git(dir: &Path, version: &str) -> PathBuf {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("git"))
+        .find(|p| p.is_file())
+        .expect("git on PATH");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        r#"#!/bin/sh
+refused() {{ printf '%s\n' "$*" >> '{log}'; echo "error: unknown option (git 2.30): $*" >&2; exit 129; }}
+[ "$1" = "--version" ] && {{ echo "git version {version}"; exit 0; }}
+sub=""; skip=0
+for a in "$@"; do
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  case "$a" in -c|-C) skip=1 ;; -*) ;; *) sub="$a"; break ;; esac
+done
+if [ "$sub" = hook ]; then
+  printf '%s\n' "$*" >> '{log}'
+  echo "git: 'hook' is not a git command. See 'git --help'." >&2; exit 1
+fi
+for a in "$@"; do
+  case "$sub:$a" in
+    worktree:--reason|worktree:--reason=*|worktree:-z|worktree:--orphan) refused "$@" ;;
+    *:--path-format*) refused "$@" ;;
+    rev-parse:--end-of-options) refused "$@" ;;
+  esac
+done
+exec '{real}' "$@"
+"#,
+        log = dir.join("refused").display(),
+        real = real.display(),
+    );
+    let git = bin.join("git");
+    std::fs::write(&git, script).unwrap();
+    std::fs::set_permissions(&git, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// Runs `old_git_helper` in a child process whose PATH starts with an [`old_git`] of `version`.
+fn run_under_old_git(case: &str, version: &str) -> PathBuf {
+    let tmp = tempfile::tempdir().unwrap().keep();
+    let bin = old_git(&tmp, version);
+    let mut path = vec![bin.clone()];
+    path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap()));
+    // The wrapper is in effect: the 2.36 listing is refused as 2.30 would.
+    let probe = Command::new(bin.join("git"))
+        .args(["worktree", "list", "--porcelain", "-z"])
+        .output()
+        .unwrap();
+    assert_eq!(probe.status.code(), Some(129));
+    std::fs::remove_file(tmp.join("refused")).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["old_git_helper", "--exact", "--ignored", "--nocapture"])
+        .env("PATH", std::env::join_paths(path).unwrap())
+        .env("CRA_OLD_GIT_CASE", case)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("test old_git_helper ... ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tmp
+}
+
+#[test]
+fn provisioning_patch_and_sweep_work_with_git_2_30() {
+    let tmp = run_under_old_git("works", "2.30.2");
+    let refused = std::fs::read_to_string(tmp.join("refused")).unwrap_or_default();
+    assert_eq!(refused, "", "called git with options 2.30 does not have");
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+#[test]
+fn a_git_older_than_2_30_is_refused_with_the_minimum_named() {
+    let tmp = run_under_old_git("too-old", "2.29.2");
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+/// Not a test of its own: what [`run_under_old_git`] runs with the wrapper first on PATH.
+#[tokio::test]
+#[ignore = "helper run under a git 2.30 wrapper in a child process"]
+async fn old_git_helper() {
+    match std::env::var("CRA_OLD_GIT_CASE").as_deref() {
+        Ok("works") => old_git_works().await,
+        Ok("too-old") => {
+            let err = claude_runtime_adapter::git::check_git_version()
+                .await
+                .unwrap_err();
+            assert_eq!(err.code, ErrorCode::Provision);
+            assert!(err.message.contains("git 2.30 or newer"), "{}", err.message);
+            assert!(err.message.contains("2.29.2"), "{}", err.message);
+        }
+        _ => {}
+    }
+}
+
+async fn old_git_works() {
+    claude_runtime_adapter::git::check_git_version()
+        .await
+        .unwrap();
+    let (_t, root) = repo();
+    let hook = root.join(".git/hooks/post-checkout");
+    std::fs::write(&hook, "#!/bin/sh\necho \"$2\" > hook-ran\n").unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    add_worktree(&root, "dead", Some(&dead_owner().to_record()));
+    std::fs::write(root.join(".worktrees/dead/lost.rs"), "work\n").unwrap();
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            ".worktrees/my-work",
+            "-b",
+            "manual",
+        ],
+    );
+    let rg = RepoGit::for_repo(&root);
+    let setup = ["sh", "-c", "echo x > install-state.txt"];
+    let wt = provision(&rg, "old", Some(&setup)).await.unwrap();
+    assert!(wt.path.join("hook-ran").exists());
+    std::fs::write(wt.path.join("README.md"), "changed\n").unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(
+        patch.contains("README.md") && !patch.contains("install-state"),
+        "{patch}"
+    );
+    let swept = rg.sweep_stale().await.unwrap();
+    assert_eq!(swept.len(), 1, "{swept:?}");
+    assert!(swept[0].patch.is_some());
+    assert!(root.join(".worktrees/my-work").exists() && wt.path.exists());
+    wt.cleanup().await.unwrap();
+    assert_eq!(branches(&root), ["main", "manual"]);
 }

@@ -20,6 +20,7 @@ use crate::config::{parse_config, Problems, MAX_SECONDS};
 use crate::deps::{BashHook, LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
 use crate::error::{AdapterError, Result as CoreResult};
+use crate::git::check_git_version;
 use crate::lifecycle::StartedSession;
 
 #[napi]
@@ -97,6 +98,8 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     else {
         return Err(to_napi(env, &problems.into_error()));
     };
+    // Once per process: an older git would fail every Implementor start on some option.
+    napi::bindgen_prelude::block_on(check_git_version()).map_err(|e| to_napi(env, &e))?;
     if cfg.sandbox.is_none() {
         logger.log(
             LogLevel::Warn,

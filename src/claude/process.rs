@@ -56,11 +56,12 @@ pub fn signal(pid: u32, sig: i32) {
 #[cfg(unix)]
 pub const SIGTERM: i32 = libc::SIGTERM;
 
-/// Every live process that belongs to the session led by `leader` (the CLI's pid): members of
-/// its process session plus descendants by parent pid (a child that called `setsid` itself).
+/// Every live process that belongs to the session led by `leader` (the CLI's pid, or the
+/// worktree setup command's, which leads a process group): members of its process session or
+/// process group plus descendants by parent pid (a child that called `setsid` itself).
 #[cfg(target_os = "linux")]
 pub fn session_processes(leader: u32) -> Vec<u32> {
-    let mut table: Vec<(u32, u32, u32)> = Vec::new(); // (pid, ppid, sid)
+    let mut table: Vec<(u32, u32, u32, u32)> = Vec::new(); // (pid, ppid, pgrp, sid)
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -85,19 +86,20 @@ pub fn session_processes(leader: u32) -> Vec<u32> {
             continue;
         }
         let ppid = fields[1].parse().unwrap_or(0);
+        let pgrp = fields[2].parse().unwrap_or(0);
         let sid = fields[3].parse().unwrap_or(0);
-        table.push((pid, ppid, sid));
+        table.push((pid, ppid, pgrp, sid));
     }
     let mut found: Vec<u32> = table
         .iter()
-        .filter(|(pid, _, sid)| *sid == leader || *pid == leader)
-        .map(|(pid, _, _)| *pid)
+        .filter(|(pid, _, pgrp, sid)| *sid == leader || *pgrp == leader || *pid == leader)
+        .map(|(pid, _, _, _)| *pid)
         .collect();
     // Close over descendants.
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        for (pid, ppid, _) in &table {
+        for (pid, ppid, _, _) in &table {
             if *ppid == parent && !found.contains(pid) {
                 found.push(*pid);
             }

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
 
 /// Environment variables that would point git at another repository, index or diff program.
 /// The Node process may itself run under a git hook (which exports `GIT_DIR`, `GIT_INDEX_FILE`,
 /// ...); inheriting them would make every command below act on the wrong repository.
-const SCRUBBED_ENV: &[&str] = &[
+pub(crate) const SCRUBBED_ENV: &[&str] = &[
     "GIT_DIR",
     "GIT_WORK_TREE",
     "GIT_INDEX_FILE",
@@ -153,13 +154,22 @@ pub(crate) async fn run(mut cmd: Command, display: String) -> Result<GitOutput, 
     if let Err(e) = r1.and(r2) {
         return Err(CommandError::spawn(display, &e));
     }
+    finish(display, status, out, &err)
+}
+
+fn finish(
+    display: String,
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: &[u8],
+) -> Result<GitOutput, CommandError> {
     if status.success() {
-        Ok(GitOutput { stdout: out })
+        Ok(GitOutput { stdout })
     } else {
         Err(CommandError::from_status(
             display,
             status,
-            String::from_utf8_lossy(&err).into_owned(),
+            String::from_utf8_lossy(stderr).into_owned(),
         ))
     }
 }
@@ -181,6 +191,17 @@ pub(crate) async fn run_git_retrying<S: AsRef<OsStr>>(
     cwd: &Path,
     args: &[S],
 ) -> Result<GitOutput, CommandError> {
+    run_git_retrying_until(cwd, args, None).await
+}
+
+/// [`run_git_retrying`] that stops waiting between attempts once `stop` fires (returning the
+/// last lock error: the failed attempt changed nothing). An attempt already running is never
+/// interrupted, so git is never killed half-way through a metadata change.
+pub(crate) async fn run_git_retrying_until<S: AsRef<OsStr>>(
+    cwd: &Path,
+    args: &[S],
+    stop: Option<&CancellationToken>,
+) -> Result<GitOutput, CommandError> {
     let shown = display_argv("git", args);
     let deadline = Instant::now() + LOCK_WAIT;
     let mut delay = Duration::from_millis(25);
@@ -188,12 +209,54 @@ pub(crate) async fn run_git_retrying<S: AsRef<OsStr>>(
         match run(git_command(cwd, args), shown.clone()).await {
             Err(e) if is_lock_contention(&e) && Instant::now() + delay < deadline => {
                 tracing::debug!(command = %shown, "git lock held by another process; retrying");
-                tokio::time::sleep(delay).await;
+                let stopped = async {
+                    match stop {
+                        Some(s) => s.cancelled().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stopped => return Err(e),
+                }
                 delay = (delay * 2).min(Duration::from_millis(500));
             }
             other => return other,
         }
     }
+}
+
+/// Runs `cmd` with `input` written to its stdin (then closed), e.g. `update-index --index-info`.
+pub(crate) async fn run_with_input(
+    mut cmd: Command,
+    display: String,
+    input: Vec<u8>,
+) -> Result<GitOutput, CommandError> {
+    use tokio::io::AsyncWriteExt;
+    cmd.stdin(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    let mut stdin = child.stdin.take().expect("stdin piped");
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let feed = async move {
+        let r = stdin.write_all(&input).await;
+        drop(stdin);
+        r
+    };
+    let (w, r1, r2, status) = tokio::join!(
+        feed,
+        stdout.read_to_end(&mut out),
+        stderr.read_to_end(&mut err),
+        child.wait()
+    );
+    let status = status.map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    if let Err(e) = w.and(r1.map(drop)).and(r2.map(drop)) {
+        return Err(CommandError::spawn(display, &e));
+    }
+    finish(display, status, out, &err)
 }
 
 /// Runs git once (read-only commands: no lock to wait for).

@@ -1,8 +1,11 @@
-//! Which process owns a worktree. The record is the worktree's git lock reason
-//! (`git worktree add --lock --reason <record>`), so it is written atomically with the worktree
-//! itself (no window in which another engine's sweep sees an ownerless worktree), lives outside
-//! the worktree's content (`.git/worktrees/<name>/locked`), disappears with the worktree's
-//! metadata, and also protects the worktree from a user's `git worktree prune`.
+//! Which process owns a worktree. The record is the worktree's git lock reason: the content of
+//! `<common>/worktrees/<id>/locked`, the file `git worktree lock --reason` writes. The adapter
+//! creates the worktree with `git worktree add --lock` (git 2.30 has `--lock` but not
+//! `--reason`, and writes its own placeholder reason) and then replaces the file's content with
+//! this record under the repository lock. The record lives outside the worktree's content,
+//! disappears with the worktree's metadata, and also protects the worktree from a user's
+//! `git worktree prune`. Until it is written the lock reason is git's own text, which no sweep
+//! takes for ours: a worktree is never swept by mistake, at worst kept.
 //!
 //! A pid alone is not enough: pids are reused, so the record also carries the process start time
 //! (field 22 of `/proc/<pid>/stat`, clock ticks since boot) and the host name (a repository on a
@@ -10,6 +13,7 @@
 //! so such owners are presumed alive).
 
 use std::fmt;
+use std::path::Path;
 
 const PREFIX: &str = "claude-runtime-adapter owner";
 
@@ -48,6 +52,16 @@ impl Owner {
     /// The text stored as the worktree's lock reason.
     pub fn to_record(&self) -> String {
         self.to_string()
+    }
+
+    /// Writes this record as the lock reason of the worktree whose admin dir is `admin`
+    /// (write to a temporary file, then rename: readers see the old reason or the new one).
+    pub(crate) fn write_lock(&self, admin: &Path) -> std::io::Result<()> {
+        let tmp = admin.join(format!("locked.tmp-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&tmp, format!("{}\n", self.to_record()))?;
+        std::fs::rename(&tmp, admin.join("locked")).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
     }
 
     /// Parses a lock reason written by [`Owner::to_record`]; None for anything else (a user's

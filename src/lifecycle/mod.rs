@@ -40,7 +40,7 @@ use crate::context::{self, FetchOptions};
 use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::worktree::{RepoGit, Worktree};
+use crate::git::{ProvisionRequest, RepoGit, SessionRecord, Worktree};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::schema;
@@ -153,25 +153,28 @@ impl Session {
         }
     }
 
-    /// The Implementor's worktree (nothing for the other roles).
+    /// The Implementor's worktree (nothing for the other roles). The transcript is opened
+    /// first, so the worktree's record names it: a crash's sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
+        let cfg = self.adapter.config();
+        self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
         let StartParams::Implementor { branch_name, .. } = &self.params else {
             return Ok(());
         };
-        let cfg = self.adapter.config();
-        let env = command::build_env(std::env::vars(), &cfg.env);
-        let repo = RepoGit::for_repo(&cfg.repo_root);
-        let provisioned = tokio::select! {
-            r = repo.provision(
-                branch_name,
-                &cfg.default_branch,
-                cfg.worktree_setup_command.as_deref(),
-                &env,
-            ) => r,
-            // Dropping the provision future rolls it back (kills the setup, removes the
-            // worktree) in the background; the stop is reported at once.
-            _ = self.stop.stopped() => Err(self.stopped_error().expect("stopped")),
+        let request = ProvisionRequest {
+            branch: branch_name.clone(),
+            default_branch: cfg.default_branch.clone(),
+            setup: cfg.worktree_setup_command.clone(),
+            env: command::build_env(std::env::vars(), &cfg.env),
+            setup_timeout: cfg.worktree_setup_timeout,
+            session: SessionRecord {
+                session_id: self.id.clone(),
+                transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
+            },
         };
+        let provisioned = RepoGit::for_repo(&cfg.repo_root)
+            .provision(&request, self.stop.token())
+            .await;
         self.worktree = Some(provisioned.map_err(|e| self.or_stopped(e))?);
         Ok(())
     }
@@ -208,7 +211,6 @@ impl Session {
             model,
             session_id: &self.cli_id,
         });
-        self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
         let cwd = self
             .worktree
             .as_ref()

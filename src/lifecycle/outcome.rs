@@ -7,8 +7,7 @@ use crate::claude::protocol::ResultMessage;
 use crate::claude::session::{self, SessionEnd, StopReason};
 use crate::domain::Role;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::patch;
-use crate::git::worktree::Worktree;
+use crate::git::Worktree;
 use crate::schema;
 use crate::schema::semantic::{self, Facts};
 use crate::transcript::Transcript;
@@ -115,15 +114,13 @@ pub async fn with_patch(
 ) -> Result<Value> {
     let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
     let patch = if completed {
-        let patch = patch::extract_patch(&w.path, &w.base_commit)
-            .await
-            .map_err(|e| {
-                AdapterError::new(
-                    ErrorCode::AgentFailed,
-                    format!("could not extract the patch: {}", e.message),
-                )
-                .with_shared_cause(std::sync::Arc::new(e))
-            })?;
+        let patch = w.extract_patch().await.map_err(|e| {
+            AdapterError::new(
+                ErrorCode::AgentFailed,
+                format!("could not extract the patch: {}", e.message),
+            )
+            .with_shared_cause(std::sync::Arc::new(e))
+        })?;
         if patch.is_empty() {
             return Err(AdapterError::new(
                 ErrorCode::EmptyPatch,
@@ -161,7 +158,7 @@ pub async fn with_patch(
 /// still have changed files. With logging on, keep them next to the transcript before the
 /// worktree goes, so an operator can recover the agent's work.
 pub async fn salvage_patch(w: &Worktree, t: &Transcript, warn: impl Fn(&str, Value)) {
-    match patch::extract_patch(&w.path, &w.base_commit).await {
+    match w.extract_patch().await {
         Ok(p) if !p.is_empty() => {
             let path = t.path().with_extension("patch");
             match std::fs::write(&path, &p) {

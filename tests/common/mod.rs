@@ -31,3 +31,22 @@ pub fn configure(dir: &Path) {
         git(dir, &["config", k, v]);
     }
 }
+
+/// A provision request for `branch` on `main`, the test process's environment, a generous setup
+/// limit, and a session record without a transcript.
+pub fn request(
+    branch: &str,
+    setup: Option<&[&str]>,
+) -> claude_runtime_adapter::git::ProvisionRequest {
+    claude_runtime_adapter::git::ProvisionRequest {
+        branch: branch.to_string(),
+        default_branch: "main".to_string(),
+        setup: setup.map(|a| a.iter().map(|s| s.to_string()).collect()),
+        env: std::env::vars().collect(),
+        setup_timeout: std::time::Duration::from_secs(120),
+        session: claude_runtime_adapter::git::SessionRecord {
+            session_id: format!("session-{}", branch.replace('/', "-")),
+            transcript: None,
+        },
+    }
+}

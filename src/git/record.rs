@@ -1,0 +1,72 @@
+//! What a later sweep needs to save a dead session's work: the session record, kept as
+//! `<common>/worktrees/<id>/claude-runtime-adapter.json` in the worktree's admin dir (beside the
+//! `locked` owner record; git ignores files it does not know there and deletes them with the
+//! worktree's metadata).
+//!
+//! ```json
+//! { "sessionId": "…", "branch": "feat/x", "baseCommit": "<hex>",
+//!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null }
+//! ```
+//!
+//! Written right after `git worktree add` and before the owner record (so every worktree that
+//! carries our owner record has one), and again with `snapshotTree` once the setup step is done:
+//! a record without a snapshot means the session died before its agent ran, so there is no
+//! agent work to save. A transcript path that is not UTF-8 is stored as null (the salvaged patch
+//! then goes to the git dir).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+const FILE: &str = "claude-runtime-adapter.json";
+
+/// The session a worktree is provisioned for, as the caller knows it at provision time.
+#[derive(Debug, Clone, Default)]
+pub struct SessionRecord {
+    pub session_id: String,
+    /// The session's transcript, when logging is on: a dead session's patch is saved beside it.
+    pub transcript: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct AdminRecord {
+    pub session_id: String,
+    pub branch: String,
+    pub base_commit: String,
+    pub transcript: Option<String>,
+    pub snapshot_tree: Option<String>,
+}
+
+impl AdminRecord {
+    pub fn new(session: &SessionRecord, branch: &str, base_commit: &str) -> AdminRecord {
+        AdminRecord {
+            session_id: session.session_id.clone(),
+            branch: branch.to_string(),
+            base_commit: base_commit.to_string(),
+            transcript: session
+                .transcript
+                .as_deref()
+                .and_then(Path::to_str)
+                .map(str::to_string),
+            snapshot_tree: None,
+        }
+    }
+
+    /// Writes the record into `admin` atomically (temporary file, then rename).
+    pub fn write(&self, admin: &Path) -> std::io::Result<()> {
+        let json = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        let tmp = admin.join(format!("{FILE}.tmp-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, admin.join(FILE)).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    }
+
+    /// The record in `admin`, if there is a readable one (worktrees made by an older adapter
+    /// version have none).
+    pub fn read(admin: &Path) -> Option<AdminRecord> {
+        let bytes = std::fs::read(admin.join(FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}

@@ -1,0 +1,279 @@
+//! One repository's git state, shared process-wide: the per-repository lock that serializes
+//! every change this process makes to the repository's git metadata, the set of worktrees this
+//! process is using (so neither a sweep nor a new provision touches a live one), and the small
+//! metadata operations the other modules build on (resolve a commit, delete a branch, remove a
+//! worktree, find the common git dir).
+//!
+//! Division of labour between git2 and the git CLI: the CLI makes every change (it applies
+//! `.gitattributes`, filters and locking exactly as a person's git would, which libgit2 does
+//! not); git2 only reads (resolving the default branch, locating the common git dir) and the CLI
+//! is the fallback when git2 cannot open the repository (e.g. a format newer than libgit2's).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+
+use super::command::{run_git, run_git_retrying, CommandError};
+use super::list::{self, ListedWorktree};
+use super::owner::Owner;
+use crate::error::{AdapterError, ErrorCode, Result};
+
+/// Directory (relative to the repository root) that holds the worktrees.
+pub const WORKTREES_DIR: &str = ".worktrees";
+
+pub(crate) fn provision_error(message: impl Into<String>) -> AdapterError {
+    AdapterError::new(ErrorCode::Provision, message)
+}
+
+/// Git state for one repository, shared process-wide (see [`RepoGit::for_repo`]).
+pub struct RepoGit {
+    pub(crate) root: PathBuf,
+    pub(crate) me: Weak<RepoGit>,
+    /// Serializes every change to this repository's git metadata made by this process.
+    pub(crate) lock: tokio::sync::Mutex<()>,
+    /// Worktree paths for which a [`super::Worktree`] value exists in this process.
+    pub(crate) live: StdMutex<HashSet<PathBuf>>,
+    pub(crate) owner: Owner,
+    common: tokio::sync::OnceCell<PathBuf>,
+}
+
+impl std::fmt::Debug for RepoGit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RepoGit").field("root", &self.root).finish()
+    }
+}
+
+fn registry() -> &'static StdMutex<HashMap<PathBuf, Arc<RepoGit>>> {
+    static REGISTRY: OnceLock<StdMutex<HashMap<PathBuf, Arc<RepoGit>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+pub(crate) fn lock_std<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these short critical sections cannot leave the set inconsistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RepoGit {
+    /// The process-wide instance for a repository, keyed by its canonical path, so every
+    /// adapter on one repository shares one serialization lock and one set of live worktrees.
+    pub fn for_repo(repo_root: &Path) -> Arc<RepoGit> {
+        let root = std::fs::canonicalize(repo_root).unwrap_or_else(|_| {
+            std::path::absolute(repo_root).unwrap_or_else(|_| repo_root.to_path_buf())
+        });
+        let mut reg = lock_std(registry());
+        reg.entry(root.clone())
+            .or_insert_with(|| {
+                Arc::new_cyclic(|me| RepoGit {
+                    root,
+                    me: me.clone(),
+                    lock: tokio::sync::Mutex::new(()),
+                    live: StdMutex::new(HashSet::new()),
+                    owner: Owner::current(),
+                    common: tokio::sync::OnceCell::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// The canonical repository root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the worktree for `branch` lives.
+    pub fn worktree_path(&self, branch: &str) -> PathBuf {
+        self.root.join(WORKTREES_DIR).join(branch)
+    }
+
+    pub(crate) fn arc(&self) -> Arc<RepoGit> {
+        self.me
+            .upgrade()
+            .expect("RepoGit is only reachable through its Arc")
+    }
+
+    pub(crate) fn is_live(&self, path: &Path) -> bool {
+        lock_std(&self.live).iter().any(|p| same_path(p, path))
+    }
+
+    /// The repository's common git dir (`.git` of the main checkout), where worktree metadata,
+    /// hooks and `info/exclude` live. git2 first; `git rev-parse --git-common-dir` (git 2.5+)
+    /// when git2 cannot open the repository.
+    pub(crate) async fn common_dir(&self) -> Result<PathBuf, CommandError> {
+        self.common
+            .get_or_try_init(|| async {
+                if let Ok(r) = git2::Repository::open(&self.root) {
+                    return Ok(canonical(r.commondir()));
+                }
+                let out = run_git(&self.root, &["rev-parse", "--git-common-dir"]).await?;
+                let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+                Ok(canonical(&self.root.join(p)))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Every worktree of the repository, the main checkout first (read from the metadata files
+    /// git 2.30 already writes: see [`super::list`]).
+    pub(crate) async fn list_worktrees(&self) -> Result<Vec<ListedWorktree>> {
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        list::worktrees(&common)
+            .map_err(|e| provision_error("cannot list the repository's worktrees").with_cause(e))
+    }
+
+    /// Adds `/.worktrees/` to `<common git dir>/info/exclude` once, so the main checkout's
+    /// `git status` stays clean. Runs under the lock, so concurrent provisions append it once.
+    pub(crate) async fn ensure_excluded(&self) -> Result<()> {
+        let err = |e: std::io::Error| {
+            provision_error("cannot add .worktrees/ to .git/info/exclude").with_cause(e)
+        };
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        append_exclude(&common.join("info")).map_err(err)
+    }
+
+    /// The commit `rev` names now, as a hex oid (git2; the CLI if git2 cannot read the repo).
+    pub(crate) async fn resolve_commit(&self, rev: &str) -> Result<String> {
+        let spec = format!("{rev}^{{commit}}");
+        let via_git2 = git2::Repository::open(&self.root)
+            .and_then(|r| r.revparse_single(&spec).map(|o| o.id().to_string()));
+        let git2_err = match via_git2 {
+            Ok(oid) => return Ok(oid),
+            Err(e) => e,
+        };
+        let unresolved = || {
+            provision_error(format!(
+                "cannot resolve default branch '{rev}' to a commit ({git2_err})"
+            ))
+        };
+        // `--end-of-options` for rev-parse is newer than git 2.30: refuse option-like names.
+        if rev.starts_with('-') {
+            return Err(unresolved());
+        }
+        match run_git(&self.root, &["rev-parse", "--verify", "--quiet", &spec]).await {
+            Ok(out) => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+            Err(e) => Err(unresolved().with_cause(e)),
+        }
+    }
+
+    pub(crate) async fn branch_exists(&self, branch: &str) -> bool {
+        let full = format!("refs/heads/{branch}");
+        run_git(&self.root, &["rev-parse", "--verify", "--quiet", &full])
+            .await
+            .is_ok()
+    }
+
+    /// Removes the worktree at `path` and its metadata. `git worktree remove --force --force`
+    /// (twice: our worktrees are locked) first; if git refuses (it will not remove a worktree
+    /// containing submodules), the directory is deleted and the metadata pruned. Only ever
+    /// called for worktrees this adapter made (see [`super::sweep`]).
+    pub(crate) async fn remove_worktree_dir(&self, path: &Path) -> Result<(), CommandError> {
+        let args: [&std::ffi::OsStr; 5] = [
+            "worktree".as_ref(),
+            "remove".as_ref(),
+            "--force".as_ref(),
+            "--force".as_ref(),
+            path.as_os_str(),
+        ];
+        if let Err(git_err) = run_git_retrying(&self.root, &args).await {
+            if path.exists() {
+                let p = path.to_path_buf();
+                let rm = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&p))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                if let Err(io) = rm {
+                    let mut e = git_err;
+                    e.output
+                        .push_str(&format!("\nremoving the directory failed too: {io}"));
+                    return Err(e);
+                }
+            }
+            let unlock: [&std::ffi::OsStr; 3] =
+                ["worktree".as_ref(), "unlock".as_ref(), path.as_os_str()];
+            let _ = run_git(&self.root, &unlock).await;
+        }
+        // Drops the metadata of worktrees whose directory is gone (ours, after a fallback).
+        run_git_retrying(&self.root, &["worktree", "prune"]).await?;
+        Ok(())
+    }
+
+    /// `git branch -D`; a branch that does not exist is not an error (cleanup is idempotent).
+    pub(crate) async fn delete_branch(&self, branch: &str) -> Result<(), CommandError> {
+        match run_git_retrying(&self.root, &["branch", "-D", branch]).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.output.contains("not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes a session's worktree and branch (cleanup and rollback).
+    pub(crate) async fn remove_session(&self, path: &Path, branch: &str) -> Result<()> {
+        let _guard = self.lock.lock().await;
+        self.remove_session_locked(path, branch).await
+    }
+
+    /// [`RepoGit::remove_session`] for a caller that holds the lock.
+    pub(crate) async fn remove_session_locked(&self, path: &Path, branch: &str) -> Result<()> {
+        let registered = self
+            .list_worktrees()
+            .await?
+            .iter()
+            .any(|w| same_path(&w.path, path));
+        let failed = |e: CommandError| {
+            provision_error(format!(
+                "cannot remove worktree {} and branch '{branch}'",
+                path.display()
+            ))
+            .with_cause(e)
+        };
+        if registered || path.exists() {
+            self.remove_worktree_dir(path).await.map_err(failed)?;
+        }
+        self.delete_branch(branch).await.map_err(failed)?;
+        lock_std(&self.live).remove(path);
+        Ok(())
+    }
+}
+
+/// Appends `/.worktrees/` to `<info>/exclude` unless an equivalent line is there.
+fn append_exclude(info: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let exclude = info.join("exclude");
+    let current = match std::fs::read_to_string(&exclude) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let listed = current.lines().map(str::trim).any(|l| {
+        matches!(
+            l,
+            ".worktrees" | ".worktrees/" | "/.worktrees" | "/.worktrees/"
+        )
+    });
+    if listed {
+        return Ok(());
+    }
+    std::fs::create_dir_all(info)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&exclude)?;
+    let sep = if current.is_empty() || current.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    writeln!(f, "{sep}/{WORKTREES_DIR}/")
+}
+
+pub(crate) fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || canonical(a) == canonical(b)
+}

@@ -1,0 +1,205 @@
+//! Removing worktrees this adapter made for sessions that are gone — and nothing else.
+//!
+//! A worktree is swept only if all hold:
+//! - it is under `<repoRoot>/.worktrees/`;
+//! - its lock reason is this adapter's owner record ([`super::owner`]); unlocked worktrees and
+//!   worktrees locked by a person or another tool are never touched, whoever made them;
+//! - its owner process is gone (pid and start time no longer match on this host), or it is this
+//!   process and no session of this process holds it any more (leaked).
+//!
+//! Before it is removed its changes are saved as a patch, so a crash loses no work: the agent's
+//! work as [`super::Worktree::extract_patch`] would have returned it (measured from the
+//! post-setup snapshot in its session record, [`super::record`]; from HEAD for a worktree made
+//! by an adapter version without that record). The patch goes
+//! - beside the session's transcript (`<transcript>.patch`, as a session's own patch is named)
+//!   when the session had logging on and no file of that name exists, else
+//! - to `<git common dir>/claude-runtime-adapter/salvaged/<session id>-<unix ms>.patch`.
+//!
+//! If saving fails the worktree is kept (and the failure logged) for the next sweep. A session
+//! that died before its agent started (no snapshot yet) has nothing to save. The branch deleted
+//! with it is the one recorded at provision time.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::list::ListedWorktree;
+use super::owner::Owner;
+use super::patch;
+use super::record::AdminRecord;
+use super::repo::{provision_error, RepoGit, WORKTREES_DIR};
+use crate::error::Result;
+
+/// A worktree the sweep removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub path: PathBuf,
+    /// The branch deleted with it (None when there was none to delete or deleting it failed).
+    pub branch: Option<String>,
+    /// Where its changes were saved; None when it had none.
+    pub patch: Option<PathBuf>,
+}
+
+impl RepoGit {
+    /// Sweeps stale worktrees (see the module docs), serialized with every other change this
+    /// process makes to the repository. A worktree that cannot be saved or removed is kept and
+    /// logged; the others are still swept. Meant to run in the background: it holds the
+    /// repository lock while it saves patches.
+    pub async fn sweep_stale(&self) -> Result<Vec<Swept>> {
+        let _guard = self.lock.lock().await;
+        let dir = self.root.join(WORKTREES_DIR);
+        let mut swept = Vec::new();
+        for wt in self.list_worktrees().await? {
+            if !self.is_stale(&wt, &dir) {
+                continue;
+            }
+            match self.retire(&wt).await {
+                Ok(s) => swept.push(s),
+                Err(e) => {
+                    tracing::warn!(worktree = %wt.path.display(), error = %e, "kept a dead session's worktree: its changes could not be saved or it could not be removed");
+                }
+            }
+        }
+        Ok(swept)
+    }
+
+    fn is_stale(&self, wt: &ListedWorktree, dir: &Path) -> bool {
+        let inside = wt
+            .path
+            .strip_prefix(dir)
+            .is_ok_and(|rel| !rel.as_os_str().is_empty());
+        if !inside || self.is_live(&wt.path) {
+            return false;
+        }
+        match wt.locked.as_deref().and_then(Owner::parse) {
+            Some(o) => o == self.owner || !o.is_alive(),
+            None => false,
+        }
+    }
+
+    /// Saves a stale worktree's changes, removes it and deletes its branch. The caller holds the
+    /// lock and has established that the worktree is ours and its session gone.
+    pub(crate) async fn retire(&self, wt: &ListedWorktree) -> Result<Swept> {
+        let record = AdminRecord::read(&wt.admin);
+        let branch = match &record {
+            Some(r) => Some(r.branch.clone()),
+            None => wt
+                .head_ref
+                .as_deref()
+                .and_then(|r| r.strip_prefix("refs/heads/"))
+                .map(str::to_string),
+        };
+        let label = match &record {
+            Some(r) if !r.session_id.is_empty() => r.session_id.clone(),
+            _ => branch.clone().unwrap_or_else(|| "worktree".into()),
+        };
+        let patch = self.salvage(wt, record.as_ref(), &label).await?;
+        self.remove_worktree_dir(&wt.path).await.map_err(|e| {
+            provision_error(format!(
+                "cannot remove stale worktree {}",
+                wt.path.display()
+            ))
+            .with_cause(e)
+        })?;
+        let mut deleted = None;
+        if let Some(b) = branch {
+            match self.delete_branch(&b).await {
+                Ok(()) => deleted = Some(b),
+                Err(e) => {
+                    tracing::warn!(branch = %b, error = %e, "kept the branch of a swept worktree")
+                }
+            }
+        }
+        Ok(Swept {
+            path: wt.path.clone(),
+            branch: deleted,
+            patch,
+        })
+    }
+
+    /// Writes the dead session's work to a patch file (see the module docs); None when there is
+    /// nothing to save.
+    async fn salvage(
+        &self,
+        wt: &ListedWorktree,
+        record: Option<&AdminRecord>,
+        label: &str,
+    ) -> Result<Option<PathBuf>> {
+        if !wt.path.exists() {
+            return Ok(None);
+        }
+        let (base, since) = match record {
+            Some(r) => match r.snapshot_tree.as_deref() {
+                Some(s) => (r.base_commit.as_str(), Some(s)),
+                None => return Ok(None),
+            },
+            None => ("HEAD", None),
+        };
+        let patch = patch::agent_patch(&wt.path, base, since).await?;
+        if patch.is_empty() {
+            return Ok(None);
+        }
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let transcript = record.and_then(|r| r.transcript.as_deref()).map(Path::new);
+        write_salvaged(&patch, transcript, &common, label)
+            .map(Some)
+            .map_err(|e| {
+                provision_error(format!(
+                    "cannot save the changes of stale worktree {}",
+                    wt.path.display()
+                ))
+                .with_cause(e)
+            })
+    }
+}
+
+/// Where a salvaged patch goes: see the module docs. Never overwrites a file.
+fn write_salvaged(
+    patch: &str,
+    transcript: Option<&Path>,
+    common: &Path,
+    label: &str,
+) -> std::io::Result<PathBuf> {
+    if let Some(t) = transcript {
+        let beside = t.with_extension("patch");
+        if write_new(&beside, patch).is_ok() {
+            return Ok(beside);
+        }
+    }
+    let dir = common.join("claude-runtime-adapter").join("salvaged");
+    std::fs::create_dir_all(&dir)?;
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let safe: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut path = dir.join(format!("{safe}-{ms}.patch"));
+    if path.exists() {
+        path = dir.join(format!("{safe}-{ms}-{}.patch", uuid::Uuid::new_v4()));
+    }
+    write_new(&path, patch)?;
+    Ok(path)
+}
+
+/// Creates `path` (failing if it exists) with `content`; removes it again if writing fails.
+fn write_new(path: &Path, content: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    f.write_all(content.as_bytes())
+        .and_then(|()| f.sync_all())
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(path);
+        })
+}
