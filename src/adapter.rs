@@ -398,6 +398,7 @@ impl Adapter {
             max_turns: definition.max_turns,
             model: cfg.model.as_deref(),
             session_id,
+            settings: None,
         });
         let env = command::build_env(std::env::vars(), &cfg.env);
         let transcript = cfg.logs_dir.as_ref().map(|dir| {

@@ -14,5 +14,6 @@ pub mod git;
 pub mod logging;
 pub mod output;
 pub mod params;
+pub mod sandbox;
 pub mod schema;
 pub mod transcript;
