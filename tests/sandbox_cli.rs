@@ -329,12 +329,8 @@ async fn planner_or_reviewer_cannot_write_into_the_repository() {
     ];
     let p =
         tokio::task::block_in_place(|| probe(&r.root, &sandbox, &cli_env(&r.home), &cmds, true));
-    for i in 0..4 {
-        assert!(
-            p.results[i].0,
-            "{} should fail: {:?}",
-            cmds[i], p.results[i]
-        );
+    for (cmd, res) in cmds.iter().zip(&p.results).take(4) {
+        assert!(res.0, "{cmd} should fail: {res:?}");
     }
     assert_eq!(
         p.results[4],
