@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use claude_runtime_adapter::config::SandboxConfig;
 use claude_runtime_adapter::sandbox::{
-    BranchSnapshot, EgressAttempt, SessionSandbox, SessionScope, WorktreeGit,
+    BranchSnapshot, EgressAttempt, Leftovers, SessionSandbox, SessionScope, WorktreeGit,
 };
 use common::{configure, git};
 use serde_json::Value;
@@ -327,6 +327,7 @@ async fn planner_or_reviewer_cannot_write_into_the_repository() {
         "echo t > .worktrees/agent/s1/t.txt",
         "echo ok > $TMPDIR/scratch && cat $TMPDIR/scratch",
     ];
+    let leftovers = Leftovers::record(&scope);
     let p =
         tokio::task::block_in_place(|| probe(&r.root, &sandbox, &cli_env(&r.home), &cmds, true));
     for (cmd, res) in cmds.iter().zip(&p.results).take(4) {
@@ -346,4 +347,13 @@ async fn planner_or_reviewer_cannot_write_into_the_repository() {
     assert!(git(&r.root, &["branch", "--list", "newp"])
         .trim()
         .is_empty());
+    leftovers.remove();
+    for p in [
+        ".claude",
+        ".git/glab-cli",
+        ".git/config.worktree",
+        ".git/objects/info/alternates",
+    ] {
+        assert!(!r.root.join(p).exists(), "{p} left in the repository");
+    }
 }

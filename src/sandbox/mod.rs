@@ -5,10 +5,12 @@
 //!
 //! Lifecycle use: [`check_available`] before provisioning (fails closed, nothing created);
 //! [`SessionSandbox::start`] when assembling the CLI command (owns the egress proxy: dropping it
-//! stops the proxy); [`BranchSnapshot`] around an Implementor session.
+//! stops the proxy); [`BranchSnapshot`] around an Implementor session; [`Leftovers`] for the
+//! mount points the CLI's sandbox leaves in the repository.
 
 mod available;
 mod branches;
+mod leftovers;
 mod proxy;
 mod settings;
 
@@ -19,6 +21,7 @@ use crate::error::Result;
 
 pub use available::{check_available, INSTALL_HINT};
 pub use branches::BranchSnapshot;
+pub use leftovers::Leftovers;
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
 
