@@ -31,16 +31,6 @@ pub struct AdapterConfig {
     pub hook_timeout: Duration,
 }
 
-/// `config.sandbox` when on (the default, `{}`).
-/// STUB of the lead's contract (identical shape); dropped when the lead's config lands.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SandboxConfig {
-    /// Hosts agent commands may reach (nothing else).
-    pub allowed_domains: Vec<String>,
-    /// Extra absolute paths agent commands may write.
-    pub allow_write: Vec<PathBuf>,
-}
-
 /// Default bounds; each can be tuned through the environment variable named beside it (an
 /// operator's knob, and how the tests reach the "never settles" paths in reasonable time).
 pub const CONTEXT_CALL_TIMEOUT: (&str, Duration) = (

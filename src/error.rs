@@ -18,7 +18,6 @@ pub enum ErrorCode {
     AgentFailed,
     OutputInvalid,
     EmptyPatch,
-    SandboxUnavailable,
 }
 
 impl ErrorCode {
@@ -35,7 +34,6 @@ impl ErrorCode {
             ErrorCode::AgentFailed => "ERR_AGENT_FAILED",
             ErrorCode::OutputInvalid => "ERR_OUTPUT_INVALID",
             ErrorCode::EmptyPatch => "ERR_EMPTY_PATCH",
-            ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
         }
     }
 }
