@@ -74,7 +74,10 @@ describe('startAgent checks its params (ERR_INVALID_PARAMS naming the field)', (
     ['a branch name with a control character', { role: 'implementor', workItemID: '1', branchName: 'a\u0007b' }, 'branchName'],
     ['a branch name ending in .lock', { role: 'implementor', workItemID: '1', branchName: 'feature.lock' }, 'branchName'],
     ['an absolute branch name', { role: 'implementor', workItemID: '1', branchName: '/tmp/x' }, 'branchName'],
-    ['a sessionID that is not a UUID', { role: 'planner', specPaths: [], sessionID: 'implementor-1-123' }, 'sessionID'],
+    ['an empty sessionID', { role: 'planner', specPaths: [], sessionID: '' }, 'params.sessionID'],
+    ['a blank sessionID', { role: 'planner', specPaths: [], sessionID: '   ' }, 'params.sessionID'],
+    ['a sessionID that is not a string', { role: 'planner', specPaths: [], sessionID: 42 }, 'params.sessionID'],
+    ['an empty model', { role: 'planner', specPaths: [], model: '' }, 'params.model'],
   ];
   for (const [name, params, field] of cases) {
     it(`rejects ${name}`, async () => {
@@ -274,7 +277,7 @@ describe('the CLI', () => {
         const adapter = createClaudeAdapter({
           repoRoot: ${JSON.stringify(h.repo.root)}, defaultBranch: 'main', contextPaths: [], maxAgentDuration: 0,
           logging: { agentSessions: false, logsDir: '' }, bashValidatorHook: async () => undefined,
-          logger: { debug: noop, info: noop, error: noop }, claudeExecutable: '/nonexistent/claude',
+          logger: { debug: noop, info: noop, error: noop },
         }, { workItemReader: { getWorkItemBody: async () => '' }, revisionReader: { getRevisionFiles: async () => [] },
              getState: () => ({ workItems: {}, revisions: {}, lastPlannedSHAs: {} }), getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
         adapter.startAgent({ role: 'planner', specPaths: [] }).then(
@@ -283,7 +286,6 @@ describe('the CLI', () => {
       const out = execFileSync(process.execPath, ['-e', script], { cwd: dir, env: { PATH: '/nonexistent-bin', HOME: dir } }).toString();
       const err = JSON.parse(out);
       expect(err.code).toBe('ERR_CLI_NOT_FOUND');
-      expect(err.message).toContain('/nonexistent/claude');
       expect(err.message).toContain(join(dir, 'node_modules/@anthropic-ai/claude-agent-sdk-linux-x64/claude'));
       expect(err.message).toContain('`claude` on PATH');
     } finally {
@@ -308,7 +310,7 @@ describe('the logger', () => {
     const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
     await handle.result;
     const done = h.logger.entries.find((e) => e.message === 'agent session completed');
-    expect(done).toEqual({ level: 'info', message: 'agent session completed', data: { sessionID: handle.sessionID, role: 'planner' } });
+    expect(done).toEqual({ level: 'info', message: 'agent session completed', data: { sessionID: handle.sessionID, role: 'planner', stats: await handle.stats } });
     expect(h.logger.entries.find((e) => e.message === 'starting agent session')?.data).toEqual({ sessionID: handle.sessionID, role: 'planner' });
   });
 });

@@ -63,9 +63,9 @@ it('npm run demo: a full planner → implementor → reviewer cycle offline, exi
   expect(out).toContain('Verdict: APPROVE');
   expect(out).toMatch(/src\/slugify\.mjs:5 {2}Nit:/);
   // transcripts and cleanup
-  expect(out).toMatch(/planner +\d+\.\d s +\/\S+-planner\.log/);
-  expect(out).toMatch(/implementor +\d+\.\d s +\/\S+-implementor-1\.log/);
-  expect(out).toMatch(/reviewer +\d+\.\d s +\/\S+-reviewer-1\.log/);
+  expect(out).toMatch(/planner +\d+\.\d s +\/\S+-planner-[0-9a-f-]{36}\.log/);
+  expect(out).toMatch(/implementor +\d+\.\d s +\/\S+-implementor-1-[0-9a-f-]{36}\.log/);
+  expect(out).toMatch(/reviewer +\d+\.\d s +\/\S+-reviewer-1-[0-9a-f-]{36}\.log/);
   expect(out).toContain('✓ no worktree, no branch, no process left');
   expect(out).toContain('✓ demo completed');
   expect(r.stderr).not.toMatch(/\[adapter (warn|error)\]/);

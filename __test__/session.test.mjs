@@ -333,7 +333,8 @@ describe('cancel and timeout stop everything', () => {
     const elapsed = Date.now() - t0;
     await outDone;
     expect(err.code).toBe('ERR_CANCELLED');
-    expect(seen[0]).toEqual(['abort', 'cancelled']);
+    // abortSignal follows `result`: aborted with the reason right before the rejection
+    expect(seen.slice(-2)).toEqual([['abort', 'cancelled'], ['result settled']]);
     expect(processesWith(`sleep ${marker}`)).toEqual([]);
     expect(elapsed).toBeLessThan(10_000);
     // the worktree and branch are gone
@@ -386,7 +387,8 @@ describe('the transcript', () => {
     });
     const handle = await h.adapter().startAgent(implementorParams);
     await handle.result;
-    expect(handle.logFilePath).toMatch(/\/\d{13}-implementor-7\.log$/);
+    expect(handle.logFilePath).toMatch(/\/\d{13}-implementor-7-[0-9a-f-]{36}\.log$/);
+    expect(handle.logFilePath).toContain(handle.sessionID);
     const log = readFileSync(handle.logFilePath, 'utf8');
     expect(log).toContain('=== Agent Session: implementor ===');
     expect(log).toContain(`Session ID: ${handle.sessionID}`);

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, reply, scenario, structured, toolUse } from './support/fake-api.mjs';
-import { addon, engineState, rejection, setup } from './support/harness.mjs';
+import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
 
 const FAKE_CLI = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url));
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
@@ -180,6 +180,7 @@ describe('provisioning', () => {
     for (let i = 0; i < 50 && existsSync(`/proc/${cliPid}/cmdline`) && readFileSync(`/proc/${cliPid}/cmdline`, 'utf8').includes('fake-cli'); i++) await new Promise((r) => setTimeout(r, 20));
     expect(existsSync(`/proc/${cliPid}/cmdline`) && readFileSync(`/proc/${cliPid}/cmdline`, 'utf8').includes('fake-cli')).toBe(false);
     addon.createClaudeAdapter(h.config, h.deps);
+    await logEntry(h.logger, SWEPT);
     expect(existsSync(join(h.repo.root, '.worktrees', 'orphan'))).toBe(false);
     expect(worktreesAndBranches(h.repo.root)).toEqual({ worktrees: 0, branches: ['main'] });
   });

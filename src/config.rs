@@ -4,9 +4,20 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{AdapterError, Result};
+use serde_json::{Map, Value};
 
-pub const DEFAULT_CONTEXT_CONCURRENCY: usize = 16;
+use crate::error::AdapterError;
+
+const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;
+const DEFAULT_SETUP_TIMEOUT_S: f64 = 600.0;
+const DEFAULT_OUTPUT_RETRIES: f64 = 2.0;
+const DEFAULT_CALL_TIMEOUT_S: f64 = 30.0;
+/// The longest any configurable wait may be (365 days): far beyond a real session, and far
+/// below what `Duration`, `Instant` arithmetic or a timer can hold, so no number reaches them
+/// unchecked.
+pub const MAX_SECONDS: f64 = 31_536_000.0;
+const MAX_CONCURRENCY: f64 = 1024.0;
+const MAX_OUTPUT_RETRIES: f64 = 10.0;
 
 #[derive(Debug, Clone)]
 pub struct AdapterConfig {
@@ -22,6 +33,8 @@ pub struct AdapterConfig {
     pub model: Option<String>,
     /// `None` skips the step.
     pub worktree_setup_command: Option<Vec<String>>,
+    /// Bound on the setup command (`ERR_PROVISION` past it).
+    pub worktree_setup_timeout: Duration,
     pub context_concurrency: usize,
     /// Where to look for `node_modules/@anthropic-ai/claude-agent-sdk-<platform>`.
     pub cli_search_roots: Vec<PathBuf>,
@@ -29,47 +42,56 @@ pub struct AdapterConfig {
     pub context_call_timeout: Duration,
     /// Bound on one Bash validator answer (the command is blocked past it).
     pub hook_timeout: Duration,
+    /// Follow-up turns the agent gets to fix semantic violations of its output.
+    pub output_retries: u32,
+    /// The OS sandbox for agent commands; `None` = `sandbox: false` (knowingly off).
+    pub sandbox: Option<SandboxConfig>,
 }
 
-/// Default bounds; each can be tuned through the environment variable named beside it (an
-/// operator's knob, and how the tests reach the "never settles" paths in reasonable time).
-pub const CONTEXT_CALL_TIMEOUT: (&str, Duration) = (
-    "CLAUDE_RUNTIME_ADAPTER_CONTEXT_TIMEOUT_MS",
-    Duration::from_secs(30),
-);
-pub const HOOK_TIMEOUT: (&str, Duration) = (
-    "CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS",
-    Duration::from_secs(30),
-);
+/// `config.sandbox` when on (the default, `{}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Hosts agent commands may reach (nothing else).
+    pub allowed_domains: Vec<String>,
+    /// Extra absolute paths agent commands may write.
+    pub allow_write: Vec<PathBuf>,
+}
 
-fn bound((var, default): (&str, Duration)) -> Duration {
+/// Operator overrides of two bounds, in milliseconds (also how the tests reach the "never
+/// settles" paths quickly); they win over the config fields.
+pub const CONTEXT_TIMEOUT_ENV: &str = "CLAUDE_RUNTIME_ADAPTER_CONTEXT_TIMEOUT_MS";
+pub const HOOK_TIMEOUT_ENV: &str = "CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS";
+
+fn env_override(var: &str) -> Option<Duration> {
     std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
+        .filter(|ms| *ms > 0 && *ms as f64 <= MAX_SECONDS * 1000.0)
         .map(Duration::from_millis)
-        .unwrap_or(default)
 }
 
-/// The untrusted inputs as they arrive, before validation.
-pub struct RawConfig {
-    pub repo_root: String,
-    pub default_branch: String,
-    pub context_paths: Vec<String>,
-    pub max_agent_duration: f64,
-    pub agent_sessions_logging: bool,
-    pub logs_dir: String,
-    pub claude_executable: Option<String>,
-    pub env: Vec<(String, String)>,
-    pub model: Option<String>,
-    /// Outer `None`: not given (default `yarn install`); `Some(None)`: `null`, skip.
-    pub worktree_setup_command: Option<Option<Vec<String>>>,
-    pub context_concurrency: Option<f64>,
-    pub cli_search_roots: Vec<PathBuf>,
-}
+/// Every problem found in a config, so one error names them all (an engine fixing its config
+/// should not discover the problems one attempt at a time).
+#[derive(Debug, Default)]
+pub struct Problems(Vec<String>);
 
-fn invalid(field: &str, why: impl std::fmt::Display) -> AdapterError {
-    AdapterError::invalid_params(format!("config.{field} {why}"))
+impl Problems {
+    pub fn add(&mut self, field: &str, why: impl std::fmt::Display) {
+        self.0.push(format!("config.{field} {why}"));
+    }
+
+    /// A problem found outside the data fields (a callback that is not a function).
+    pub fn push(&mut self, message: String) {
+        self.0.push(message);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn into_error(self) -> AdapterError {
+        AdapterError::invalid_params(self.0.join("; "))
+    }
 }
 
 /// True when `p` is relative and cannot leave the directory it is joined to.
@@ -93,229 +115,365 @@ pub fn is_contained_relative(p: &str) -> bool {
     true
 }
 
-impl RawConfig {
-    pub fn validate(self) -> Result<AdapterConfig> {
-        let root = PathBuf::from(&self.repo_root);
-        if self.repo_root.is_empty() || !root.is_absolute() {
-            return Err(invalid(
-                "repoRoot",
-                format!("must be an absolute path (got {:?})", self.repo_root),
-            ));
+/// Reads typed fields of the JS config object, recording a problem for each bad one.
+struct Reader<'a> {
+    obj: &'a Map<String, Value>,
+    problems: &'a mut Problems,
+}
+
+impl Reader<'_> {
+    fn string(&mut self, key: &str) -> String {
+        match self.obj.get(key) {
+            Some(Value::String(s)) => s.clone(),
+            _ => {
+                self.problems.add(key, "must be a string");
+                String::new()
+            }
         }
-        if !root.is_dir() {
-            return Err(invalid(
-                "repoRoot",
-                format!("{} does not exist or is not a directory", root.display()),
-            ));
+    }
+
+    /// A string when given; an empty one is a problem (it names nothing).
+    fn opt_string(&mut self, key: &str) -> Option<String> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(Value::String(_)) => {
+                self.problems
+                    .add(key, "must be a non-empty string when given");
+                None
+            }
+            Some(_) => {
+                self.problems.add(key, "must be a string when given");
+                None
+            }
         }
-        let repo = git2::Repository::open(&root).map_err(|e| {
-            invalid(
+    }
+
+    fn strings(&mut self, key: &str, v: Option<&Value>) -> Vec<String> {
+        let Some(items) = v.and_then(Value::as_array) else {
+            self.problems.add(key, "must be an array of strings");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, s) in items.iter().enumerate() {
+            match s.as_str() {
+                Some(s) => out.push(s.to_string()),
+                None => self
+                    .problems
+                    .add(&format!("{key}[{i}]"), "must be a string"),
+            }
+        }
+        out
+    }
+
+    /// A number in `[lo, hi]` (an integer when `integer`); `default` when absent. NaN,
+    /// infinities, negatives and out-of-range values are problems naming the allowed range.
+    fn number(&mut self, key: &str, default: Option<f64>, lo: f64, hi: f64, integer: bool) -> f64 {
+        let v = match (self.obj.get(key), default) {
+            (None | Some(Value::Null), Some(d)) => return d,
+            (Some(v), _) => v.as_f64(),
+            (None, None) => None,
+        };
+        let kind = if integer { "an integer" } else { "a number" };
+        match v {
+            Some(n) if n >= lo && n <= hi && (!integer || n.fract() == 0.0) => n,
+            other => {
+                let got = other.map_or_else(|| describe(self.obj.get(key)), |n| n.to_string());
+                self.problems
+                    .add(key, format!("must be {kind} in [{lo}, {hi}] (got {got})"));
+                default.unwrap_or(lo)
+            }
+        }
+    }
+}
+
+/// How a non-number arrived (NaN and ±Infinity arrive as their names, see `binding::js`).
+fn describe(v: Option<&Value>) -> String {
+    match v {
+        None => "nothing".into(),
+        Some(Value::String(s)) if matches!(s.as_str(), "NaN" | "inf" | "-inf") => {
+            s.replace("inf", "Infinity")
+        }
+        Some(v) => format!("{v}"),
+    }
+}
+
+fn seconds(n: f64) -> Duration {
+    Duration::from_secs_f64(n)
+}
+
+/// Validates the data fields of the JS config (functions are checked by the binding, which
+/// adds its problems to the same list). `setup_given` tells an explicit
+/// `worktreeSetupCommand: null` (skip) from an absent one (default).
+pub fn parse_config(
+    v: &Value,
+    setup_given: bool,
+    cli_search_roots: Vec<PathBuf>,
+    problems: &mut Problems,
+) -> Option<AdapterConfig> {
+    let Some(obj) = v.as_object() else {
+        problems.push("config must be an object".into());
+        return None;
+    };
+    let mut r = Reader { obj, problems };
+    let repo_root = r.string("repoRoot");
+    let default_branch = r.string("defaultBranch");
+    let root = check_repository(&repo_root, &default_branch, r.problems);
+    let context_paths = r.strings("contextPaths", obj.get("contextPaths"));
+    for (i, p) in context_paths.iter().enumerate() {
+        if !is_contained_relative(p) {
+            r.problems.add(
+                &format!("contextPaths[{i}]"),
+                format!("must be a relative path inside repoRoot (got {p:?})"),
+            );
+        }
+    }
+    let max = r.number("maxAgentDuration", None, 0.0, MAX_SECONDS, false);
+    let logs_dir = logging(obj.get("logging"), r.problems);
+    let worktree_setup_command = setup_command(&mut r, setup_given);
+    let setup_timeout = r.number(
+        "worktreeSetupTimeout",
+        Some(DEFAULT_SETUP_TIMEOUT_S),
+        0.001,
+        MAX_SECONDS,
+        false,
+    );
+    let concurrency = r.number(
+        "contextConcurrency",
+        Some(DEFAULT_CONTEXT_CONCURRENCY),
+        1.0,
+        MAX_CONCURRENCY,
+        true,
+    );
+    let call_timeout = r.number(
+        "contextCallbackTimeout",
+        Some(DEFAULT_CALL_TIMEOUT_S),
+        0.001,
+        MAX_SECONDS,
+        false,
+    );
+    let hook_timeout = r.number(
+        "hookTimeout",
+        Some(DEFAULT_CALL_TIMEOUT_S),
+        0.001,
+        MAX_SECONDS,
+        false,
+    );
+    let retries = r.number(
+        "outputRetries",
+        Some(DEFAULT_OUTPUT_RETRIES),
+        0.0,
+        MAX_OUTPUT_RETRIES,
+        true,
+    );
+    let claude_executable = r.opt_string("claudeExecutable").map(PathBuf::from);
+    let model = r.opt_string("model");
+    let env = env_vars(obj.get("env"), r.problems);
+    let sandbox = sandbox(obj.get("sandbox"), r.problems);
+    if !problems.is_empty() {
+        return None;
+    }
+    Some(AdapterConfig {
+        repo_root: root?,
+        default_branch,
+        context_paths,
+        max_agent_duration: (max > 0.0).then(|| seconds(max)),
+        logs_dir,
+        claude_executable,
+        env,
+        model,
+        worktree_setup_command,
+        worktree_setup_timeout: seconds(setup_timeout),
+        context_concurrency: concurrency as usize,
+        cli_search_roots,
+        context_call_timeout: env_override(CONTEXT_TIMEOUT_ENV)
+            .unwrap_or_else(|| seconds(call_timeout)),
+        hook_timeout: env_override(HOOK_TIMEOUT_ENV).unwrap_or_else(|| seconds(hook_timeout)),
+        output_retries: retries as u32,
+        sandbox,
+    })
+}
+
+/// `repoRoot` is an absolute path of a git repository in which `defaultBranch` names a commit.
+fn check_repository(
+    repo_root: &str,
+    default_branch: &str,
+    problems: &mut Problems,
+) -> Option<PathBuf> {
+    let root = PathBuf::from(repo_root);
+    if repo_root.is_empty() || !root.is_absolute() {
+        problems.add(
+            "repoRoot",
+            format!("must be an absolute path (got {repo_root:?})"),
+        );
+        return None;
+    }
+    if !root.is_dir() {
+        problems.add(
+            "repoRoot",
+            format!("{} does not exist or is not a directory", root.display()),
+        );
+        return None;
+    }
+    let repo = match git2::Repository::open(&root) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.add(
                 "repoRoot",
                 format!(
                     "{} is not a git repository: {}",
                     root.display(),
                     e.message()
                 ),
-            )
-            .with_cause(e)
-        })?;
-        if self.default_branch.trim().is_empty() {
-            return Err(invalid("defaultBranch", "must be a non-empty branch name"));
+            );
+            return None;
         }
-        if repo
-            .revparse_single(&format!("{}^{{commit}}", self.default_branch))
-            .is_err()
-        {
-            return Err(invalid(
-                "defaultBranch",
-                format!(
-                    "{:?} does not name a commit in {}",
-                    self.default_branch,
-                    root.display()
-                ),
-            ));
-        }
-        for (i, p) in self.context_paths.iter().enumerate() {
-            if !is_contained_relative(p) {
-                return Err(invalid(
-                    &format!("contextPaths[{i}]"),
-                    format!("must be a relative path inside repoRoot (got {p:?})"),
-                ));
-            }
-        }
-        let d = self.max_agent_duration;
-        if !d.is_finite() || d < 0.0 {
-            return Err(invalid(
-                "maxAgentDuration",
-                format!("must be a number of seconds >= 0 (got {d})"),
-            ));
-        }
-        let logs_dir = if self.agent_sessions_logging {
-            if self.logs_dir.is_empty() {
-                return Err(invalid(
-                    "logging.logsDir",
-                    "must be a directory path when logging.agentSessions is true",
-                ));
-            }
-            Some(std::path::absolute(&self.logs_dir).map_err(|e| invalid("logging.logsDir", e))?)
-        } else {
+    };
+    if default_branch.trim().is_empty() {
+        problems.add("defaultBranch", "must be a non-empty branch name");
+    } else if repo
+        .revparse_single(&format!("{default_branch}^{{commit}}"))
+        .is_err()
+    {
+        problems.add(
+            "defaultBranch",
+            format!(
+                "{default_branch:?} does not name a commit in {}",
+                root.display()
+            ),
+        );
+    }
+    Some(root)
+}
+
+fn logging(v: Option<&Value>, problems: &mut Problems) -> Option<PathBuf> {
+    let Some(logging) = v.and_then(Value::as_object) else {
+        problems.add("logging", "must be an object { agentSessions, logsDir }");
+        return None;
+    };
+    let Some(on) = logging.get("agentSessions").and_then(Value::as_bool) else {
+        problems.add("logging.agentSessions", "must be a boolean");
+        return None;
+    };
+    match (on, logging.get("logsDir")) {
+        (false, None | Some(Value::Null | Value::String(_))) => None,
+        (false, Some(_)) => {
+            problems.add("logging.logsDir", "must be a string");
             None
-        };
-        let worktree_setup_command = match self.worktree_setup_command {
-            None => Some(vec!["yarn".to_string(), "install".to_string()]),
-            Some(None) => None,
-            Some(Some(argv)) if argv.is_empty() || argv[0].is_empty() => {
-                return Err(invalid(
-                    "worktreeSetupCommand",
-                    "must be null or a non-empty argv array",
-                ));
-            }
-            Some(Some(argv)) => Some(argv),
-        };
-        let context_concurrency = match self.context_concurrency {
-            None => DEFAULT_CONTEXT_CONCURRENCY,
-            Some(n) if n.is_finite() && n >= 1.0 && n.fract() == 0.0 => n as usize,
-            Some(n) => {
-                return Err(invalid(
-                    "contextConcurrency",
-                    format!("must be an integer >= 1 (got {n})"),
-                ))
-            }
-        };
-        if let Some(m) = &self.model {
-            if m.is_empty() {
-                return Err(invalid(
-                    "model",
-                    "must be a non-empty model name when given",
-                ));
-            }
         }
-        if let Some(k) = self
-            .env
-            .iter()
-            .map(|(k, _)| k)
-            .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
-        {
-            return Err(invalid(
-                "env",
-                format!("has an invalid variable name {k:?}"),
-            ));
+        (true, Some(Value::String(s))) if !s.is_empty() => match std::path::absolute(s) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                problems.add("logging.logsDir", e);
+                None
+            }
+        },
+        (true, _) => {
+            problems.add(
+                "logging.logsDir",
+                "must be a directory path when logging.agentSessions is true",
+            );
+            None
         }
-        Ok(AdapterConfig {
-            repo_root: root,
-            default_branch: self.default_branch,
-            context_paths: self.context_paths,
-            max_agent_duration: (d > 0.0).then(|| Duration::from_secs_f64(d)),
-            logs_dir,
-            claude_executable: self
-                .claude_executable
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
-            env: self.env,
-            model: self.model,
-            worktree_setup_command,
-            context_concurrency,
-            cli_search_roots: self.cli_search_roots,
-            context_call_timeout: bound(CONTEXT_CALL_TIMEOUT),
-            hook_timeout: bound(HOOK_TIMEOUT),
-        })
     }
 }
 
-impl RawConfig {
-    /// The data fields of the JS config (functions are taken by the binding). `setup_given`
-    /// tells an explicit `worktreeSetupCommand: null` (skip) from an absent one (default).
-    pub fn from_json(
-        v: &serde_json::Value,
-        setup_given: bool,
-        cli_search_roots: Vec<PathBuf>,
-    ) -> Result<RawConfig> {
-        use serde_json::Value;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| AdapterError::invalid_params("config must be an object"))?;
-        let string = |key: &str| match obj.get(key) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            _ => Err(invalid(key, "must be a string")),
-        };
-        let opt_string = |key: &str| match obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            _ => Err(invalid(key, "must be a string when given")),
-        };
-        let strings = |key: &str, v: &Value| -> Result<Vec<String>> {
-            v.as_array()
-                .ok_or_else(|| invalid(key, "must be an array of strings"))?
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    s.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| invalid(&format!("{key}[{i}]"), "must be a string"))
-                })
-                .collect()
-        };
-        let logging = obj
-            .get("logging")
-            .and_then(Value::as_object)
-            .ok_or_else(|| invalid("logging", "must be an object { agentSessions, logsDir }"))?;
-        let agent_sessions_logging = logging
-            .get("agentSessions")
-            .and_then(Value::as_bool)
-            .ok_or_else(|| invalid("logging.agentSessions", "must be a boolean"))?;
-        let logs_dir = match logging.get("logsDir") {
-            Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) if !agent_sessions_logging => String::new(),
-            _ => return Err(invalid("logging.logsDir", "must be a string")),
-        };
-        let env = match obj.get("env") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Object(m)) => m
-                .iter()
-                .map(|(k, v)| {
-                    v.as_str()
-                        .map(|s| (k.clone(), s.to_string()))
-                        .ok_or_else(|| invalid(&format!("env.{k}"), "must be a string"))
-                })
-                .collect::<Result<_>>()?,
-            Some(_) => return Err(invalid("env", "must be an object of strings")),
-        };
-        Ok(RawConfig {
-            repo_root: string("repoRoot")?,
-            default_branch: string("defaultBranch")?,
-            context_paths: strings(
-                "contextPaths",
-                obj.get("contextPaths").unwrap_or(&Value::Null),
-            )?,
-            max_agent_duration: obj
-                .get("maxAgentDuration")
-                .and_then(Value::as_f64)
-                .ok_or_else(|| {
-                    invalid(
-                        "maxAgentDuration",
-                        "must be a number of seconds (0 = no limit)",
-                    )
-                })?,
-            agent_sessions_logging,
-            logs_dir,
-            claude_executable: opt_string("claudeExecutable")?,
-            env,
-            model: opt_string("model")?,
-            worktree_setup_command: match obj.get("worktreeSetupCommand") {
-                _ if !setup_given => None,
-                None | Some(Value::Null) => Some(None),
-                Some(v) => Some(Some(strings("worktreeSetupCommand", v)?)),
-            },
-            context_concurrency: match obj.get("contextConcurrency") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
-                    v.as_f64()
-                        .ok_or_else(|| invalid("contextConcurrency", "must be a number"))?,
-                ),
-            },
-            cli_search_roots,
-        })
+fn setup_command(r: &mut Reader<'_>, setup_given: bool) -> Option<Vec<String>> {
+    match r.obj.get("worktreeSetupCommand") {
+        _ if !setup_given => Some(vec!["yarn".to_string(), "install".to_string()]),
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let argv = r.strings("worktreeSetupCommand", Some(v));
+            if argv.first().is_none_or(String::is_empty) {
+                r.problems.add(
+                    "worktreeSetupCommand",
+                    "must be null or a non-empty argv array",
+                );
+            }
+            Some(argv)
+        }
     }
+}
+
+fn env_vars(v: Option<&Value>, problems: &mut Problems) -> Vec<(String, String)> {
+    let m = match v {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            problems.add("env", "must be an object of strings");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for (k, v) in m {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            problems.add("env", format!("has an invalid variable name {k:?}"));
+        }
+        match v.as_str() {
+            Some(s) if !s.contains('\0') => out.push((k.clone(), s.to_string())),
+            _ => problems.add(&format!("env.{k}"), "must be a string without NUL"),
+        }
+    }
+    out
+}
+
+/// `sandbox`: absent or `{}` = on with defaults; `false` = off; anything else is a problem.
+fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> {
+    let obj = match v {
+        None | Some(Value::Null) => return Some(SandboxConfig::default()),
+        Some(Value::Bool(false)) => return None,
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            problems.add(
+                "sandbox",
+                "must be false or an object { allowedDomains?, allowWrite? }",
+            );
+            return None;
+        }
+    };
+    let mut r = Reader { obj, problems };
+    let mut cfg = SandboxConfig::default();
+    if obj.get("allowedDomains").is_some_and(|v| !v.is_null()) {
+        cfg.allowed_domains = r.strings("sandbox.allowedDomains", obj.get("allowedDomains"));
+        for (i, d) in cfg.allowed_domains.iter().enumerate() {
+            if !is_domain_pattern(d) {
+                r.problems.add(
+                    &format!("sandbox.allowedDomains[{i}]"),
+                    format!("must be a host name or *.domain pattern (got {d:?})"),
+                );
+            }
+        }
+    }
+    if obj.get("allowWrite").is_some_and(|v| !v.is_null()) {
+        for (i, p) in r
+            .strings("sandbox.allowWrite", obj.get("allowWrite"))
+            .into_iter()
+            .enumerate()
+        {
+            if Path::new(&p).is_absolute() {
+                cfg.allow_write.push(PathBuf::from(p));
+            } else {
+                r.problems.add(
+                    &format!("sandbox.allowWrite[{i}]"),
+                    format!("must be an absolute path (got {p:?})"),
+                );
+            }
+        }
+    }
+    Some(cfg)
+}
+
+/// `example.com`, `127.0.0.1`, `*.example.com`: letters, digits, `-`, `.`, an optional leading
+/// `*.`; no scheme, port, path or whitespace.
+fn is_domain_pattern(d: &str) -> bool {
+    let host = d.strip_prefix("*.").unwrap_or(d);
+    !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !host.starts_with('.')
+        && !host.ends_with('.')
 }
 
 #[cfg(test)]

@@ -323,12 +323,20 @@ pub mod from_json {
     }
 }
 
+/// What a start request carries beside the role's params.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// The engine's own id for the session (any non-empty string).
+    pub session_id: Option<String>,
+    /// Model for this dispatch; wins over `config.model` and the agent definition's.
+    pub model: Option<String>,
+}
+
 impl StartParams {
     /// Start params as the engine passes them, checked per role. Errors name the field.
-    /// Returns the params and the optional `sessionID`.
     pub fn from_json(
         v: &serde_json::Value,
-    ) -> std::result::Result<(StartParams, Option<String>), String> {
+    ) -> std::result::Result<(StartParams, StartOptions), String> {
         use serde_json::Value;
         let obj = v.as_object().ok_or("params must be an object")?;
         let s = |key: &str| -> std::result::Result<String, String> {
@@ -339,10 +347,16 @@ impl StartParams {
                 Some(_) => Err(format!("params.{key} must be a string")),
             }
         };
-        let session_id = match obj.get("sessionID") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(id)) if !id.is_empty() => Some(id.clone()),
-            Some(_) => return Err("params.sessionID must be a non-empty string when given".into()),
+        let optional = |key: &str| match obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(v)) if !v.trim().is_empty() => Ok(Some(v.clone())),
+            Some(_) => Err(format!(
+                "params.{key} must be a non-empty string when given"
+            )),
+        };
+        let options = StartOptions {
+            session_id: optional("sessionID")?,
+            model: optional("model")?,
         };
         let params = match obj.get("role").and_then(Value::as_str) {
             Some("planner") => {
@@ -377,6 +391,6 @@ impl StartParams {
                 ))
             }
         };
-        Ok((params, session_id))
+        Ok((params, options))
     }
 }

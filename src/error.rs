@@ -18,6 +18,8 @@ pub enum ErrorCode {
     AgentFailed,
     OutputInvalid,
     EmptyPatch,
+    SandboxUnavailable,
+    Internal,
 }
 
 impl ErrorCode {
@@ -34,6 +36,8 @@ impl ErrorCode {
             ErrorCode::AgentFailed => "ERR_AGENT_FAILED",
             ErrorCode::OutputInvalid => "ERR_OUTPUT_INVALID",
             ErrorCode::EmptyPatch => "ERR_EMPTY_PATCH",
+            ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
+            ErrorCode::Internal => "ERR_INTERNAL",
         }
     }
 }
@@ -80,6 +84,20 @@ impl AdapterError {
 
     pub fn context(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Context, message)
+    }
+
+    /// A panic caught at a boundary (a bug here, never the engine's fault): `ERR_INTERNAL`
+    /// with the panic's message, instead of an abort of the host process.
+    pub fn from_panic(what: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        Self::new(
+            ErrorCode::Internal,
+            format!("internal error in {what}: {text} (a bug in claude-runtime-adapter; please report it)"),
+        )
     }
 }
 

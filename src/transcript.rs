@@ -57,14 +57,18 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
 
-pub fn log_file_name(started_ms: u128, params: &StartParams) -> String {
+/// `{ms}-{role}[-{workItemID}]-{sessionID}.log`: the session id makes the name unique even
+/// for two sessions of one role started in the same millisecond (their logs and patch files
+/// would otherwise truncate each other). Ids are sanitized and capped (they come from the engine).
+pub fn log_file_name(started_ms: u128, params: &StartParams, session_id: &str) -> String {
+    let role = params.role().as_str();
+    let sid: String = sanitize(session_id).chars().take(64).collect();
     match params.work_item_id() {
-        Some(id) => format!(
-            "{started_ms}-{}-{}.log",
-            params.role().as_str(),
-            sanitize(id)
-        ),
-        None => format!("{started_ms}-{}.log", params.role().as_str()),
+        Some(id) => {
+            let wi: String = sanitize(id).chars().take(64).collect();
+            format!("{started_ms}-{role}-{wi}-{sid}.log")
+        }
+        None => format!("{started_ms}-{role}-{sid}.log"),
     }
 }
 
@@ -89,7 +93,7 @@ impl Transcript {
         session_id: &str,
         on_error: Box<dyn Fn(&str) + Send + Sync>,
     ) -> Transcript {
-        let path = logs_dir.join(log_file_name(started_ms, params));
+        let path = logs_dir.join(log_file_name(started_ms, params, session_id));
         let file = std::fs::create_dir_all(logs_dir).and_then(|_| File::create(&path));
         let t = Transcript {
             path: path.clone(),
@@ -260,13 +264,13 @@ mod tests {
     }
 
     #[test]
-    fn log_name_has_role_and_sanitized_work_item() {
+    fn log_name_has_role_sanitized_work_item_and_session_id() {
         let p = StartParams::Implementor {
             work_item_id: "../x/1".into(),
             branch_name: "b".into(),
         };
-        assert_eq!(log_file_name(5, &p), "5-implementor-.._x_1.log");
+        assert_eq!(log_file_name(5, &p, "s/1"), "5-implementor-.._x_1-s_1.log");
         let p = StartParams::Planner { spec_paths: vec![] };
-        assert_eq!(log_file_name(5, &p), "5-planner.log");
+        assert_eq!(log_file_name(5, &p, "abc"), "5-planner-abc.log");
     }
 }

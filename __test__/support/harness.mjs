@@ -103,6 +103,19 @@ export async function setup({
   };
 }
 
+/** Resolves with the first log entry whose message matches (the background sweep says when it is done). */
+export async function logEntry(logger, message, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const found = logger.entries.find((e) => (message instanceof RegExp ? message.test(e.message) : e.message === message));
+    if (found) return found;
+    if (Date.now() > deadline) throw new Error(`no log entry ${message} within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+export const SWEPT = 'swept worktrees left by processes that are gone';
+
 /** Everything the output iterable yields, joined. */
 export async function collect(output) {
   let text = '';

@@ -1,32 +1,30 @@
 //! `createClaudeAdapter` and the `RuntimeAdapter` class: argument checking and conversion only;
 //! the lifecycle is the core's `Adapter`.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use super::deps::{method, JsDeps, JsHook, JsLogger};
-use super::error::to_napi;
-use super::handle::{self, Controllers};
+use super::deps::{method, JsCallback, JsDeps, JsHook, JsLogger};
+use super::error::{guard, guarded, injected_panic, to_napi};
+use super::handle;
 use super::js::Json;
 use super::validator::is_native_bash_validator_hook;
+
 use crate::adapter::Adapter;
 use crate::bash_validator::NativeBashHook;
-use crate::claude::session::StopReason;
-use crate::config::RawConfig;
-use crate::deps::BashHook;
-use crate::domain::StartParams;
+use crate::config::{parse_config, Problems, MAX_SECONDS};
+use crate::deps::{BashHook, LogLevel, Logger};
+use crate::domain::{StartOptions, StartParams};
 use crate::error::{AdapterError, Result as CoreResult};
+use crate::lifecycle::StartedSession;
 
 #[napi]
 pub struct RuntimeAdapter {
     inner: Arc<Adapter>,
-    controllers: Controllers,
 }
 
 fn invalid(env: &Env, message: String) -> Error {
@@ -72,94 +70,192 @@ fn object<'a>(env: &Env, value: &Unknown<'a>, what: &str) -> Result<Object<'a>> 
     unsafe { value.cast::<Object>() }
 }
 
-/// Create the adapter for one repository. Throws `ERR_INVALID_PARAMS` naming the field.
+/// Create the adapter for one repository. Throws `ERR_INVALID_PARAMS` naming every bad field.
 #[napi(ts_args_type = "config: ClaudeAdapterConfig, deps: RuntimeAdapterDeps")]
 pub fn create_claude_adapter(env: Env, config: Unknown, deps: Unknown) -> Result<RuntimeAdapter> {
-    let config_obj = object(&env, &config, "config")?;
-    let deps_obj = object(&env, &deps, "deps")?;
-    // `null` skips the setup step; absent (or undefined) means the default.
-    let setup_given = config_obj.get::<Unknown>("worktreeSetupCommand")?.is_some();
-    let data =
-        read_json(&config).map_err(|e| invalid(&env, format!("config cannot be read: {e}")))?;
-    let raw = RawConfig::from_json(
-        &data,
-        setup_given,
-        crate::claude::locate::search_roots(addon_dir().as_deref()),
-    )
-    .map_err(|e| to_napi(&env, &e))?;
-    let cfg = raw.validate().map_err(|e| to_napi(&env, &e))?;
-
-    let fail = |m: String| invalid(&env, m);
-    // The hook `createBashValidatorHook()` makes runs natively: no round trip through JS for
-    // every command. Any other function is called as the engine's own hook.
-    let hook: Arc<dyn BashHook> = match config_obj.get::<Unknown>("bashValidatorHook")? {
-        Some(f) if is_native_bash_validator_hook(&f) => Arc::new(NativeBashHook),
-        _ => Arc::new(JsHook(Arc::new(
-            method(&config_obj, "bashValidatorHook", "config.bashValidatorHook").map_err(fail)?,
-        ))),
-    };
-    let logger_obj = config_obj
-        .get::<Object>("logger")
-        .ok()
-        .flatten()
-        .ok_or_else(|| {
-            fail("config.logger must be an object with debug, info and error methods".into())
-        })?;
-    let warn = match logger_obj.get::<Unknown>("warn")? {
-        None => None,
-        Some(_) => Some(method(&logger_obj, "warn", "config.logger.warn").map_err(fail)?),
-    };
-    let logger = JsLogger {
-        debug: method(&logger_obj, "debug", "config.logger.debug").map_err(fail)?,
-        info: method(&logger_obj, "info", "config.logger.info").map_err(fail)?,
-        warn,
-        error: method(&logger_obj, "error", "config.logger.error").map_err(fail)?,
-    };
-    let reader = |key: &str| -> Result<Object> {
-        deps_obj
-            .get::<Object>(key)
-            .ok()
-            .flatten()
-            .ok_or_else(|| invalid(&env, format!("deps.{key} must be an object")))
-    };
-    let work_items = reader("workItemReader")?;
-    let revisions = reader("revisionReader")?;
-    let js_deps = JsDeps {
-        get_state: Arc::new(method(&deps_obj, "getState", "deps.getState").map_err(fail)?),
-        get_work_item_body: Arc::new(
-            method(
-                &work_items,
-                "getWorkItemBody",
-                "deps.workItemReader.getWorkItemBody",
-            )
-            .map_err(fail)?,
-        ),
-        get_revision_files: Arc::new(
-            method(
-                &revisions,
-                "getRevisionFiles",
-                "deps.revisionReader.getRevisionFiles",
-            )
-            .map_err(fail)?,
-        ),
-        get_review_history: Arc::new(
-            method(&deps_obj, "getReviewHistory", "deps.getReviewHistory").map_err(fail)?,
-        ),
-    };
-    let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
-    // Worktrees a dead engine process left behind are removed before the first session.
-    let sweeper = inner.clone();
-    napi::bindgen_prelude::block_on(async move { sweeper.sweep_stale_worktrees().await });
-    Ok(RuntimeAdapter {
-        inner,
-        controllers: Rc::new(RefCell::new(HashMap::new())),
+    guard(&env, "createClaudeAdapter", || {
+        injected_panic("createClaudeAdapter");
+        create(&env, &config, &deps)
     })
 }
 
-fn parse_params(params: &Unknown) -> CoreResult<(StartParams, Option<String>)> {
+fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter> {
+    let config_obj = object(env, config, "config")?;
+    let deps_obj = object(env, deps, "deps")?;
+    // `null` skips the setup step; absent (or undefined) means the default.
+    let setup_given = config_obj.get::<Unknown>("worktreeSetupCommand")?.is_some();
+    let data =
+        read_json(config).map_err(|e| invalid(env, format!("config cannot be read: {e}")))?;
+    let mut problems = Problems::default();
+    let roots = crate::claude::locate::search_roots(addon_dir().as_deref());
+    let cfg = parse_config(&data, setup_given, roots, &mut problems);
+    let hook = bash_hook(&config_obj, &mut problems)?;
+    let logger = js_logger(&config_obj, &mut problems)?;
+    let js_deps = js_deps(&deps_obj, &mut problems);
+    let (Some(cfg), Some(hook), Some(logger), Some(js_deps), true) =
+        (cfg, hook, logger, js_deps, problems.is_empty())
+    else {
+        return Err(to_napi(env, &problems.into_error()));
+    };
+    if cfg.sandbox.is_none() {
+        logger.log(
+            LogLevel::Warn,
+            "the OS sandbox is off (config.sandbox: false): agent commands can write anywhere \
+             the engine can and reach any host",
+            serde_json::json!({}),
+        );
+    }
+    let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
+    // Worktrees a dead engine process left behind are removed in the background; the repo's
+    // git lock orders the sweep before any provisioning that would race it.
+    let sweeper = inner.clone();
+    napi::bindgen_prelude::spawn(async move { sweeper.sweep_stale_worktrees().await });
+    Ok(RuntimeAdapter { inner })
+}
+
+/// The hook `createBashValidatorHook()` makes runs natively: no round trip through JS for
+/// every command. Any other function is called as the engine's own hook.
+fn bash_hook(config: &Object, problems: &mut Problems) -> Result<Option<Arc<dyn BashHook>>> {
+    Ok(match config.get::<Unknown>("bashValidatorHook")? {
+        Some(f) if is_native_bash_validator_hook(&f) => Some(Arc::new(NativeBashHook)),
+        _ => match method(config, "bashValidatorHook", "config.bashValidatorHook") {
+            Ok(f) => Some(Arc::new(JsHook(Arc::new(f)))),
+            Err(e) => {
+                problems.push(e);
+                None
+            }
+        },
+    })
+}
+
+fn js_logger(config: &Object, problems: &mut Problems) -> Result<Option<JsLogger>> {
+    let Some(logger) = object_property(config, "logger")? else {
+        problems.push("config.logger must be an object with debug, info and error methods".into());
+        return Ok(None);
+    };
+    let log = Some(&logger);
+    let debug = callback(log, "debug", "config.logger.debug", problems);
+    let info = callback(log, "info", "config.logger.info", problems);
+    let error = callback(log, "error", "config.logger.error", problems);
+    let warn = match logger.get::<Unknown>("warn")? {
+        None => None,
+        Some(_) => callback(log, "warn", "config.logger.warn", problems),
+    };
+    Ok(match (debug, info, error) {
+        (Some(debug), Some(info), Some(error)) => Some(JsLogger {
+            debug,
+            info,
+            warn,
+            error,
+        }),
+        _ => None,
+    })
+}
+
+/// `obj[key]` when it is an object (type-checked first: a failed conversion of `null` would
+/// leave a pending JS exception behind).
+fn object_property<'a>(obj: &Object<'a>, key: &str) -> Result<Option<Object<'a>>> {
+    match obj.get::<Unknown>(key)? {
+        Some(v) if v.get_type()? == ValueType::Object => {
+            // SAFETY: checked to be an object above.
+            Ok(Some(unsafe { v.cast::<Object>() }?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A callback of the engine, or a recorded problem naming it.
+fn callback<Args: JsValuesTupleIntoVec + 'static>(
+    obj: Option<&Object>,
+    key: &str,
+    what: &str,
+    problems: &mut Problems,
+) -> Option<JsCallback<Args>> {
+    method(obj?, key, what).map_err(|e| problems.push(e)).ok()
+}
+
+fn js_deps(deps: &Object, problems: &mut Problems) -> Option<JsDeps> {
+    let mut reader = |key: &str| {
+        let found = object_property(deps, key).ok().flatten();
+        if found.is_none() {
+            problems.push(format!("deps.{key} must be an object"));
+        }
+        found
+    };
+    let work_items = reader("workItemReader");
+    let revisions = reader("revisionReader");
+    let get_state = callback(Some(deps), "getState", "deps.getState", problems);
+    let body = callback(
+        work_items.as_ref(),
+        "getWorkItemBody",
+        "deps.workItemReader.getWorkItemBody",
+        problems,
+    );
+    let files = callback(
+        revisions.as_ref(),
+        "getRevisionFiles",
+        "deps.revisionReader.getRevisionFiles",
+        problems,
+    );
+    let history = callback(
+        Some(deps),
+        "getReviewHistory",
+        "deps.getReviewHistory",
+        problems,
+    );
+    Some(JsDeps {
+        get_state: Arc::new(get_state?),
+        get_work_item_body: Arc::new(body?),
+        get_revision_files: Arc::new(files?),
+        get_review_history: Arc::new(history?),
+    })
+}
+
+fn parse_params(params: &Unknown) -> CoreResult<(StartParams, StartOptions)> {
     let v = read_json(params)
         .map_err(|e| AdapterError::invalid_params(format!("params cannot be read: {e}")))?;
     StartParams::from_json(&v).map_err(AdapterError::invalid_params)
+}
+
+/// `shutdown({ graceMs })`: absent = 0 (immediate); else milliseconds in range. Read from the
+/// JS value itself so NaN and Infinity are refused by name.
+fn grace_period(env: &Env, options: Option<&Unknown>) -> Result<Duration> {
+    let Some(options) = options.filter(|o| o.get_type().is_ok_and(|t| t == ValueType::Object))
+    else {
+        return Ok(Duration::ZERO);
+    };
+    // SAFETY: checked to be an object above.
+    let obj = unsafe { options.cast::<Object>() }?;
+    let ms = match obj.get::<Unknown>("graceMs")? {
+        None => return Ok(Duration::ZERO),
+        Some(v) if v.get_type()? == ValueType::Undefined => return Ok(Duration::ZERO),
+        Some(v) if v.get_type()? == ValueType::Number => v.coerce_to_number()?.get_double()?,
+        Some(_) => f64::NAN,
+    };
+    let max = MAX_SECONDS * 1000.0;
+    if !(0.0..=max).contains(&ms) {
+        return Err(invalid(
+            env,
+            format!("options.graceMs must be a number of milliseconds in [0, {max}] (got {ms})"),
+        ));
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}
+
+/// What `adapter.sessions()` lists.
+#[napi(object, js_name = "SessionInfo", use_nullable = true)]
+pub struct JsSessionInfo {
+    #[napi(js_name = "sessionID")]
+    pub session_id: String,
+    #[napi(ts_type = "AgentRole")]
+    pub role: String,
+    #[napi(js_name = "workItemID")]
+    pub work_item_id: Option<String>,
+    pub branch_name: Option<String>,
+    /// epoch milliseconds
+    pub started_at: f64,
+    /// the CLI's pid once it runs
+    pub pid: Option<u32>,
 }
 
 #[napi]
@@ -174,44 +270,86 @@ impl RuntimeAdapter {
         env: &'env Env,
         params: Unknown<'env>,
     ) -> Result<PromiseRaw<'env, Object<'env>>> {
-        let parsed = parse_params(&params);
-        let inner = self.inner.clone();
-        let controllers = self.controllers.clone();
-        env.spawn_future_with_callback(
-            async move {
-                Ok(match parsed {
-                    Ok((p, id)) => inner.start_agent(p, id).await,
-                    Err(e) => Err(e),
-                })
-            },
-            move |env: &Env,
-                  started: CoreResult<crate::adapter::StartedSession>|
-                  -> Result<Object> {
-                match started {
-                    Ok(s) => handle::build(env, s, &controllers),
-                    Err(e) => Err(to_napi(env, &e)),
-                }
-            },
-        )
+        guard(env, "startAgent", || {
+            injected_panic("startAgent");
+            let parsed = parse_params(&params);
+            let inner = self.inner.clone();
+            env.spawn_future_with_callback(
+                async move {
+                    Ok(guarded("startAgent", async move {
+                        let (p, options) = parsed?;
+                        injected_panic("startAgent.async");
+                        inner.start_agent(p, options).await
+                    })
+                    .await)
+                },
+                move |env: &Env, started: CoreResult<StartedSession>| -> Result<Object> {
+                    match started {
+                        Ok(s) => guard(env, "startAgent", || handle::build(env, s)),
+                        Err(e) => Err(to_napi(env, &e)),
+                    }
+                },
+            )
+        })
     }
 
-    /// Stop a running session (`result` rejects with `ERR_CANCELLED`); unknown ids are a no-op.
+    /// Stop a running session (`result` rejects with `ERR_CANCELLED` unless it had already
+    /// ended; `abortSignal` follows `result`); unknown ids are a no-op.
     #[napi(ts_args_type = "sessionID: string")]
-    pub fn cancel_agent(&self, env: Env, session_id: String) -> Result<()> {
-        if let Some(c) = self.controllers.borrow().get(&session_id) {
-            handle::abort(&env, c, StopReason::Cancelled)?;
-        }
-        self.inner.cancel(&session_id);
-        Ok(())
+    pub fn cancel_agent(&self, env: Env, session_id: Unknown) -> Result<()> {
+        guard(&env, "cancelAgent", || {
+            // Any id the engine passes is looked up; a non-string cannot name a session.
+            if let Ok(id) = session_id.coerce_to_string().and_then(|s| s.into_utf8()) {
+                self.inner.cancel(id.as_str()?);
+            }
+            Ok(())
+        })
     }
 
-    /// Cancel every session; resolves when each has settled and been cleaned up.
-    #[napi(ts_return_type = "Promise<void>")]
-    pub fn shutdown<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, ()>> {
-        let inner = self.inner.clone();
-        env.spawn_future(async move {
-            inner.shutdown().await;
-            Ok(())
+    /// The running sessions, oldest first.
+    #[napi]
+    pub fn sessions(&self, env: Env) -> Result<Vec<JsSessionInfo>> {
+        guard(&env, "sessions", || {
+            Ok(self
+                .inner
+                .sessions()
+                .into_iter()
+                .map(|s| JsSessionInfo {
+                    session_id: s.session_id,
+                    role: s.role.as_str().to_string(),
+                    work_item_id: s.work_item_id,
+                    branch_name: s.branch_name,
+                    started_at: s.started_at,
+                    pid: s.pid,
+                })
+                .collect())
+        })
+    }
+
+    /// Lets sessions finish for up to `graceMs` (default 0), cancels the rest; resolves when
+    /// each has settled and been cleaned up. Later starts reject `ERR_CANCELLED`.
+    #[napi(
+        ts_args_type = "options?: { graceMs?: number }",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn shutdown<'env>(
+        &self,
+        env: &'env Env,
+        options: Option<Unknown<'env>>,
+    ) -> Result<PromiseRaw<'env, ()>> {
+        guard(env, "shutdown", || {
+            let grace = grace_period(env, options.as_ref())?;
+            let inner = self.inner.clone();
+            env.spawn_future_with_callback(
+                async move {
+                    Ok(guarded("shutdown", async move {
+                        inner.shutdown(grace).await;
+                        Ok(())
+                    })
+                    .await)
+                },
+                |env: &Env, done: CoreResult<()>| done.map_err(|e| to_napi(env, &e)),
+            )
         })
     }
 
@@ -225,18 +363,21 @@ impl RuntimeAdapter {
         env: &'env Env,
         params: Unknown<'env>,
     ) -> Result<PromiseRaw<'env, String>> {
-        let parsed = parse_params(&params);
-        let inner = self.inner.clone();
-        env.spawn_future_with_callback(
-            async move {
-                Ok(match parsed {
-                    Ok((p, id)) => inner.preview_prompt(&p, id).await,
-                    Err(e) => Err(e),
-                })
-            },
-            |env: &Env, prompt: CoreResult<String>| -> Result<String> {
-                prompt.map_err(|e| to_napi(env, &e))
-            },
-        )
+        guard(env, "previewPrompt", || {
+            let parsed = parse_params(&params);
+            let inner = self.inner.clone();
+            env.spawn_future_with_callback(
+                async move {
+                    Ok(guarded("previewPrompt", async move {
+                        let (p, _) = parsed?;
+                        inner.preview_prompt(&p).await
+                    })
+                    .await)
+                },
+                |env: &Env, prompt: CoreResult<String>| -> Result<String> {
+                    prompt.map_err(|e| to_napi(env, &e))
+                },
+            )
+        })
     }
 }

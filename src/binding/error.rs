@@ -3,11 +3,13 @@
 
 use napi::bindgen_prelude::*;
 
-use crate::error::AdapterError;
+use crate::error::{AdapterError, Result as CoreResult};
 
 pub fn js_error_value<'env>(env: &'env Env, e: &AdapterError) -> Result<Object<'env>> {
     let ctor: Function<String, Object> = env.get_global()?.get_named_property("Error")?;
-    let mut err = ctor.new_instance(e.message.clone())?.coerce_to_object()?;
+    // The code also leads the message: engines that keep only `error.message` still know it.
+    let message = format!("[{}] {}", e.code.as_str(), e.message);
+    let mut err = ctor.new_instance(message)?.coerce_to_object()?;
     err.set("code", e.code.as_str())?;
     if let Some(cause) = &e.cause {
         let as_error: &(dyn std::error::Error + 'static) = &**cause;
@@ -30,3 +32,37 @@ pub fn to_napi(env: &Env, e: &AdapterError) -> Error {
         Err(fallback) => Error::new(Status::GenericFailure, format!("{e} ({})", fallback.reason)),
     }
 }
+
+/// Runs a napi entry point's body; a panic becomes a thrown `ERR_INTERNAL` instead of unwinding
+/// into Node (which aborts the whole engine process).
+pub fn guard<T>(env: &Env, what: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(payload) => Err(to_napi(env, &AdapterError::from_panic(what, &*payload))),
+    }
+}
+
+/// The same for the async part of an entry point: a panic rejects its promise with
+/// `ERR_INTERNAL`.
+pub async fn guarded<T>(
+    what: &'static str,
+    work: impl std::future::Future<Output = CoreResult<T>>,
+) -> CoreResult<T> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        Ok(r) => r,
+        Err(payload) => Err(AdapterError::from_panic(what, &*payload)),
+    }
+}
+
+/// Fault injection for the tests of the panic boundary (debug builds only): the environment
+/// variable names the entry point that panics, e.g. `CLAUDE_RUNTIME_ADAPTER_PANIC=startAgent`.
+#[cfg(debug_assertions)]
+pub fn injected_panic(entry: &str) {
+    if std::env::var("CLAUDE_RUNTIME_ADAPTER_PANIC").is_ok_and(|v| v == entry) {
+        panic!("injected panic in {entry} (CLAUDE_RUNTIME_ADAPTER_PANIC)");
+    }
+}
+
+#[cfg(not(debug_assertions))]
+pub fn injected_panic(_entry: &str) {}

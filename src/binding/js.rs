@@ -87,9 +87,11 @@ unsafe fn to_json(
             ValueType::Boolean => Ok(Value::Bool(bool::from_napi_value(env, value)?)),
             ValueType::Number => {
                 let n = f64::from_napi_value(env, value)?;
+                // JSON has no NaN or Infinity; they arrive as their names so a check can name
+                // them (as `null` they would pass for an absent optional number).
                 Ok(serde_json::Number::from_f64(n)
                     .map(Value::Number)
-                    .unwrap_or(Value::Null))
+                    .unwrap_or_else(|| Value::String(n.to_string())))
             }
             ValueType::String => Ok(Value::String(String::from_napi_value(env, value)?)),
             ValueType::Object => {

@@ -91,11 +91,24 @@ pub fn search_roots(addon_dir: Option<&Path>) -> Vec<PathBuf> {
 
 pub fn locate_cli(configured: Option<&Path>, roots: &[PathBuf]) -> Result<PathBuf> {
     let mut tried: Vec<String> = Vec::new();
+    // The engine named one: that one or nothing. Falling back would silently run a different
+    // CLI than the engine chose (a mistyped path must be an error, not a surprise).
     if let Some(path) = configured {
         if is_executable_file(path) {
             return Ok(path.to_path_buf());
         }
-        tried.push(format!("config.claudeExecutable {}", path.display()));
+        let why = if path.exists() {
+            "is not an executable file"
+        } else {
+            "does not exist"
+        };
+        return Err(AdapterError::new(
+            ErrorCode::CliNotFound,
+            format!(
+                "config.claudeExecutable {} {why} (no other CLI is tried when one is named)",
+                path.display()
+            ),
+        ));
     }
     let mut seen = std::collections::HashSet::new();
     for root in roots {

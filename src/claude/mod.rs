@@ -3,6 +3,7 @@
 //! session (`session`, `process`). Nothing outside this module speaks stream-json.
 
 pub mod command;
+pub mod ids;
 pub mod locate;
 pub mod process;
 pub mod protocol;

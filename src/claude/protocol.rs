@@ -5,6 +5,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::stats::RunStats;
+
 /// One line the CLI wrote, classified.
 #[derive(Debug)]
 pub enum Inbound {
@@ -48,11 +50,24 @@ pub struct ResultMessage {
     pub total_cost_usd: Option<f64>,
     #[serde(default)]
     pub usage: Option<Value>,
+    /// Cumulative per-model token and cost totals of the whole session.
+    #[serde(default, rename = "modelUsage")]
+    pub model_usage: Option<Value>,
     #[serde(default)]
     pub stop_reason: Option<String>,
 }
 
 impl ResultMessage {
+    /// Adds this result's accounting (turns, cost, tokens) to `stats`.
+    pub fn add_to(&self, stats: &mut RunStats) {
+        stats.add_result(
+            self.num_turns,
+            self.total_cost_usd,
+            self.usage.as_ref(),
+            self.model_usage.as_ref(),
+        );
+    }
+
     /// `errors[]` as text (entries are strings in practice; anything else is shown as JSON).
     pub fn error_texts(&self) -> Vec<String> {
         self.errors
@@ -231,6 +246,20 @@ mod tests {
         assert_eq!(r.subtype, "error_max_turns");
         assert_eq!(r.error_texts(), vec!["too many".to_string()]);
         assert_eq!(r.structured_output, Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn result_accounting_reaches_the_stats() {
+        let line = br#"{"type":"result","subtype":"success","num_turns":2,"total_cost_usd":0.25,"usage":{"input_tokens":9},"modelUsage":{"m":{"inputTokens":100,"outputTokens":7}}}"#;
+        let Inbound::Result(r) = parse_line(line).unwrap() else {
+            panic!("not a result")
+        };
+        let mut stats = RunStats::default();
+        r.add_to(&mut stats);
+        let s = stats.finish(0, None);
+        assert_eq!((s.turns, s.cost_usd), (Some(2), Some(0.25)));
+        assert_eq!(s.tokens.map(|t| (t.input, t.output)), Some((100, 7)));
+        assert_eq!(s.model.as_deref(), Some("m"));
     }
 
     #[test]

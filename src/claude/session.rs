@@ -21,6 +21,7 @@ use super::process;
 use super::protocol::{self, Inbound, ResultMessage};
 use crate::deps::{BashHook, HookDecision};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::stats::RunStats;
 
 /// How long the CLI gets to answer `interrupt` with a `result` before SIGTERM.
 const INTERRUPT_GRACE: Duration = Duration::from_millis(250);
@@ -94,6 +95,8 @@ pub enum SessionEvent<'a> {
         failure: Option<&'a str>,
     },
     Result(&'a ResultMessage),
+    /// A follow-up user turn sent after a `result` (e.g. listing output violations).
+    FollowUp(&'a str),
     UnreadableLine {
         error: &'a str,
         bytes: usize,
@@ -125,6 +128,21 @@ pub struct SessionEnd {
     pub stderr_tail: String,
     pub stopped: Option<StopReason>,
     pub pid: u32,
+    /// Turns, cost, tokens and model over every turn of the session.
+    pub stats: RunStats,
+    /// How many follow-up user turns were sent after a `result`.
+    pub follow_ups: u32,
+}
+
+/// What reading the CLI's output has gathered so far.
+#[derive(Default)]
+struct Turn {
+    /// The latest `result` (cleared when a follow-up turn is sent).
+    result: Option<ResultMessage>,
+    /// (reason, deadline of the current step, SIGTERM sent) once a stop was asked for.
+    stopping: Option<(StopReason, Instant, bool)>,
+    initialized: bool,
+    stats: RunStats,
 }
 
 pub struct RunningSession {
@@ -307,38 +325,70 @@ impl RunningSession {
     }
 
     /// Drive the session to its end and make sure nothing of it is left running.
-    pub async fn run(mut self) -> SessionEnd {
-        let mut result: Option<ResultMessage> = None;
-        let mut stopping: Option<(StopReason, Instant, bool)> = None; // (reason, deadline, sigterm sent)
-        for line in std::mem::take(&mut self.pending) {
-            if let Some(r) = self.handle_line(&line) {
-                result = Some(r);
+    ///
+    /// After each `result` that is not the answer to a stop, `check` may ask for a follow-up
+    /// user turn (`Some(text)`): it is sent over stream-json in the same session and the
+    /// agent's next `result` is awaited, at most `max_follow_ups` times. The stop procedure
+    /// (interrupt, SIGTERM, SIGKILL) covers every turn. `check` runs on the session's task
+    /// between turns, so it must be quick (the semantic checks are pure).
+    pub async fn run<F>(mut self, max_follow_ups: u32, mut check: F) -> SessionEnd
+    where
+        F: FnMut(&ResultMessage) -> Option<String> + Send,
+    {
+        let mut turn = Turn::default();
+        let mut follow_ups = 0;
+        loop {
+            self.read_turn(&mut turn).await;
+            let Some(result) = turn.result.as_ref() else {
+                break;
+            };
+            if turn.stopping.is_some() || follow_ups >= max_follow_ups {
+                break;
             }
+            let Some(text) = check(result) else { break };
+            if let Some(reason) = self.stop.reason() {
+                // Asked to stop between turns: the answer needed correcting, so the session
+                // ends stopped rather than with output known to be wrong.
+                self.observer.on_event(SessionEvent::Stopping(reason));
+                turn.stopping = Some((reason, Instant::now(), false));
+                break;
+            }
+            follow_ups += 1;
+            self.observer.on_event(SessionEvent::FollowUp(&text));
+            self.send(protocol::user_message(&text));
+            turn.result = None;
+        }
+        self.end(turn, follow_ups).await
+    }
+
+    /// Read until the current turn's `result`, the end of the CLI's output, or the end of
+    /// the stop procedure (which starts here when the session is asked to stop).
+    async fn read_turn(&mut self, turn: &mut Turn) {
+        for line in std::mem::take(&mut self.pending) {
+            self.handle_line(&line, turn);
         }
         let mut buf = Vec::new();
-        while result.is_none() {
-            let deadline = stopping.map(|(_, d, _)| d);
+        while turn.result.is_none() {
+            let deadline = turn.stopping.map(|(_, d, _)| d);
             tokio::select! {
                 read = self.reader.read_until(b'\n', &mut buf) => {
                     match read {
                         Ok(0) | Err(_) => break,
                         Ok(_) => {
                             let line = std::mem::take(&mut buf);
-                            if let Some(r) = self.handle_line(&line) {
-                                result = Some(r);
-                            }
+                            self.handle_line(&line, turn);
                         }
                     }
                 }
-                _ = self.stop.stopped(), if stopping.is_none() => {
+                _ = self.stop.stopped(), if turn.stopping.is_none() => {
                     let reason = self.stop.reason().unwrap_or(StopReason::Cancelled);
                     self.observer.on_event(SessionEvent::Stopping(reason));
                     let id = self.request_id();
                     self.send(protocol::interrupt(&id));
-                    stopping = Some((reason, Instant::now() + INTERRUPT_GRACE, false));
+                    turn.stopping = Some((reason, Instant::now() + INTERRUPT_GRACE, false));
                 }
                 _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    let (reason, _, termed) = stopping.expect("deadline implies stopping");
+                    let (reason, _, termed) = turn.stopping.expect("deadline implies stopping");
                     if termed {
                         break;
                     }
@@ -346,10 +396,20 @@ impl RunningSession {
                     process::signal(self.pid, process::SIGTERM);
                     #[cfg(not(unix))]
                     let _ = self.child.start_kill();
-                    stopping = Some((reason, Instant::now() + TERM_GRACE, true));
+                    turn.stopping = Some((reason, Instant::now() + TERM_GRACE, true));
                 }
             }
         }
+    }
+
+    /// Close stdin, give the CLI its grace to exit, then make sure nothing is left.
+    async fn end(mut self, turn: Turn, follow_ups: u32) -> SessionEnd {
+        let Turn {
+            result,
+            stopping,
+            stats,
+            ..
+        } = turn;
         // Closing stdin tells the CLI the conversation is over.
         self.writer = None;
         // A stopped session's outcome is already decided: SIGTERM at once rather than waiting
@@ -377,19 +437,18 @@ impl RunningSession {
                 .ok()
                 .and_then(|r| r.ok());
         }
-        let stderr_tail = {
-            self.kill_all().await;
-            if exit.is_none() {
-                exit = self.child.wait().await.ok();
-            }
-            tail_text(&self.stderr)
-        };
+        self.kill_all().await;
+        if exit.is_none() {
+            exit = self.child.wait().await.ok();
+        }
         SessionEnd {
             result,
             exit,
-            stderr_tail,
+            stderr_tail: tail_text(&self.stderr),
             stopped: self.stop.reason().filter(|_| stopping.is_some()),
             pid: self.pid,
+            stats,
+            follow_ups,
         }
     }
 
@@ -404,10 +463,10 @@ impl RunningSession {
         let _ = timeout(Duration::from_secs(2), &mut self.stderr_done).await;
     }
 
-    fn handle_line(&mut self, line: &[u8]) -> Option<ResultMessage> {
+    fn handle_line(&mut self, line: &[u8], turn: &mut Turn) {
         let trimmed = line.trim_ascii();
         if trimmed.is_empty() {
-            return None;
+            return;
         }
         let msg = match protocol::parse_line(trimmed) {
             Ok(m) => m,
@@ -416,11 +475,18 @@ impl RunningSession {
                     error: &e,
                     bytes: trimmed.len(),
                 });
-                return None;
+                return;
             }
         };
         match msg {
-            Inbound::SystemInit(v) => self.observer.on_event(SessionEvent::Init(&v)),
+            // The CLI sends `system/init` at the start of every turn; observers get the first.
+            Inbound::SystemInit(v) => {
+                if !turn.initialized {
+                    turn.initialized = true;
+                    turn.stats.add_init(&v);
+                    self.observer.on_event(SessionEvent::Init(&v));
+                }
+            }
             Inbound::Assistant(v) => {
                 for block in protocol::assistant_blocks(&v) {
                     match block {
@@ -438,14 +504,14 @@ impl RunningSession {
             } => self.answer_control_request(request_id, request),
             Inbound::Result(r) => {
                 self.observer.on_event(SessionEvent::Result(&r));
-                return Some(*r);
+                r.add_to(&mut turn.stats);
+                turn.result = Some(*r);
             }
             Inbound::ControlResponse { .. }
             | Inbound::System(_)
             | Inbound::User(_)
             | Inbound::Other(_) => {}
         }
-        None
     }
 
     fn answer_control_request(&self, request_id: String, request: Value) {

@@ -28,6 +28,7 @@ use crate::domain::{
     WorkItem,
 };
 use crate::error::{AdapterError, Result};
+use crate::schema::semantic::Facts;
 
 pub use fetch::{FetchOptions, Fetcher};
 
@@ -39,19 +40,39 @@ pub async fn build_prompt(
     repo_root: &Path,
     opts: &FetchOptions,
 ) -> Result<String> {
+    Ok(assemble(params, deps, repo_root, opts).await?.prompt)
+}
+
+/// The prompt, and what the agent's output is checked against afterwards (the engine state
+/// and revision files fetched for the prompt), so the check sees what the agent was shown
+/// and the engine is not called twice.
+pub struct Assembled {
+    pub prompt: String,
+    pub facts: Facts,
+}
+
+/// [`build_prompt`] with the facts for the semantic output checks.
+pub async fn assemble(
+    params: &StartParams,
+    deps: &Arc<dyn Deps>,
+    repo_root: &Path,
+    opts: &FetchOptions,
+) -> Result<Assembled> {
     let fetcher = Fetcher::new(deps, opts);
-    match params {
+    let (prompt, facts) = match params {
         StartParams::Planner { spec_paths } => {
-            planner::assemble(&fetcher, repo_root, spec_paths).await
+            planner::assemble(&fetcher, repo_root, spec_paths).await?
         }
-        StartParams::Implementor { work_item_id, .. } => {
-            implementor::assemble(&fetcher, work_item_id).await
-        }
+        StartParams::Implementor { work_item_id, .. } => (
+            implementor::assemble(&fetcher, work_item_id).await?,
+            Facts::Implementor,
+        ),
         StartParams::Reviewer {
             work_item_id,
             revision_id,
-        } => reviewer::assemble(&fetcher, work_item_id, revision_id).await,
-    }
+        } => reviewer::assemble(&fetcher, work_item_id, revision_id).await?,
+    };
+    Ok(Assembled { prompt, facts })
 }
 
 /// Data shared by the implementor and reviewer formats once fetched.

@@ -8,6 +8,7 @@ use similar::TextDiff;
 
 use super::{finish, trim_text, Fetcher};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::schema::semantic::Facts;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpecChange {
@@ -39,7 +40,7 @@ pub async fn assemble(
     fetcher: &Fetcher,
     repo_root: &Path,
     spec_paths: &[String],
-) -> Result<String> {
+) -> Result<(String, Facts)> {
     let state = fetcher.state().await?;
     let planned: Vec<(String, Option<String>)> = spec_paths
         .iter()
@@ -65,7 +66,7 @@ pub async fn assemble(
             body,
         })
         .collect();
-    Ok(render(&specs, &items))
+    Ok((render(&specs, &items), Facts::planner(&state)))
 }
 
 /// Reads each spec fresh and classifies it. The repository is opened only if some spec needs

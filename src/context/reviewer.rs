@@ -7,8 +7,13 @@ use super::{
 };
 use crate::domain::WorkItem;
 use crate::error::Result;
+use crate::schema::semantic::Facts;
 
-pub async fn assemble(fetcher: &Fetcher, work_item_id: &str, revision_id: &str) -> Result<String> {
+pub async fn assemble(
+    fetcher: &Fetcher,
+    work_item_id: &str,
+    revision_id: &str,
+) -> Result<(String, Facts)> {
     let state = fetcher.state().await?;
     let item = work_item_in_state(&state, work_item_id)?;
     let revision = revision_in_state(&state, revision_id)?;
@@ -16,7 +21,7 @@ pub async fn assemble(fetcher: &Fetcher, work_item_id: &str, revision_id: &str) 
         fetcher.work_item_body(work_item_id),
         fetch_revision_context(fetcher, revision_id, revision)
     )?;
-    Ok(render(item, &body, &ctx))
+    Ok((render(item, &body, &ctx), Facts::reviewer(&ctx.files)))
 }
 
 pub fn render(item: &WorkItem, body: &str, ctx: &RevisionContext) -> String {

@@ -6,6 +6,8 @@
 //!
 //! The implementor schema has no `patch`: the adapter extracts it after the run.
 
+pub mod semantic;
+
 use std::sync::LazyLock;
 
 use jsonschema::{Draft, Validator};

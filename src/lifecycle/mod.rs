@@ -1,0 +1,402 @@
+//! One agent session, from `startAgent` to its settled `result`, as one type whose methods are
+//! the spec's steps (`000_…` "startAgent"):
+//!
+//! | step        | spec heading                                    | method                  |
+//! |-------------|-------------------------------------------------|-------------------------|
+//! | register    | 5. Session tracking                             | [`Session::register`]   |
+//! | provision   | 1. Worktree setup / "Worktree Management"       | [`Session::provision`]  |
+//! | assemble    | 2. Context assembly, 3. Agent definition loading, 6. Log file setup | [`Session::assemble`] |
+//! | spawn       | 4. SDK session creation                         | [`Session::spawn`]      |
+//! | supervise   | "Output Stream", "Duration Timeout", "Programmatic Hooks" | [`Session::supervise`] |
+//! | extract     | "Result Assembly", "Patch Extraction"           | [`Session::extract`]    |
+//! | clean       | "Worktree Management" (cleanup), "Agent Session Logging" | [`Session::clean`] |
+//!
+//! The time limit runs from `register`, so it reaches provisioning (worktree creation and the
+//! setup command) as well as the agent; `cancelAgent` and `shutdown` reach every step through the
+//! same [`StopSignal`]. A stop only decides the outcome while something is still running: once
+//! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
+//! never disagree).
+
+mod observer;
+mod outcome;
+mod registry;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use crate::adapter::Adapter;
+use crate::agent_definition;
+use crate::claude::command::{self, CliArgs};
+use crate::claude::ids;
+use crate::claude::locate;
+use crate::claude::session::{
+    self, RunningSession, SessionEnd, SessionSpec, StopReason, StopSignal,
+};
+use crate::context::{self, FetchOptions};
+use crate::deps::LogLevel;
+use crate::domain::{Role, StartOptions, StartParams};
+use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::worktree::{RepoGit, Worktree};
+use crate::output::{OutputBuffer, DEFAULT_BOUND};
+use crate::params;
+use crate::schema;
+use crate::schema::semantic::Facts;
+use crate::stats::{RunStats, SessionStats};
+use crate::transcript::{self, Transcript};
+
+use observer::Observer;
+pub use outcome::evaluate;
+use registry::Registration;
+pub use registry::{Registry, SessionInfo};
+
+/// What `startAgent` hands back; the binding wraps it into the JS `AgentRunHandle`.
+pub struct StartedSession {
+    pub session_id: String,
+    pub output: Arc<OutputBuffer>,
+    /// The result and the run's stats, together once the session is cleaned up.
+    pub result: oneshot::Receiver<(Result<Value>, SessionStats)>,
+    pub log_file_path: Option<std::path::PathBuf>,
+}
+
+/// One session's state as it moves through the steps.
+pub struct Session {
+    adapter: Arc<Adapter>,
+    /// The engine's id (`params.sessionID`) or a generated UUID: what `cancelAgent` takes.
+    id: String,
+    /// The UUID the CLI runs with (derived from `id` when that is not a UUID).
+    cli_id: String,
+    params: StartParams,
+    options: StartOptions,
+    stop: StopSignal,
+    registration: Registration,
+    worktree: Option<Worktree>,
+    transcript: Option<Arc<Transcript>>,
+    output: Arc<OutputBuffer>,
+    /// What the semantic output checks need, fetched once during context assembly.
+    facts: Facts,
+    started: Instant,
+}
+
+impl Session {
+    /// Validate, claim the session id (and the branch), start the time limit.
+    pub fn register(
+        adapter: &Arc<Adapter>,
+        params: StartParams,
+        options: StartOptions,
+    ) -> Result<Session> {
+        params::validate_start_params(&params, &adapter.config().repo_root)?;
+        let id = options
+            .session_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let stop = StopSignal::default();
+        let registration = adapter.registry().register(&id, &params, &stop)?;
+        if let Some(limit) = adapter.config().max_agent_duration {
+            let timer = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(limit) => timer.stop(StopReason::Timeout),
+                    _ = timer.stopped() => {}
+                }
+            });
+        }
+        Ok(Session {
+            adapter: adapter.clone(),
+            cli_id: ids::cli_session_uuid(&id),
+            id,
+            params,
+            options,
+            stop,
+            registration,
+            worktree: None,
+            transcript: None,
+            output: OutputBuffer::new(DEFAULT_BOUND),
+            facts: Facts::Implementor,
+            started: Instant::now(),
+        })
+    }
+
+    fn role(&self) -> Role {
+        self.params.role()
+    }
+
+    fn log(&self, level: LogLevel, message: &str, mut data: Value) {
+        data["sessionID"] = json!(self.id);
+        data["role"] = json!(self.role().as_str());
+        self.adapter.log(level, message, data);
+    }
+
+    /// The error for a stop that arrived before the agent ran (`None` while not stopped).
+    fn stopped_error(&self) -> Option<AdapterError> {
+        self.stop.reason().map(|reason| match reason {
+            StopReason::Cancelled => AdapterError::new(
+                ErrorCode::Cancelled,
+                "the session was cancelled before the agent started",
+            ),
+            StopReason::Timeout => AdapterError::new(
+                ErrorCode::Timeout,
+                "the session exceeded maxAgentDuration before the agent started",
+            ),
+        })
+    }
+
+    /// A failure of a step that raced the stop signal is reported as the stop when the stop
+    /// came first (the step failed *because* it was stopped).
+    fn or_stopped(&self, e: AdapterError) -> AdapterError {
+        match (e.code, self.stopped_error()) {
+            (ErrorCode::Cancelled | ErrorCode::Timeout, Some(stopped)) => stopped,
+            _ => e,
+        }
+    }
+
+    /// The Implementor's worktree (nothing for the other roles).
+    pub async fn provision(&mut self) -> Result<()> {
+        let StartParams::Implementor { branch_name, .. } = &self.params else {
+            return Ok(());
+        };
+        let cfg = self.adapter.config();
+        let env = command::build_env(std::env::vars(), &cfg.env);
+        let repo = RepoGit::for_repo(&cfg.repo_root);
+        let provisioned = tokio::select! {
+            r = repo.provision(
+                branch_name,
+                &cfg.default_branch,
+                cfg.worktree_setup_command.as_deref(),
+                &env,
+            ) => r,
+            // Dropping the provision future rolls it back (kills the setup, removes the
+            // worktree) in the background; the stop is reported at once.
+            _ = self.stop.stopped() => Err(self.stopped_error().expect("stopped")),
+        };
+        self.worktree = Some(provisioned.map_err(|e| self.or_stopped(e))?);
+        Ok(())
+    }
+
+    /// Prompt, agent definition, CLI location, argv, environment and transcript.
+    pub async fn assemble(&mut self) -> Result<SessionSpec> {
+        let cfg = self.adapter.config();
+        let role = self.role();
+        let fetch = FetchOptions {
+            concurrency: cfg.context_concurrency,
+            call_timeout: cfg.context_call_timeout,
+            cancel: self.stop.token().clone(),
+        };
+        let context::Assembled { prompt, facts } =
+            context::assemble(&self.params, self.adapter.deps(), &cfg.repo_root, &fetch)
+                .await
+                .map_err(|e| self.or_stopped(e))?;
+        self.facts = facts;
+        if let Some(e) = self.stopped_error() {
+            return Err(e);
+        }
+        let mut definition = agent_definition::load(&cfg.repo_root, role, &cfg.context_paths)?;
+        let program = locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?;
+        // Model per dispatch: params.model, then config.model, then the definition's own.
+        let model = self.options.model.as_deref().or(cfg.model.as_deref());
+        if let Some(m) = model {
+            definition.model = m.to_string();
+        }
+        let schema = schema::output_schema(role).clone();
+        let args = command::build_args(&CliArgs {
+            role: role.as_str(),
+            schema: &schema,
+            max_turns: definition.max_turns,
+            model,
+            session_id: &self.cli_id,
+            settings: None,
+        });
+        self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
+        let cwd = self
+            .worktree
+            .as_ref()
+            .map(|w| w.path.clone())
+            .unwrap_or_else(|| cfg.repo_root.clone());
+        Ok(SessionSpec {
+            program,
+            args,
+            env: command::build_env(std::env::vars(), &cfg.env),
+            cwd,
+            role: role.as_str().to_string(),
+            agent: definition.to_cli_json(),
+            schema,
+            prompt,
+            hook_timeout: cfg.hook_timeout,
+        })
+    }
+
+    fn create_transcript(&self, dir: &std::path::Path) -> Arc<Transcript> {
+        let logger = self.adapter.logger().clone();
+        let sid = self.id.clone();
+        Arc::new(Transcript::create(
+            dir,
+            transcript::epoch_millis(),
+            &self.params,
+            &self.id,
+            Box::new(move |msg: &str| logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))),
+        ))
+    }
+
+    /// Start the CLI; resolves once it has answered `initialize` and has the prompt.
+    pub async fn spawn(&mut self, spec: SessionSpec) -> Result<RunningSession> {
+        let observer = Arc::new(Observer {
+            output: self.output.clone(),
+            transcript: self.transcript.clone(),
+            logger: self.adapter.logger().clone(),
+            session_id: self.id.clone(),
+            role: self.role(),
+        });
+        let running = session::start(
+            spec,
+            self.adapter.hook().clone(),
+            observer,
+            self.stop.clone(),
+        )
+        .await
+        .map_err(|e| self.or_stopped(e))?;
+        self.registration.set_pid(running.pid());
+        self.log(
+            LogLevel::Debug,
+            "claude CLI initialized",
+            json!({ "pid": running.pid() }),
+        );
+        Ok(running)
+    }
+
+    /// Run the agent to its end (result, crash, stop); nothing of the CLI is left running.
+    /// Output that passes the schema but breaks the semantic rules is sent back to the agent
+    /// in the same session, up to `config.outputRetries` times.
+    pub async fn supervise(&self, running: RunningSession) -> SessionEnd {
+        let (role, facts) = (self.role(), &self.facts);
+        let retries = self.adapter.config().output_retries;
+        let end = running
+            .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
+            .await;
+        self.output.close();
+        end
+    }
+
+    /// How the session ended → the engine's `result` (the Implementor's patch added).
+    pub async fn extract(&self, end: SessionEnd) -> (Result<Value>, SessionStats) {
+        let run_stats = end.stats.clone();
+        let outcome = self.result_of(end).await;
+        let patch = match (&self.worktree, &outcome) {
+            (None, _) => None,
+            (Some(_), Ok(v)) => Some(v.get("patch").and_then(Value::as_str).unwrap_or("")),
+            (Some(_), Err(_)) => Some(""),
+        };
+        let elapsed = self.started.elapsed().as_millis() as u64;
+        let stats = run_stats.finish(elapsed, patch);
+        (outcome, stats)
+    }
+
+    async fn result_of(&self, end: SessionEnd) -> Result<Value> {
+        let output = evaluate(self.role(), &self.facts, end)?;
+        match &self.worktree {
+            Some(w) => {
+                outcome::with_patch(output, w, self.transcript.as_deref(), |m, d| {
+                    self.log(LogLevel::Warn, m, d)
+                })
+                .await
+            }
+            None => Ok(output),
+        }
+    }
+
+    /// Keep the work, remove the worktree and branch, write the footer, log, release the id.
+    pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
+        if let (Some(w), Some(t)) = (&self.worktree, &self.transcript) {
+            let has_patch =
+                matches!(outcome, Ok(v) if v.get("patch").is_some_and(Value::is_string));
+            if !has_patch {
+                outcome::salvage_patch(w, t, |m, d| self.log(LogLevel::Warn, m, d)).await;
+            }
+        }
+        if let Some(w) = self.worktree.take() {
+            if let Err(e) = w.cleanup().await {
+                self.log(
+                    LogLevel::Error,
+                    "worktree cleanup failed",
+                    json!({ "path": w.path.display().to_string(), "error": e.to_string() }),
+                );
+            }
+        }
+        let stats_json = serde_json::to_value(stats).unwrap_or(Value::Null);
+        if let Some(t) = &self.transcript {
+            t.note("stats", &stats_json.to_string());
+            match outcome {
+                Ok(_) => t.footer("completed", "the agent's result passed validation"),
+                Err(e) if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => {
+                    t.footer("cancelled", &e.to_string())
+                }
+                Err(e) => t.footer("failed", &e.to_string()),
+            }
+        }
+        match outcome {
+            Ok(_) => self.log(
+                LogLevel::Info,
+                "agent session completed",
+                json!({ "stats": stats_json }),
+            ),
+            Err(e) => self.log(
+                LogLevel::Error,
+                "agent session failed",
+                json!({ "code": e.code.as_str(), "error": e.message, "stats": stats_json }),
+            ),
+        }
+        // Stop the timer (if any) and release the id before the result is visible.
+        self.stop.token().cancel();
+        self.registration.release();
+    }
+
+    /// The steps up to a running agent. A failure cleans what was made and is returned.
+    async fn start(mut self) -> Result<(Session, RunningSession)> {
+        let started = async {
+            self.provision().await?;
+            let spec = self.assemble().await?;
+            self.spawn(spec).await
+        }
+        .await;
+        match started {
+            Ok(running) => Ok((self, running)),
+            Err(e) => {
+                let stats =
+                    RunStats::default().finish(self.started.elapsed().as_millis() as u64, None);
+                self.clean(&Err(e.clone()), &stats).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `startAgent`: the steps up to a running agent, then supervision in the background.
+pub async fn start_agent(
+    adapter: &Arc<Adapter>,
+    params: StartParams,
+    options: StartOptions,
+) -> Result<StartedSession> {
+    let session = Session::register(adapter, params, options)?;
+    session.log(LogLevel::Info, "starting agent session", json!({}));
+    let (session, running) = session.start().await?;
+    let (result_tx, result_rx) = oneshot::channel();
+    let started = StartedSession {
+        session_id: session.id.clone(),
+        output: session.output.clone(),
+        result: result_rx,
+        log_file_path: session.transcript.as_ref().map(|t| t.path().to_path_buf()),
+    };
+    let span = adapter.log_span();
+    tokio::spawn(
+        async move {
+            let end = session.supervise(running).await;
+            let (outcome, stats) = session.extract(end).await;
+            session.clean(&outcome, &stats).await;
+            let _ = result_tx.send((outcome, stats));
+        }
+        .instrument(span),
+    );
+    Ok(started)
+}

@@ -1,0 +1,125 @@
+//! Fans session events out to the output stream, the transcript and the logger.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::claude::session::{SessionEvent, SessionObserver};
+use crate::deps::{HookDecision, LogLevel, Logger};
+use crate::domain::Role;
+use crate::output::OutputBuffer;
+use crate::transcript::Transcript;
+
+/// Fans session events out to the output stream, the transcript and the logger.
+pub struct Observer {
+    pub output: Arc<OutputBuffer>,
+    pub transcript: Option<Arc<Transcript>>,
+    pub logger: Arc<dyn Logger>,
+    pub session_id: String,
+    pub role: Role,
+}
+
+impl SessionObserver for Observer {
+    fn on_event(&self, event: SessionEvent<'_>) {
+        let t = self.transcript.as_deref();
+        let ids = || json!({ "sessionID": self.session_id, "role": self.role.as_str() });
+        match event {
+            SessionEvent::Init(v) => {
+                if let Some(t) = t {
+                    t.init(v);
+                }
+                let mut d = ids();
+                d["model"] = v.get("model").cloned().unwrap_or(Value::Null);
+                d["cwd"] = v.get("cwd").cloned().unwrap_or(Value::Null);
+                self.logger
+                    .log(LogLevel::Debug, "agent session initialized", d);
+            }
+            SessionEvent::Text(text) => {
+                self.output.push(text);
+                if let Some(t) = t {
+                    t.text(text);
+                }
+            }
+            SessionEvent::ToolUse { name, input } => {
+                if let Some(t) = t {
+                    t.tool_use(name, input);
+                }
+            }
+            SessionEvent::Hook {
+                tool_name,
+                input,
+                decision,
+                failure,
+            } => {
+                if let Some(t) = t {
+                    t.hook(tool_name, input, decision, failure);
+                }
+                let mut d = ids();
+                d["command"] = input.get("command").cloned().unwrap_or(Value::Null);
+                match (decision, failure) {
+                    (_, Some(f)) => {
+                        d["error"] = json!(f);
+                        self.logger.log(
+                            LogLevel::Error,
+                            "bash validator hook failed; command blocked",
+                            d,
+                        );
+                    }
+                    (HookDecision::Block { reason }, None) => {
+                        d["reason"] = json!(reason);
+                        self.logger
+                            .log(LogLevel::Info, "bash command blocked by validator", d);
+                    }
+                    (HookDecision::Approve, None) => {
+                        self.logger.log(LogLevel::Debug, "bash command approved", d)
+                    }
+                }
+            }
+            SessionEvent::Result(r) => {
+                if let Some(t) = t {
+                    t.result(r);
+                }
+            }
+            SessionEvent::FollowUp(text) => {
+                if let Some(t) = t {
+                    t.note("follow-up", text);
+                }
+                let mut d = ids();
+                d["prompt"] = json!(text);
+                self.logger.log(
+                    LogLevel::Info,
+                    "asking the agent to correct its structured output",
+                    d,
+                );
+            }
+            SessionEvent::UnreadableLine { error, bytes } => {
+                if let Some(t) = t {
+                    t.note(
+                        "warning",
+                        &format!("unreadable line from the CLI ({bytes} bytes): {error}"),
+                    );
+                }
+                let mut d = ids();
+                d["error"] = json!(error);
+                self.logger.log(
+                    LogLevel::Warn,
+                    "unreadable line from the Claude Code CLI",
+                    d,
+                );
+            }
+            SessionEvent::Stopping(reason) => {
+                if let Some(t) = t {
+                    t.note(
+                        "stop",
+                        &format!("stopping the session ({})", reason.as_str()),
+                    );
+                }
+                self.logger.log(
+                    LogLevel::Info,
+                    &format!("stopping agent session ({})", reason.as_str()),
+                    ids(),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! "Result Assembly" and "Patch Extraction": how the session ended → the engine's `result`, and
+//! the Implementor's patch, the run's durable artifact (also kept for failed runs).
+
+use serde_json::{json, Value};
+
+use crate::claude::protocol::ResultMessage;
+use crate::claude::session::{self, SessionEnd, StopReason};
+use crate::domain::Role;
+use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::patch;
+use crate::git::worktree::Worktree;
+use crate::schema;
+use crate::schema::semantic::{self, Facts};
+use crate::transcript::Transcript;
+
+/// After a `result`: the follow-up turn asking the agent to fix its output, when the output
+/// passed the schema but breaks the semantic rules. Other failures get no follow-up: the CLI
+/// already retried schema failures, and errors end the session.
+pub fn semantic_follow_up(role: Role, facts: &Facts, r: &ResultMessage) -> Option<String> {
+    if r.subtype != "success" || r.is_error {
+        return None;
+    }
+    let out = r.structured_output.as_ref()?;
+    schema::validate(role, out).ok()?;
+    semantic::check(facts, out)
+        .err()
+        .map(|v| semantic::follow_up_prompt(&v))
+}
+
+/// The result rules: `success` AND not `is_error` AND structured output present AND valid
+/// (schema, then the semantic rules).
+pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
+    let exit = session::describe_exit(end.exit);
+    let stderr = if end.stderr_tail.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {}", end.stderr_tail)
+    };
+    if let Some(reason) = end.stopped {
+        return Err(match reason {
+            StopReason::Cancelled => {
+                AdapterError::new(ErrorCode::Cancelled, "the session was cancelled")
+            }
+            StopReason::Timeout => AdapterError::new(
+                ErrorCode::Timeout,
+                "the session exceeded maxAgentDuration and was stopped",
+            ),
+        });
+    }
+    let Some(r) = end.result else {
+        return Err(AdapterError::new(
+            ErrorCode::AgentFailed,
+            format!("the Claude Code CLI ended without a result ({exit}){stderr}"),
+        ));
+    };
+    let errors = r.error_texts();
+    if r.subtype == "error_max_structured_output_retries" {
+        return Err(AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!("the agent could not produce structured output that satisfies the {} schema after the CLI's retries: {}", role.as_str(), errors.join("; ")),
+        ));
+    }
+    if r.subtype != "success" || r.is_error {
+        let text = r
+            .result
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("; result: {t}"))
+            .unwrap_or_default();
+        return Err(AdapterError::new(
+            ErrorCode::AgentFailed,
+            format!(
+                "the agent failed: subtype {}{}, errors [{}] ({exit}){text}{stderr}",
+                r.subtype,
+                if r.is_error { ", is_error" } else { "" },
+                errors.join("; ")
+            ),
+        ));
+    }
+    let Some(out) = r.structured_output else {
+        return Err(AdapterError::new(ErrorCode::OutputInvalid, "the agent finished without structured output (it never called the StructuredOutput tool)"));
+    };
+    schema::validate(role, &out).map_err(|violations| {
+        AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!(
+                "the structured output fails the {} schema: {}",
+                role.as_str(),
+                violations.join("; ")
+            ),
+        )
+    })?;
+    semantic::check(facts, &out).map_err(|violations| {
+        AdapterError::new(
+            ErrorCode::OutputInvalid,
+            format!(
+                "the structured output breaks the {} output rules after {} follow-up turn(s): {}",
+                role.as_str(),
+                end.follow_ups,
+                violations.join("; ")
+            ),
+        )
+    })?;
+    Ok(out)
+}
+
+/// The Implementor's validated output with its `patch` (before `summary`, as the contract
+/// orders it): the patch for `completed` (empty → `ERR_EMPTY_PATCH`), else `null`. The patch is
+/// also written beside the transcript.
+pub async fn with_patch(
+    output: Value,
+    w: &Worktree,
+    transcript: Option<&Transcript>,
+    warn: impl Fn(&str, Value),
+) -> Result<Value> {
+    let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
+    let patch = if completed {
+        let patch = patch::extract_patch(&w.path, &w.base_commit)
+            .await
+            .map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    format!("could not extract the patch: {}", e.message),
+                )
+                .with_shared_cause(std::sync::Arc::new(e))
+            })?;
+        if patch.is_empty() {
+            return Err(AdapterError::new(
+                ErrorCode::EmptyPatch,
+                "the implementor reported outcome 'completed' but changed nothing relative to the base commit",
+            ));
+        }
+        if let Some(t) = transcript {
+            let path = t.path().with_extension("patch");
+            if let Err(e) = std::fs::write(&path, &patch) {
+                warn(
+                    "could not write the patch next to the transcript",
+                    json!({ "path": path.display().to_string(), "error": e.to_string() }),
+                );
+            }
+        }
+        Value::String(patch)
+    } else {
+        Value::Null
+    };
+    let Value::Object(map) = output else {
+        return Ok(output);
+    };
+    let mut with_patch = serde_json::Map::new();
+    for (k, v) in map {
+        if k == "summary" {
+            with_patch.insert("patch".into(), patch.clone());
+        }
+        with_patch.insert(k, v);
+    }
+    with_patch.entry("patch").or_insert(patch);
+    Ok(Value::Object(with_patch))
+}
+
+/// A run that ends without a patch in its result (failed, cancelled, timed out, blocked) may
+/// still have changed files. With logging on, keep them next to the transcript before the
+/// worktree goes, so an operator can recover the agent's work.
+pub async fn salvage_patch(w: &Worktree, t: &Transcript, warn: impl Fn(&str, Value)) {
+    match patch::extract_patch(&w.path, &w.base_commit).await {
+        Ok(p) if !p.is_empty() => {
+            let path = t.path().with_extension("patch");
+            match std::fs::write(&path, &p) {
+                Ok(()) => t.note(
+                    "patch",
+                    &format!("the worktree's changes were saved to {}", path.display()),
+                ),
+                Err(e) => warn(
+                    "could not save the worktree's changes next to the transcript",
+                    json!({ "path": path.display().to_string(), "error": e.to_string() }),
+                ),
+            }
+        }
+        Ok(_) => {}
+        Err(e) => warn(
+            "could not read the worktree's changes before cleanup",
+            json!({ "error": e.to_string() }),
+        ),
+    }
+}
