@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod output;
 pub mod params;
+pub mod sandbox;
 pub mod schema;
 pub mod stats;
 pub mod transcript;

@@ -9,6 +9,8 @@ pub struct CliArgs<'a> {
     pub max_turns: Option<u32>,
     pub model: Option<&'a str>,
     pub session_id: &'a str,
+    /// The session's sandbox settings (`sandbox::SessionSandbox::settings_arg`), if any.
+    pub settings: Option<&'a str>,
 }
 
 pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
@@ -33,19 +35,77 @@ pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
     args.push("--permission-mode=bypassPermissions".to_string());
     args.push("--allow-dangerously-skip-permissions".to_string());
     args.push(format!("--session-id={}", a.session_id));
+    if let Some(settings) = a.settings {
+        // Flag settings still apply with `--setting-sources=` (observed on 2.1.330).
+        args.push(settings.to_string());
+    }
     args
 }
 
-/// `process.env` merged with `config.env`, minus what the SDK also strips: `NODE_OPTIONS`
-/// (the CLI is not our Node) and `DEBUG` (it would turn on the CLI's own debug output).
+/// Variables of the engine's own environment the CLI gets; everything else stays with the
+/// engine (its tokens and keys above all). The CLI needs a usable system environment (paths,
+/// user, locale, terminal, temp dir, TLS trust, the proxy the host sits behind) and its own
+/// configuration (`ANTHROPIC_*`, `CLAUDE_*`, `IS_SANDBOX`); `config.env` adds the rest.
+/// Names compare case-insensitively (Windows spells them as it likes).
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "COLORTERM",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+    "IS_SANDBOX",
+    // Windows: without these, processes cannot start or find their profile.
+    "SYSTEMROOT",
+    "WINDIR",
+    "COMSPEC",
+    "PATHEXT",
+    "USERPROFILE",
+    "USERNAME",
+    "APPDATA",
+    "LOCALAPPDATA",
+    "PROGRAMDATA",
+    "PROGRAMFILES",
+    "PROGRAMFILES(X86)",
+    "HOMEDRIVE",
+    "HOMEPATH",
+];
+/// Prefixes allowed as well: locale categories and the CLI's own settings.
+pub const ENV_ALLOWED_PREFIXES: &[&str] = &["LC_", "ANTHROPIC_", "CLAUDE_"];
+
+pub fn env_allowed(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    ENV_ALLOWLIST.contains(&upper.as_str())
+        || ENV_ALLOWED_PREFIXES.iter().any(|p| upper.starts_with(p))
+}
+
+/// The allowlisted part of `base` (the engine's `process.env`) with `config.env` on top.
+/// `NODE_OPTIONS` and `DEBUG` are not on the list, as the SDK strips them too (the CLI is not
+/// our Node; `DEBUG` would turn on the CLI's own debug output), unless `config.env` sets them.
 pub fn build_env(
     base: impl IntoIterator<Item = (String, String)>,
     overrides: &[(String, String)],
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = base
-        .into_iter()
-        .filter(|(k, _)| k != "NODE_OPTIONS" && k != "DEBUG")
-        .collect();
+    let mut env: Vec<(String, String)> = base.into_iter().filter(|(k, _)| env_allowed(k)).collect();
     for (k, v) in overrides {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
@@ -71,6 +131,7 @@ mod tests {
             max_turns: None,
             model: None,
             session_id: "s",
+            settings: None,
         });
         assert!(!without
             .iter()
@@ -81,12 +142,48 @@ mod tests {
             max_turns: Some(7),
             model: Some("opus"),
             session_id: "s",
+            settings: None,
         });
         assert!(with.contains(&"--max-turns=7".to_string()));
         assert!(with.contains(&"--model=opus".to_string()));
         assert!(with.contains(&"--agent=planner".to_string()));
         assert!(with.contains(&"--setting-sources=".to_string()));
         assert!(with.contains(&r#"--json-schema={"type":"object"}"#.to_string()));
+    }
+
+    #[test]
+    fn settings_arg_is_passed_when_given() {
+        let schema = serde_json::json!({"type": "object"});
+        let args = build_args(&CliArgs {
+            role: "implementor",
+            schema: &schema,
+            max_turns: None,
+            model: None,
+            session_id: "s",
+            settings: Some("--settings={}"),
+        });
+        assert_eq!(args.last().map(String::as_str), Some("--settings={}"));
+    }
+
+    #[test]
+    fn only_allowlisted_engine_variables_reach_the_cli_and_config_env_adds_any() {
+        let env = build_env(
+            vec![
+                ("PATH".into(), "/bin".into()),
+                ("LC_ALL".into(), "C".into()),
+                ("ANTHROPIC_API_KEY".into(), "k".into()),
+                ("GITHUB_TOKEN".into(), "t".into()),
+                ("AWS_SECRET_ACCESS_KEY".into(), "s".into()),
+            ],
+            &[("GH_HOST".into(), "h".into())],
+        );
+        let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        for k in ["PATH", "LC_ALL", "ANTHROPIC_API_KEY", "GH_HOST"] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        for k in ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"] {
+            assert!(!keys.contains(&k), "{k} leaked");
+        }
     }
 
     #[test]

@@ -210,6 +210,7 @@ impl Session {
             max_turns: definition.max_turns,
             model,
             session_id: &self.cli_id,
+            settings: None,
         });
         let cwd = self
             .worktree

@@ -1,0 +1,110 @@
+//! Mount points Claude Code's sandbox creates on the host (observed on 2.1.330) and leaves
+//! behind: empty files and directories in the session's cwd, the repository's git dir and the
+//! worktree's admin dir. They are not the engine's: the ones a session's sandbox created are
+//! removed after its CLI has exited, and only while still empty. A concurrent session in the
+//! same repository may still use them as mount points, so the lifecycle calls
+//! [`Leftovers::remove`] only when no other sandboxed session runs in that repository.
+
+use std::path::{Path, PathBuf};
+
+use super::settings::SessionScope;
+
+const IN_CWD: &[&str] = &[".claude/.cc-writes", ".claude"];
+const IN_GIT_DIR: &[&str] = &[
+    "config.worktree",
+    "glab-cli",
+    "remotes",
+    "info/.claude-sandbox-noreplace",
+    "objects/info/.claude-sandbox-noreplace",
+    "objects/info/alternates",
+    "objects/info/commit-graphs/.claude-sandbox-noreplace",
+    "objects/info/commit-graphs",
+];
+const IN_ADMIN_DIR: &[&str] = &["config.worktree", "glab-cli"];
+
+/// The sandbox's mount points that did not exist before the session.
+#[derive(Debug, Clone, Default)]
+pub struct Leftovers {
+    absent_before: Vec<PathBuf>,
+}
+
+impl Leftovers {
+    /// Records which of them are absent now (call before the CLI starts).
+    pub fn record(scope: &SessionScope) -> Leftovers {
+        let mut all: Vec<PathBuf> = IN_CWD.iter().map(|p| scope.cwd.join(p)).collect();
+        let git_dir = scope
+            .git
+            .as_ref()
+            .map(|g| g.common_dir.clone())
+            .or_else(|| {
+                git2::Repository::open(&scope.cwd)
+                    .ok()
+                    .map(|r| r.commondir().to_path_buf())
+            });
+        if let Some(dir) = git_dir {
+            all.extend(IN_GIT_DIR.iter().map(|p| dir.join(p)));
+        }
+        if let Some(g) = &scope.git {
+            all.extend(IN_ADMIN_DIR.iter().map(|p| g.admin_dir.join(p)));
+        }
+        all.retain(|p| p.symlink_metadata().is_err());
+        Leftovers { absent_before: all }
+    }
+
+    /// Removes those that exist now and are empty (an empty file, or an empty directory), in
+    /// list order so that a directory's own leftovers go first; returns what was removed.
+    pub fn remove(&self) -> Vec<PathBuf> {
+        self.absent_before
+            .iter()
+            .filter(|p| remove_if_empty(p))
+            .cloned()
+            .collect()
+    }
+}
+
+fn remove_if_empty(p: &Path) -> bool {
+    match p.symlink_metadata() {
+        Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(p).is_ok(),
+        // `remove_dir` refuses a directory that is not empty.
+        Ok(m) if m.is_dir() => std::fs::remove_dir(p).is_ok(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_new_and_empty_mount_points_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = tmp.path().to_path_buf();
+        git2::Repository::init(&cwd).unwrap();
+        std::fs::write(cwd.join(".git/remotes"), "").unwrap(); // the engine's, before
+        let scope = SessionScope {
+            cwd: cwd.clone(),
+            git: None,
+        };
+        let rec = Leftovers::record(&scope);
+        // What the sandbox makes, and a file the engine puts in .claude meanwhile.
+        std::fs::create_dir_all(cwd.join(".claude/.cc-writes")).unwrap();
+        std::fs::write(cwd.join(".claude/mine.json"), "{}").unwrap();
+        std::fs::write(cwd.join(".git/objects/info/alternates"), "").unwrap();
+        std::fs::write(cwd.join(".git/config.worktree"), "[x]\n").unwrap();
+        let removed = rec.remove();
+        assert!(removed.contains(&cwd.join(".claude/.cc-writes")));
+        assert!(removed.contains(&cwd.join(".git/objects/info/alternates")));
+        assert!(
+            cwd.join(".claude/mine.json").exists(),
+            "a non-empty .claude stays"
+        );
+        assert!(
+            cwd.join(".git/config.worktree").exists(),
+            "content is never removed"
+        );
+        assert!(
+            cwd.join(".git/remotes").exists(),
+            "what existed before stays"
+        );
+    }
+}

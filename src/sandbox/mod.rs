@@ -1,0 +1,80 @@
+//! Every agent session's commands run inside Claude Code's own OS sandbox (bubblewrap + socat
+//! on Linux, Seatbelt on macOS), configured per session through the CLI's `--settings`: the
+//! second layer under the Bash validator. See `settings` for what is writable, `proxy` for the
+//! network, `branches` for the branches an agent leaves behind.
+//!
+//! Lifecycle use: [`check_available`] before provisioning (fails closed, nothing created);
+//! [`SessionSandbox::start`] when assembling the CLI command (owns the egress proxy: dropping it
+//! stops the proxy); [`BranchSnapshot`] around an Implementor session; [`Leftovers`] for the
+//! mount points the CLI's sandbox leaves in the repository.
+
+mod available;
+mod branches;
+mod leftovers;
+mod proxy;
+mod settings;
+
+use serde_json::Value;
+
+use crate::config::SandboxConfig;
+use crate::error::Result;
+
+pub use available::{check_available, INSTALL_HINT};
+pub use branches::BranchSnapshot;
+pub use leftovers::Leftovers;
+pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
+pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
+
+impl WorktreeGit {
+    /// The git dirs of the worktree at `worktree` (checked out on `branch`).
+    pub fn discover(worktree: &std::path::Path, branch: &str) -> Result<WorktreeGit> {
+        let repo = git2::Repository::open(worktree).map_err(|e| {
+            crate::error::AdapterError::new(
+                crate::error::ErrorCode::Provision,
+                format!("cannot open the worktree {}", worktree.display()),
+            )
+            .with_cause(e)
+        })?;
+        Ok(WorktreeGit {
+            common_dir: repo.commondir().to_path_buf(),
+            admin_dir: repo.path().to_path_buf(),
+            branch: branch.to_string(),
+        })
+    }
+}
+
+/// One session's sandbox: its settings and its egress proxy.
+pub struct SessionSandbox {
+    settings: Value,
+    proxy: EgressProxy,
+}
+
+impl SessionSandbox {
+    /// Starts the session's egress proxy and builds its settings. `cli_env` is the environment
+    /// the CLI will get (its credential variables are withheld from agent commands, its `HOME`
+    /// locates the credential stores that are made unreadable).
+    pub async fn start(
+        cfg: &SandboxConfig,
+        scope: &SessionScope,
+        cli_env: &[(String, String)],
+        sink: Option<EgressSink>,
+    ) -> Result<SessionSandbox> {
+        let proxy = EgressProxy::start(DomainAllowlist::new(&cfg.allowed_domains), sink).await?;
+        let settings = settings::build(cfg, scope, cli_env, proxy.port());
+        Ok(SessionSandbox { settings, proxy })
+    }
+
+    /// The settings JSON (what the transcript records).
+    pub fn settings(&self) -> &Value {
+        &self.settings
+    }
+
+    /// The CLI argument that applies them.
+    pub fn settings_arg(&self) -> String {
+        format!("--settings={}", self.settings)
+    }
+
+    pub fn proxy_port(&self) -> u16 {
+        self.proxy.port()
+    }
+}
