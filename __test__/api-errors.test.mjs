@@ -277,7 +277,7 @@ describe('the CLI', () => {
         const adapter = createClaudeAdapter({
           repoRoot: ${JSON.stringify(h.repo.root)}, defaultBranch: 'main', contextPaths: [], maxAgentDuration: 0,
           logging: { agentSessions: false, logsDir: '' }, bashValidatorHook: async () => undefined,
-          logger: { debug: noop, info: noop, error: noop },
+          logger: { debug: noop, info: noop, error: noop }, sandbox: false, // no bwrap on this PATH either
         }, { workItemReader: { getWorkItemBody: async () => '' }, revisionReader: { getRevisionFiles: async () => [] },
              getState: () => ({ workItems: {}, revisions: {}, lastPlannedSHAs: {} }), getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
         adapter.startAgent({ role: 'planner', specPaths: [] }).then(

@@ -227,7 +227,9 @@ const implementorScript = scenario.steps([
   (body) =>
     reply(
       text(`The validator refused it (${firstLine(body).replace(/^.*hook error:\s*/, '')}). There is no build directory anyway; moving on.`),
-      bash('git status --short', 'Show what is left uncommitted'),
+      // Limited to the project's paths: inside the OS sandbox, git also lists the sandbox's mount
+      // points (.bashrc, .mcp.json, …) as untracked; they exist only inside it, never in the patch.
+      bash('git status --short -- src test', 'Show what is left uncommitted'),
     ),
   (body) => reply(
     text(`Done. slugify() is committed; still uncommitted (part of the patch all the same): ${(latestToolResultText(body) ?? '').trim().split('\n').map((l) => l.trim()).join(', ')}.`),

@@ -21,6 +21,7 @@ mod observer;
 mod outcome;
 mod registry;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +44,10 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, Worktree};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
+use crate::sandbox::{
+    self, BranchSnapshot, EgressAttempt, EgressSink, SandboxUse, SessionSandbox, SessionScope,
+    WorktreeGit,
+};
 use crate::schema;
 use crate::schema::semantic::Facts;
 use crate::stats::{RunStats, SessionStats};
@@ -78,6 +83,11 @@ pub struct Session {
     output: Arc<OutputBuffer>,
     /// What the semantic output checks need, fetched once during context assembly.
     facts: Facts,
+    /// The OS sandbox (its egress proxy lives as long as this does).
+    sandbox: Option<SessionSandbox>,
+    sandbox_use: Option<SandboxUse>,
+    /// The repository's branches before the agent ran, to remove the ones it made.
+    agent_branches: Option<(BranchSnapshot, WorktreeGit)>,
     started: Instant,
 }
 
@@ -116,6 +126,9 @@ impl Session {
             transcript: None,
             output: OutputBuffer::new(DEFAULT_BOUND),
             facts: Facts::Implementor,
+            sandbox: None,
+            sandbox_use: None,
+            agent_branches: None,
             started: Instant::now(),
         })
     }
@@ -181,7 +194,8 @@ impl Session {
 
     /// Prompt, agent definition, CLI location, argv, environment and transcript.
     pub async fn assemble(&mut self) -> Result<SessionSpec> {
-        let cfg = self.adapter.config();
+        let adapter = self.adapter.clone();
+        let cfg = adapter.config();
         let role = self.role();
         let fetch = FetchOptions {
             concurrency: cfg.context_concurrency,
@@ -199,28 +213,30 @@ impl Session {
         let mut definition = agent_definition::load(&cfg.repo_root, role, &cfg.context_paths)?;
         let program = locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?;
         // Model per dispatch: params.model, then config.model, then the definition's own.
-        let model = self.options.model.as_deref().or(cfg.model.as_deref());
-        if let Some(m) = model {
-            definition.model = m.to_string();
+        let model = self.options.model.clone().or_else(|| cfg.model.clone());
+        if let Some(m) = &model {
+            definition.model = m.clone();
         }
-        let schema = schema::output_schema(role).clone();
-        let args = command::build_args(&CliArgs {
-            role: role.as_str(),
-            schema: &schema,
-            max_turns: definition.max_turns,
-            model,
-            session_id: &self.cli_id,
-            settings: None,
-        });
         let cwd = self
             .worktree
             .as_ref()
             .map(|w| w.path.clone())
             .unwrap_or_else(|| cfg.repo_root.clone());
+        let env = command::build_env(std::env::vars(), &cfg.env);
+        let settings = self.confine(&cwd, &env).await?;
+        let schema = schema::output_schema(role).clone();
+        let args = command::build_args(&CliArgs {
+            role: role.as_str(),
+            schema: &schema,
+            max_turns: definition.max_turns,
+            model: model.as_deref(),
+            session_id: &self.cli_id,
+            settings: settings.as_deref(),
+        });
         Ok(SessionSpec {
             program,
             args,
-            env: command::build_env(std::env::vars(), &cfg.env),
+            env,
             cwd,
             role: role.as_str().to_string(),
             agent: definition.to_cli_json(),
@@ -228,6 +244,75 @@ impl Session {
             prompt,
             hook_timeout: cfg.hook_timeout,
         })
+    }
+
+    /// The mutation boundary (issue "enforced by the operating system"): the session's OS
+    /// sandbox, started before the CLI so its settings go on the command line; it owns the
+    /// session's egress proxy. `None` with `sandbox: false`.
+    async fn confine(&mut self, cwd: &Path, env: &[(String, String)]) -> Result<Option<String>> {
+        let adapter = self.adapter.clone();
+        let Some(cfg) = &adapter.config().sandbox else {
+            return Ok(None);
+        };
+        let git = match (&self.worktree, &self.params) {
+            (Some(w), StartParams::Implementor { branch_name, .. }) => {
+                Some(WorktreeGit::discover(&w.path, branch_name)?)
+            }
+            _ => None,
+        };
+        let scope = SessionScope {
+            cwd: cwd.to_path_buf(),
+            git: git.clone(),
+        };
+        let sandbox = SessionSandbox::start(cfg, &scope, env, Some(self.egress_sink())).await?;
+        if let Some(g) = git {
+            let before = BranchSnapshot::take(&adapter.config().repo_root).await?;
+            self.agent_branches = Some((before, g));
+        }
+        self.sandbox_use = Some(SandboxUse::begin(&scope));
+        if let Some(t) = &self.transcript {
+            t.note("sandbox", &sandbox.settings().to_string());
+        }
+        let arg = sandbox.settings_arg();
+        self.sandbox = Some(sandbox);
+        Ok(Some(arg))
+    }
+
+    /// Every connection attempt of an agent command: in the transcript, and blocked ones in
+    /// the engine's log (they are the interesting ones).
+    fn egress_sink(&self) -> EgressSink {
+        let transcript = self.transcript.clone();
+        let logger = self.adapter.logger().clone();
+        let ids = json!({ "sessionID": self.id, "role": self.role().as_str() });
+        Arc::new(move |a: &EgressAttempt| {
+            let verdict = if a.allowed { "allowed" } else { "blocked" };
+            if let Some(t) = &transcript {
+                t.note(
+                    "network",
+                    &format!("{verdict} {} {}:{}", a.protocol, a.host, a.port),
+                );
+            }
+            if !a.allowed {
+                let mut d = ids.clone();
+                d["host"] = json!(a.host);
+                d["port"] = json!(a.port);
+                logger.log(LogLevel::Warn, "network access blocked by the sandbox", d);
+            }
+        })
+    }
+
+    /// Nothing is provisioned for a session that cannot be confined.
+    fn check_sandbox(&self) -> Result<()> {
+        let cfg = self.adapter.config();
+        if cfg.sandbox.is_none() {
+            return Ok(());
+        }
+        let env = command::build_env(std::env::vars(), &cfg.env);
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| std::ffi::OsStr::new(v.as_str()));
+        sandbox::check_available(path)
     }
 
     fn create_transcript(&self, dir: &std::path::Path) -> Arc<Transcript> {
@@ -310,6 +395,8 @@ impl Session {
 
     /// Keep the work, remove the worktree and branch, write the footer, log, release the id.
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
+        // The CLI has exited: its egress proxy goes.
+        self.sandbox = None;
         if let (Some(w), Some(t)) = (&self.worktree, &self.transcript) {
             let has_patch =
                 matches!(outcome, Ok(v) if v.get("patch").is_some_and(Value::is_string));
@@ -317,6 +404,7 @@ impl Session {
                 outcome::salvage_patch(w, t, |m, d| self.log(LogLevel::Warn, m, d)).await;
             }
         }
+        self.remove_agent_branches().await;
         if let Some(w) = self.worktree.take() {
             if let Err(e) = w.cleanup().await {
                 self.log(
@@ -326,6 +414,46 @@ impl Session {
                 );
             }
         }
+        if let Some(used) = self.sandbox_use.take() {
+            let removed = used.end();
+            if !removed.is_empty() {
+                let paths: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+                self.log(
+                    LogLevel::Debug,
+                    "removed the sandbox's empty mount points",
+                    json!({ "paths": paths }),
+                );
+            }
+        }
+        self.write_end(outcome, stats);
+        // Stop the timer (if any) and release the id before the result is visible.
+        self.stop.token().cancel();
+        self.registration.release();
+    }
+
+    /// Branches the agent made in its worktree (`git checkout -b x`) are not left in the
+    /// repository; the patch carries their work.
+    async fn remove_agent_branches(&mut self) {
+        let Some((before, git)) = self.agent_branches.take() else {
+            return;
+        };
+        match before.remove_agent_branches(&git).await {
+            Ok(removed) if !removed.is_empty() => self.log(
+                LogLevel::Info,
+                "removed branches the agent made",
+                json!({ "branches": removed }),
+            ),
+            Ok(_) => {}
+            Err(e) => self.log(
+                LogLevel::Warn,
+                "could not remove branches the agent made",
+                json!({ "error": e.to_string() }),
+            ),
+        }
+    }
+
+    /// The transcript's stats and footer, and the logger's completed/failed entry.
+    fn write_end(&self, outcome: &Result<Value>, stats: &SessionStats) {
         let stats_json = serde_json::to_value(stats).unwrap_or(Value::Null);
         if let Some(t) = &self.transcript {
             t.note("stats", &stats_json.to_string());
@@ -349,14 +477,12 @@ impl Session {
                 json!({ "code": e.code.as_str(), "error": e.message, "stats": stats_json }),
             ),
         }
-        // Stop the timer (if any) and release the id before the result is visible.
-        self.stop.token().cancel();
-        self.registration.release();
     }
 
     /// The steps up to a running agent. A failure cleans what was made and is returned.
     async fn start(mut self) -> Result<(Session, RunningSession)> {
         let started = async {
+            self.check_sandbox()?;
             self.provision().await?;
             let spec = self.assemble().await?;
             self.spawn(spec).await

@@ -5,7 +5,9 @@
 //! same repository may still use them as mount points, so the lifecycle calls
 //! [`Leftovers::remove`] only when no other sandboxed session runs in that repository.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use super::settings::SessionScope;
 
@@ -22,10 +24,69 @@ const IN_GIT_DIR: &[&str] = &[
 ];
 const IN_ADMIN_DIR: &[&str] = &["config.worktree", "glab-cli"];
 
+/// Per repository (keyed by its git dir): how many sessions of this process have a sandbox
+/// that may be using mount points there, and every mount point any of them saw absent. The
+/// leftovers are removed once the last of them has ended (a session that ends first must not
+/// pull a mount point from under one still running, nor leave it behind for good).
+#[derive(Default)]
+struct Live {
+    sessions: usize,
+    leftovers: Leftovers,
+}
+
+fn lock_live() -> std::sync::MutexGuard<'static, HashMap<PathBuf, Live>> {
+    static LIVE: OnceLock<Mutex<HashMap<PathBuf, Live>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// A session's use of the sandbox in one repository: counted while it lives.
+#[derive(Debug)]
+pub struct SandboxUse {
+    key: PathBuf,
+}
+
+impl SandboxUse {
+    /// Before the CLI starts: records the absent mount points and counts the session.
+    pub fn begin(scope: &SessionScope) -> SandboxUse {
+        let seen = Leftovers::record(scope);
+        let key = seen.git_dir.clone().unwrap_or_else(|| scope.cwd.clone());
+        let mut live = lock_live();
+        let entry = live.entry(key.clone()).or_default();
+        entry.sessions += 1;
+        for p in seen.absent_before {
+            if !entry.leftovers.absent_before.contains(&p) {
+                entry.leftovers.absent_before.push(p);
+            }
+        }
+        SandboxUse { key }
+    }
+
+    /// After the CLI has exited: the last session of the repository removes the leftovers.
+    /// Returns what was removed.
+    pub fn end(self) -> Vec<PathBuf> {
+        let done = {
+            let mut live = lock_live();
+            let last = live.get_mut(&self.key).is_none_or(|e| {
+                e.sessions = e.sessions.saturating_sub(1);
+                e.sessions == 0
+            });
+            if last {
+                live.remove(&self.key)
+            } else {
+                None
+            }
+        };
+        done.map(|l| l.leftovers.remove()).unwrap_or_default()
+    }
+}
+
 /// The sandbox's mount points that did not exist before the session.
 #[derive(Debug, Clone, Default)]
 pub struct Leftovers {
     absent_before: Vec<PathBuf>,
+    git_dir: Option<PathBuf>,
 }
 
 impl Leftovers {
@@ -41,14 +102,17 @@ impl Leftovers {
                     .ok()
                     .map(|r| r.commondir().to_path_buf())
             });
-        if let Some(dir) = git_dir {
+        if let Some(dir) = &git_dir {
             all.extend(IN_GIT_DIR.iter().map(|p| dir.join(p)));
         }
         if let Some(g) = &scope.git {
             all.extend(IN_ADMIN_DIR.iter().map(|p| g.admin_dir.join(p)));
         }
         all.retain(|p| p.symlink_metadata().is_err());
-        Leftovers { absent_before: all }
+        Leftovers {
+            absent_before: all,
+            git_dir,
+        }
     }
 
     /// Removes those that exist now and are empty (an empty file, or an empty directory), in

@@ -21,7 +21,7 @@ use crate::error::Result;
 
 pub use available::{check_available, INSTALL_HINT};
 pub use branches::BranchSnapshot;
-pub use leftovers::Leftovers;
+pub use leftovers::{Leftovers, SandboxUse};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
 

@@ -33,7 +33,9 @@ pub fn configure(dir: &Path) {
 }
 
 /// A provision request for `branch` on `main`, the test process's environment, a generous setup
-/// limit, and a session record without a transcript.
+/// limit, and a session record without a transcript. (Each test crate compiles this module on
+/// its own; the sandbox tests do not provision through it.)
+#[allow(dead_code)]
 pub fn request(
     branch: &str,
     setup: Option<&[&str]>,
