@@ -328,6 +328,20 @@ describe('handle.stats', () => {
     expectStatsRecorded(handle, stats, 'agent session completed');
   });
 
+  it('a blocked implementor (result without a patch) still lists the files it changed', async () => {
+    h = await setup({
+      script: scenario.steps([bash('printf "x\\ny\\nz\\n" > half.txt'), structured({ role: 'implementor', outcome: 'blocked', summary: 'stuck' })]),
+      state: twoItems,
+      bodies,
+    });
+    const handle = await h.adapter().startAgent(implementor('7'));
+    expect(await handle.result).toMatchObject({ outcome: 'blocked', patch: null });
+    const stats = await handle.stats;
+    expectResultStats(stats);
+    expect(stats.changedFiles).toEqual([{ path: 'half.txt', status: 'added', added: 3, removed: 0 }]);
+    expectStatsRecorded(handle, stats, 'agent session completed');
+  });
+
   it('a failed session (output that breaks the rules, no retries left): result stats, logged with the failure', async () => {
     const badPlan = { role: 'planner', create: [], close: ['99'], update: [] };
     h = await setup({ script: scenario.always(reply(structured(badPlan))), config: { outputRetries: 0 } });
