@@ -17,6 +17,8 @@ import {
   type RevisionFile,
   type RuntimeAdapter,
   type RuntimeAdapterDeps,
+  type SessionInfo,
+  type SessionStats,
   type WorkItem,
 } from 'claude-runtime-adapter';
 
@@ -172,4 +174,76 @@ export async function engineMain(): Promise<void> {
 
   const shutdown: Promise<void> = adapter.shutdown();
   await shutdown;
+}
+
+// --- issue 11: the engine's own run id, model per dispatch, stats, sessions(), graceful stop ---
+const fullConfig: ClaudeAdapterConfig = {
+  ...config,
+  worktreeSetupTimeout: 600,
+  contextCallbackTimeout: 0.2,
+  hookTimeout: 30,
+  outputRetries: 2,
+  sandbox: { allowedDomains: ['registry.npmjs.org'], allowWrite: ['/tmp/cache'] },
+};
+const unsandboxed: ClaudeAdapterConfig = { ...config, sandbox: false };
+const defaultSandbox: ClaudeAdapterConfig = { ...config, sandbox: {} };
+
+function describeStats(s: SessionStats): string {
+  const duration: number = s.durationMs;
+  const turns: number | null = s.turns;
+  const cost: number | null = s.costUsd;
+  const model: string | null = s.model;
+  const tokens = s.tokens === null ? 'n/a' : `${s.tokens.input}/${s.tokens.output}/${s.tokens.cacheRead}/${s.tokens.cacheCreation}`;
+  const files: string[] = (s.changedFiles ?? []).map((f) => {
+    const status: 'added' | 'modified' | 'deleted' | 'renamed' = f.status;
+    return `${status} ${f.path} +${f.added} -${f.removed}`;
+  });
+  return `${duration} ${turns ?? '?'} ${cost ?? '?'} ${model ?? '?'} ${tokens} ${files.join(',')}`;
+}
+
+class MiniEngine {
+  private readonly runs = new Map<string, AgentRunHandle>();
+  private readonly errors = new Map<string, string>();
+  constructor(private readonly adapter: RuntimeAdapter) {}
+
+  async dispatch(params: AgentStartParams, model?: string): Promise<string> {
+    const id: string = crypto.randomUUID(); // the engine's run id (global crypto: Node and DOM)
+    // The one-field change: the engine's run id as params.sessionID (any non-empty string).
+    const handle = await this.adapter.startAgent(model === undefined ? { ...params, sessionID: id } : { ...params, sessionID: id, model });
+    const same: boolean = handle.sessionID === id;
+    logger.debug('dispatched', { id, same });
+    this.runs.set(id, handle);
+    handle.result.catch((e: unknown) => this.errors.set(id, e instanceof Error ? e.message : String(e)));
+    const stats: Promise<SessionStats> = handle.stats;
+    void stats.then((s) => logger.info(describeStats(s)));
+    return id;
+  }
+
+  list(): string[] {
+    const running: SessionInfo[] = this.adapter.sessions();
+    return running.map((s) => {
+      const pid: number | null = s.pid;
+      const startedAt: number = s.startedAt;
+      const workItem: string | null = s.workItemID;
+      const branch: string | null = s.branchName;
+      return `${s.sessionID} ${s.role} ${workItem ?? '-'} ${branch ?? '-'} ${startedAt} ${pid ?? '-'}`;
+    });
+  }
+
+  async stop(): Promise<void> {
+    for (const id of this.runs.keys()) this.adapter.cancelAgent(id);
+    await this.adapter.shutdown({ graceMs: 5000 });
+    await this.adapter.shutdown({});
+  }
+}
+
+export async function engineIssue11(): Promise<void> {
+  const engine = new MiniEngine(createClaudeAdapter(fullConfig, deps));
+  await engine.dispatch({ role: 'planner', specPaths: ['specs/a.md'] }, 'claude-opus-4-1');
+  await engine.dispatch({ role: 'implementor', workItemID: 'w1', branchName: 'agent/w1', model: 'sonnet' });
+  await engine.dispatch({ role: 'reviewer', workItemID: 'w1', revisionID: 'r1', sessionID: 'engine-run-42' });
+  logger.info(engine.list().join('\n'));
+  await engine.stop();
+  createClaudeAdapter(unsandboxed, deps);
+  createClaudeAdapter(defaultSandbox, deps);
 }

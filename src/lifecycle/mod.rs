@@ -370,14 +370,24 @@ impl Session {
     pub async fn extract(&self, end: SessionEnd) -> (Result<Value>, SessionStats) {
         let run_stats = end.stats.clone();
         let outcome = self.result_of(end).await;
-        let patch = match (&self.worktree, &outcome) {
-            (None, _) => None,
-            (Some(_), Ok(v)) => Some(v.get("patch").and_then(Value::as_str).unwrap_or("")),
-            (Some(_), Err(_)) => Some(""),
-        };
+        let changes = self.changes(&outcome).await;
         let elapsed = self.started.elapsed().as_millis() as u64;
-        let stats = run_stats.finish(elapsed, patch);
+        let stats = run_stats.finish(elapsed, changes.as_deref());
         (outcome, stats)
+    }
+
+    /// The Implementor's changes (`None` for the other roles), for the stats' changed files:
+    /// the result's patch, or, when the result carries none (failed, cancelled, timed out,
+    /// blocked), what the worktree holds, which is also kept beside the transcript so an
+    /// operator can recover the agent's work before the worktree goes.
+    async fn changes(&self, outcome: &Result<Value>) -> Option<String> {
+        let w = self.worktree.as_ref()?;
+        let reported = outcome.as_ref().ok().and_then(|v| v.get("patch"));
+        if let Some(patch) = reported.and_then(Value::as_str) {
+            return Some(patch.to_string());
+        }
+        let warn = |m: &str, d| self.log(LogLevel::Warn, m, d);
+        Some(outcome::salvage_patch(w, self.transcript.as_deref(), warn).await)
     }
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
@@ -393,17 +403,11 @@ impl Session {
         }
     }
 
-    /// Keep the work, remove the worktree and branch, write the footer, log, release the id.
+    /// Remove the worktree and branch (the work was kept by `changes`), write the footer, log,
+    /// release the id.
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         // The CLI has exited: its egress proxy goes.
         self.sandbox = None;
-        if let (Some(w), Some(t)) = (&self.worktree, &self.transcript) {
-            let has_patch =
-                matches!(outcome, Ok(v) if v.get("patch").is_some_and(Value::is_string));
-            if !has_patch {
-                outcome::salvage_patch(w, t, |m, d| self.log(LogLevel::Warn, m, d)).await;
-            }
-        }
         self.remove_agent_branches().await;
         if let Some(w) = self.worktree.take() {
             if let Err(e) = w.cleanup().await {
@@ -491,9 +495,11 @@ impl Session {
         match started {
             Ok(running) => Ok((self, running)),
             Err(e) => {
-                let stats =
-                    RunStats::default().finish(self.started.elapsed().as_millis() as u64, None);
-                self.clean(&Err(e.clone()), &stats).await;
+                let failed = Err(e.clone());
+                let changes = self.changes(&failed).await;
+                let elapsed = self.started.elapsed().as_millis() as u64;
+                let stats = RunStats::default().finish(elapsed, changes.as_deref());
+                self.clean(&failed, &stats).await;
                 Err(e)
             }
         }

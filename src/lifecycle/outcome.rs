@@ -155,27 +155,36 @@ pub async fn with_patch(
 }
 
 /// A run that ends without a patch in its result (failed, cancelled, timed out, blocked) may
-/// still have changed files. With logging on, keep them next to the transcript before the
-/// worktree goes, so an operator can recover the agent's work.
-pub async fn salvage_patch(w: &Worktree, t: &Transcript, warn: impl Fn(&str, Value)) {
-    match w.extract_patch().await {
-        Ok(p) if !p.is_empty() => {
-            let path = t.path().with_extension("patch");
-            match std::fs::write(&path, &p) {
-                Ok(()) => t.note(
-                    "patch",
-                    &format!("the worktree's changes were saved to {}", path.display()),
-                ),
-                Err(e) => warn(
-                    "could not save the worktree's changes next to the transcript",
-                    json!({ "path": path.display().to_string(), "error": e.to_string() }),
-                ),
-            }
+/// still have changed files: returns them as a patch (empty when there are none or they cannot
+/// be read) and, with logging on, keeps them next to the transcript before the worktree goes,
+/// so an operator can recover the agent's work.
+pub async fn salvage_patch(
+    w: &Worktree,
+    t: Option<&Transcript>,
+    warn: impl Fn(&str, Value),
+) -> String {
+    let p = match w.extract_patch().await {
+        Ok(p) => p,
+        Err(e) => {
+            warn(
+                "could not read the worktree's changes before cleanup",
+                json!({ "error": e.to_string() }),
+            );
+            return String::new();
         }
-        Ok(_) => {}
-        Err(e) => warn(
-            "could not read the worktree's changes before cleanup",
-            json!({ "error": e.to_string() }),
-        ),
+    };
+    if let Some(t) = t.filter(|_| !p.is_empty()) {
+        let path = t.path().with_extension("patch");
+        match std::fs::write(&path, &p) {
+            Ok(()) => t.note(
+                "patch",
+                &format!("the worktree's changes were saved to {}", path.display()),
+            ),
+            Err(e) => warn(
+                "could not save the worktree's changes next to the transcript",
+                json!({ "path": path.display().to_string(), "error": e.to_string() }),
+            ),
+        }
     }
+    p
 }
