@@ -1,12 +1,13 @@
 // Issue 10: the adapter never destroys what it did not make. The sweep that runs when an adapter
 // is created removes only worktrees carrying this adapter's owner record whose process is gone
 // (saving their work first); a person's worktree under .worktrees/ is never touched.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { addon, engineState, setup } from './support/harness.mjs';
+import { bash, scenario, structured } from './support/fake-api.mjs';
+import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
 
@@ -48,5 +49,94 @@ describe('the sweep never destroys what the adapter did not make', () => {
     const saved = readdirSync(salvaged);
     expect(saved).toHaveLength(1);
     expect(readFileSync(join(salvaged, saved[0]), 'utf8')).toContain('unsaved.txt');
+  });
+});
+
+describe('a crash loses no work', () => {
+  it('engine SIGKILLed mid-Implementor with uncommitted work: the next adapter saves it as a patch beside the transcript, then removes the worktree; a foreign worktree beside it survives', async () => {
+    h = await setup({
+      // The agent writes its work, then the model never answers again: the engine dies mid-session.
+      script: scenario.steps([bash('echo "agent work" > unsaved.txt', 'write work'), { hang: true }]),
+      state: engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] }),
+      bodies: { 7: 'x' },
+    });
+    const root = h.repo.root;
+    git(root, 'worktree', 'add', '-q', '.worktrees/theirs', '-b', 'theirs');
+    writeFileSync(join(root, '.worktrees', 'theirs', 'draft.md'), 'a person\'s draft\n');
+    const engine = spawn(process.execPath, ['-e', `
+      const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
+      const noop = () => {};
+      const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
+        bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
+      const adapter = createClaudeAdapter(config, {
+        workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
+        getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
+        getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
+      adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
+      setInterval(noop, 1000);
+    `], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const log = await new Promise((resolve, reject) => {
+      engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString()).log));
+      engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
+    });
+    const work = join(root, '.worktrees', 'wi-7', 'unsaved.txt');
+    for (let i = 0; i < 400 && !existsSync(work); i++) await new Promise((r) => setTimeout(r, 25));
+    expect(existsSync(work)).toBe(true);
+    engine.kill('SIGKILL');
+    await new Promise((r) => engine.on('exit', r));
+
+    addon.createClaudeAdapter(h.config, h.deps);
+    const swept = await logEntry(h.logger, SWEPT);
+    expect(existsSync(join(root, '.worktrees', 'wi-7'))).toBe(false);
+    expect(swept.data.patches).toEqual([log.replace(/\.log$/, '.patch')]);
+    const patch = readFileSync(swept.data.patches[0], 'utf8');
+    expect(patch).toContain('+++ b/unsaved.txt');
+    // the saved work applies on the base commit
+    git(root, 'apply', '--check', '--index', swept.data.patches[0]);
+    expect(readFileSync(join(root, '.worktrees', 'theirs', 'draft.md'), 'utf8')).toBe("a person's draft\n");
+    expect(git(root, 'branch', '--format=%(refname:short)').trim().split('\n')).toEqual(['main', 'theirs']);
+  });
+});
+
+describe('the patch is the agent\'s work, not the setup\'s', () => {
+  // A setup step that writes an install marker and touches a tracked file (as a lockfile update does).
+  const setupCmd = ['sh', '-c', 'echo installed > install-state.txt && echo "# touched by setup" >> README.md'];
+  const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
+
+  it('what the setup command wrote or changed is not in the patch; the agent\'s change is, and it applies on the base commit', async () => {
+    h = await setup({
+      script: scenario.steps([bash('echo feature > feature.txt'), structured({ role: 'implementor', outcome: 'completed', summary: 'feature' })]),
+      state,
+      bodies: { 7: 'x' },
+      config: { worktreeSetupCommand: setupCmd },
+    });
+    const handle = await h.adapter().startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' });
+    const result = await handle.result;
+    expect(result.patch).toContain('+++ b/feature.txt');
+    expect(result.patch).not.toContain('install-state.txt');
+    expect(result.patch).not.toContain('README.md');
+    writeFileSync(join(h.scratch, 'p.patch'), result.patch);
+    git(h.repo.root, 'apply', '--check', '--index', join(h.scratch, 'p.patch'));
+  });
+
+  it('an agent that changed nothing after the setup and says completed is ERR_EMPTY_PATCH', async () => {
+    h = await setup({
+      script: scenario.steps([structured({ role: 'implementor', outcome: 'completed', summary: 'nothing' })]),
+      state,
+      bodies: { 7: 'x' },
+      config: { worktreeSetupCommand: setupCmd },
+    });
+    const handle = await h.adapter().startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' });
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_EMPTY_PATCH');
+  });
+
+  it('a setup command past worktreeSetupTimeout is ERR_PROVISION naming the timeout; nothing is left', async () => {
+    h = await setup({ state, bodies: { 7: 'x' }, config: { worktreeSetupCommand: ['sh', '-c', 'echo x; sleep 30'], worktreeSetupTimeout: 0.5 } });
+    const err = await rejection(h.adapter().startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }));
+    expect(err.code).toBe('ERR_PROVISION');
+    expect(err.message).toContain('worktreeSetupTimeout');
+    expect(existsSync(join(h.repo.root, '.worktrees', 'wi-7'))).toBe(false);
+    expect(git(h.repo.root, 'branch', '--list', 'wi-7').trim()).toBe('');
   });
 });
