@@ -88,7 +88,7 @@ async function httpServer() {
 }
 
 describe('Implementor: writes only its worktree and its own branch', () => {
-  it('writes beside the repository and into the engine checkout fail; the worktree file and a commit on its branch round-trip in the patch', async () => {
+  it('writes beside the repository, into the engine checkout and into git hooks/config fail; the worktree file and a commit on its branch round-trip in the patch', async () => {
     await sandboxSetup();
     const root = h.repo.root;
     const beside = `${root}-beside.txt`;
@@ -98,13 +98,18 @@ describe('Implementor: writes only its worktree and its own branch', () => {
       `echo beside > ${beside}`,
       `echo engine >> ${join(root, 'README.md')}`,
       `touch ${join(root, 'planted.txt')}`,
+      // a hook or a config change in the shared git dir would run code in the engine's next git command
+      `printf '#!/bin/sh\ntouch ${beside}\n' > ${join(root, '.git/hooks/post-checkout')}`,
+      'git config core.hooksPath /tmp',
       'echo committed > committed.txt && git add committed.txt && git commit -q -m "agent commit" && git log -1 --format=%s',
       'echo inside > inside.txt && cat inside.txt',
     ]);
-    for (const i of [0, 1, 2]) expect(out[i], `command ${i}`).toMatch(/Read-only file system|Permission denied/);
-    expect(results[0].is_error && results[1].is_error && results[2].is_error).toBe(true);
-    expect(out[3]).toBe('agent commit');
-    expect(out[4]).toBe('inside');
+    for (const i of [0, 1, 2, 3, 4]) expect(results[i].is_error, `command ${i}: ${out[i]}`).toBe(true);
+    for (const i of [0, 1, 2, 3]) expect(out[i], `command ${i}`).toMatch(/Read-only file system|Permission denied/);
+    expect(out[5]).toBe('agent commit');
+    expect(out[6]).toBe('inside');
+    expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
+    expect(readFileSync(join(root, '.git/config'), 'utf8')).not.toContain('hooksPath');
     expect(existsSync(beside)).toBe(false);
     expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
     expect(existsSync(join(root, 'planted.txt'))).toBe(false);
@@ -143,6 +148,22 @@ describe('Implementor: writes only its worktree and its own branch', () => {
     }
     expect(out.slice(1).join('\n')).toMatch(/Read-only file system|Permission denied|unable to/);
     expect(originState()).toEqual(before);
+  });
+
+  it("the worktree's git pointers (.git file, admin commondir) cannot be redirected, so the adapter's own git after the session runs none of the agent's config", async () => {
+    await sandboxSetup();
+    const pwned = join(h.scratch, 'pwned');
+    const { result, out } = await run('implementor', [
+      // a git dir of the agent's making whose fsmonitor would run outside the sandbox when the adapter stages the patch
+      `git init -q --bare evil && git config -f evil/config core.fsmonitor "touch ${pwned}; false" && echo made`,
+      '(printf "gitdir: %s\\n" "$PWD/evil" > .git) 2>&1; rm -f .git 2>&1; mv .git moved 2>&1; cat .git',
+      'A=$(git rev-parse --git-dir); (echo "$PWD/evil" > "$A/commondir") 2>&1; cat "$A/commondir"',
+    ]);
+    expect(out[0]).toBe('made');
+    expect(out[1]).toMatch(/Read-only file system[\s\S]*Device or resource busy[\s\S]*gitdir: .*\.git\/worktrees\/wi-1$/);
+    expect(out[2]).toMatch(/Read-only file system\n\.\.\/\.\.$/);
+    expect(result.patch).toContain('+++ b/evil/config');
+    expect(existsSync(pwned)).toBe(false);
   });
 
   it("branches the agent makes in its worktree are removed at cleanup; the patch carries their work", async () => {
