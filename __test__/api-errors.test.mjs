@@ -318,3 +318,17 @@ describe('the logger', () => {
     expect(h.logger.entries.find((e) => e.message === 'starting agent session')?.data).toEqual({ sessionID: handle.sessionID, role: 'planner' });
   });
 });
+
+describe('the OS sandbox', () => {
+  it('bubblewrap missing from the PATH the CLI gets is ERR_SANDBOX_UNAVAILABLE naming it and the install command', async () => {
+    h = await setup({ script: plannerOk });
+    const bin = join(h.scratch, 'bin');
+    mkdirSync(bin);
+    for (const tool of ['git', 'socat']) symlinkSync(execFileSync('sh', ['-c', `command -v ${tool}`]).toString().trim(), join(bin, tool));
+    const adapter = addon.createClaudeAdapter({ ...h.config, env: { ...h.config.env, PATH: bin } }, h.deps);
+    const err = await rejection(adapter.startAgent({ role: 'planner', specPaths: [] }));
+    expect(err.code).toBe('ERR_SANDBOX_UNAVAILABLE');
+    expect(err.message).toContain('bubblewrap (bwrap)');
+    expect(err.message).toContain('apt-get install -y bubblewrap socat');
+  });
+});

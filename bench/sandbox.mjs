@@ -1,23 +1,25 @@
-// Benchmark: what Claude Code's OS sandbox costs a session, with and without it, same run.
+// Benchmark: what the OS sandbox costs a session, through the addon (createClaudeAdapter /
+// startAgent, real Claude Code CLI, real bubblewrap, fake Messages API), with and without it in
+// the same run.
 //
 //   node bench/sandbox.mjs [--n=5] [--commands=1000] [--per-turn=10]
 //
-//   1. start → result   a session whose model runs one `true` and answers (median over n; one
-//                       warm-up each), sandboxed vs not
-//   2. commands         <commands> trivial Bash commands (`true`) in one session, <per-turn> tool
-//                       calls per model turn, total wall time and per command, sandboxed vs not
-// The sandboxed runs get the settings the adapter gives an agent session (sandbox on, no
-// unsandboxed fallback, network through a local proxy on httpProxyPort/socksProxyPort, the
-// model key withheld from commands). The CLI is driven directly over stream-json (same
-// protocol as the adapter) against the fake Messages API, so the figures isolate the sandbox.
-import { createServer } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+//   1. start → result   an Implementor session whose model runs one Bash command (a file write in
+//                       its worktree) and answers; and a Planner session that runs one `true`.
+//                       Median and p95 over n, interleaved (off, on, off, on, …) after one
+//                       warm-up of each, so machine noise hits both alike. start → handle
+//                       (startAgent resolved: sandbox check, worktree, proxy, CLI up) as well.
+//   2. commands         <commands> trivial Bash commands (`true`) in one Implementor session,
+//                       <per-turn> tool calls per model turn: total and per command.
+// Both modes use the native Bash validator hook (createBashValidatorHook), as an engine would.
+// Sandbox on = the default config (`sandbox` absent); off = `sandbox: false`. Which build of the
+// addon is measured is printed (debug unless `npm run bench` / ensure-built --release ran).
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
-import { bash, reply, structured, assistantTurns, startFakeApi } from '../__test__/support/fake-api.mjs';
-import { claudeBinaryPath, claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
-import { spawnCli, cliArgs } from '../__test__/support/cli-session.mjs';
-import { fmtMs, machine, median, printTable, ratio, saveResults } from './support/common.mjs';
+import { assistantTurns, bash, reply, structured } from '../__test__/support/fake-api.mjs';
+import { claudePackageVersion } from '../__test__/support/cli-env.mjs';
+import { addon, engineState, setup } from '../__test__/support/harness.mjs';
+import { fmtMs, machine, printTable, quietLogger, ratio, ROOT, saveResults, summary } from './support/common.mjs';
 
 const arg = (name, dflt) => {
   const a = process.argv.find((x) => x.startsWith(`--${name}=`));
@@ -26,93 +28,103 @@ const arg = (name, dflt) => {
 const N = arg('n', 5);
 const COMMANDS = arg('commands', 1000);
 const PER_TURN = arg('per-turn', 10);
-const SCHEMA = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'] };
 
-/** A proxy that refuses everything (the trivial commands never use the network). */
-async function refusingProxy() {
-  const srv = createServer((_, res) => res.writeHead(403).end());
-  srv.on('connect', (_, sock) => sock.end('HTTP/1.1 403 Forbidden\r\n\r\n'));
-  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-  return srv;
+const AGENTS = {
+  planner: { description: 'planner', tools: ['Bash', 'Read'], prompt: 'You are the planner.' },
+  implementor: { description: 'implementor', tools: ['Bash', 'Read', 'Write'], prompt: 'You are the implementor.' },
+};
+const DONE = {
+  implementor: structured({ role: 'implementor', outcome: 'completed', summary: 'done' }),
+  planner: structured({ role: 'planner', create: [], close: [], update: [] }),
+};
+
+/** One repository + fake API per mode; sessions run one after the other. */
+async function mode(sandbox) {
+  const h = await setup({
+    repo: { agents: AGENTS },
+    state: engineState({ workItems: [{ id: '1', title: 'Item', status: 'open', linkedRevision: null }] }),
+    bodies: { 1: 'Body' },
+    config: { ...(sandbox ? {} : { sandbox: false }), logger: quietLogger, bashValidatorHook: addon.createBashValidatorHook(), logging: { agentSessions: false, logsDir: '' } },
+  });
+  return { h, adapter: h.adapter(), name: sandbox ? 'sandbox' : 'none' };
 }
 
-const settingsFor = (port) =>
-  JSON.stringify({
-    sandbox: {
-      enabled: true,
-      failIfUnavailable: true,
-      allowUnsandboxedCommands: false,
-      network: { allowedDomains: [], httpProxyPort: port, socksProxyPort: port },
-      credentials: { envVars: [{ name: 'ANTHROPIC_API_KEY', mode: 'deny' }] },
-    },
-  });
-
-/** One session running `commands` `true`s, `perTurn` per model turn; ms start → result. */
-async function session(api, { sandbox, commands, perTurn }) {
-  const turns = Math.ceil(commands / perTurn);
-  api.setScript((body) => {
-    const t = assistantTurns(body);
-    if (t >= turns) return reply(structured({ ok: true }));
-    const k = Math.min(perTurn, commands - t * perTurn);
-    return reply(...Array.from({ length: k }, () => bash('true')));
-  });
-  const cwd = mkdtempSync(join(tmpdir(), 'bench-sandbox-'));
-  const env = offlineCliEnv({ apiUrl: api.url });
-  const extra = sandbox ? [`--settings=${sandbox}`] : [];
+/** One session; `script` answers the model's turns. Returns { handleMs, resultMs }. */
+async function session(m, role, script, branchName) {
+  m.h.api.setScript(script);
+  const params = role === 'implementor' ? { role, workItemID: '1', branchName } : { role, specPaths: [] };
   const t0 = performance.now();
-  const s = spawnCli({
-    bin: claudeBinaryPath(),
-    cwd,
-    env,
-    args: cliArgs({ agent: 'bench', jsonSchema: SCHEMA, maxTurns: turns + 5, extra }),
-    onControl: async (req) => (req.subtype === 'hook_callback' ? { continue: true } : {}),
-  });
+  const handle = await m.adapter.startAgent(params);
+  const handleMs = performance.now() - t0;
+  const result = await handle.result;
+  const resultMs = performance.now() - t0;
+  if (role === 'implementor' && result.outcome !== 'completed') throw new Error(`session failed: ${JSON.stringify(result).slice(0, 300)}`);
+  return { handleMs, resultMs };
+}
+
+const oneCommand = (role, i) => {
+  const cmd = role === 'implementor' ? bash(`echo ${i} > f.txt`) : bash('true');
+  return (body) => (assistantTurns(body) === 0 ? reply(cmd) : reply(DONE[role]));
+};
+
+/** `commands` `true`s, `perTurn` per model turn, then a file write so that the patch is not empty. */
+function bulkScript(commands, perTurn) {
+  const turns = Math.ceil(commands / perTurn);
+  return (body) => {
+    const t = assistantTurns(body);
+    if (t < turns) return reply(...Array.from({ length: Math.min(perTurn, commands - t * perTurn) }, () => bash('true')));
+    if (t === turns) return reply(bash('echo done > done.txt'));
+    return reply(DONE.implementor);
+  };
+}
+
+function build() {
+  const node = join(ROOT, 'claude-runtime-adapter.linux-x64-gnu.node');
+  const rel = join(ROOT, 'target', 'release', 'libclaude_runtime_adapter.so');
   try {
-    await s.initialize({
-      hooks: { PreToolUse: [{ matcher: 'Bash', hookCallbackIds: ['hook_0'] }] },
-      jsonSchema: SCHEMA,
-      systemPrompt: [''],
-      agents: { bench: { description: 'bench', prompt: 'bench', tools: ['Bash', 'StructuredOutput'] } },
-    });
-    s.sendUser('go');
-    const r = await s.result({ timeoutMs: 1_800_000 });
-    if (r.structured_output?.ok !== true) throw new Error(`session failed: ${JSON.stringify(r).slice(0, 500)}`);
-    return performance.now() - t0;
-  } finally {
-    await s.close();
-    rmSync(cwd, { recursive: true, force: true });
+    return statSync(rel).size === statSync(node).size ? 'release' : 'debug';
+  } catch {
+    return 'debug';
   }
 }
 
-const api = await startFakeApi({ keepBodies: false });
-const proxy = await refusingProxy();
-const sandbox = settingsFor(proxy.address().port);
-const results = { machine: machine(), cli: claudePackageVersion(), n: N, commands: COMMANDS, perTurn: PER_TURN };
+const modes = { none: await mode(false), sandbox: await mode(true) };
+const results = { machine: machine(), cli: claudePackageVersion(), build: build(), n: N, commands: COMMANDS, perTurn: PER_TURN, latency: {}, bulk: {} };
+let seq = 0;
 try {
-  const latency = { off: [], on: [] };
-  for (const s of [null, sandbox]) await session(api, { sandbox: s, commands: 1, perTurn: 1 }); // warm-up
-  // Interleaved so that machine noise hits both modes alike.
-  for (let i = 0; i < N; i++) {
-    latency.off.push(await session(api, { sandbox: null, commands: 1, perTurn: 1 }));
-    latency.on.push(await session(api, { sandbox, commands: 1, perTurn: 1 }));
+  for (const role of ['implementor', 'planner']) {
+    const lat = { none: [], sandbox: [] };
+    for (const m of Object.values(modes)) await session(m, role, oneCommand(role, seq), `bench-${seq++}`); // warm-up
+    for (let i = 0; i < N; i++) {
+      for (const m of Object.values(modes)) lat[m.name].push(await session(m, role, oneCommand(role, seq), `bench-${seq++}`));
+      process.stderr.write(`  … ${role} ${i + 1}/${N}\n`);
+    }
+    results.latency[role] = lat;
   }
-  const bulk = {
-    off: await session(api, { sandbox: null, commands: COMMANDS, perTurn: PER_TURN }),
-    on: await session(api, { sandbox, commands: COMMANDS, perTurn: PER_TURN }),
-  };
-  Object.assign(results, { latency, bulk });
-  const lo = median(latency.off);
-  const ln = median(latency.on);
-  printTable(
-    ['measure', 'no sandbox', 'sandbox', 'ratio (sandbox / none)'],
-    [
-      [`start → result, one Bash command (median of ${N})`, fmtMs(lo), fmtMs(ln), ratio(ln, lo)],
-      [`${COMMANDS} trivial Bash commands, one session (total)`, fmtMs(bulk.off), fmtMs(bulk.on), ratio(bulk.on, bulk.off)],
-      ['  per command', fmtMs(bulk.off / COMMANDS), fmtMs(bulk.on / COMMANDS), ratio(bulk.on, bulk.off)],
-    ],
-  );
-  saveResults('sandbox', results);
+  for (const m of Object.values(modes)) {
+    process.stderr.write(`  … ${COMMANDS} commands, ${m.name}\n`);
+    results.bulk[m.name] = (await session(m, 'implementor', bulkScript(COMMANDS, PER_TURN), `bench-bulk-${m.name}`)).resultMs;
+  }
 } finally {
-  proxy.close();
-  await api.close();
+  for (const m of Object.values(modes)) await m.h.cleanup();
 }
+
+const rows = [];
+for (const [role, lat] of Object.entries(results.latency)) {
+  for (const [key, label] of [
+    ['resultMs', 'start → result'],
+    ['handleMs', 'start → handle'],
+  ]) {
+    const off = summary(lat.none.map((x) => x[key]));
+    const on = summary(lat.sandbox.map((x) => x[key]));
+    results.latency[`${role}.${key}`] = { none: off, sandbox: on };
+    rows.push([`${role}: ${label}, median (n=${N})`, fmtMs(off.median), fmtMs(on.median), ratio(on.median, off.median)]);
+    rows.push([`${role}: ${label}, p95`, fmtMs(off.p95), fmtMs(on.p95), ratio(on.p95, off.p95)]);
+  }
+}
+const { none, sandbox } = results.bulk;
+rows.push([`${COMMANDS} trivial Bash commands, one session (total)`, fmtMs(none), fmtMs(sandbox), ratio(sandbox, none)]);
+rows.push(['  per command', fmtMs(none / COMMANDS), fmtMs(sandbox / COMMANDS), ratio(sandbox, none)]);
+console.log(`addon build: ${results.build}; CLI ${results.cli}; ${PER_TURN} Bash calls per model turn`);
+printTable(['measure (through the addon)', 'sandbox: false', 'sandbox (default)', 'ratio (sandbox / none)'], rows);
+saveResults('sandbox', results);

@@ -21,6 +21,9 @@ const IN_GIT_DIR: &[&str] = &[
     "objects/info/alternates",
     "objects/info/commit-graphs/.claude-sandbox-noreplace",
     "objects/info/commit-graphs",
+    // Made by a Planner's or Reviewer's sandbox in a repository with no linked worktree; git
+    // itself removes it with the last worktree, so an empty one is never the engine's.
+    "worktrees",
 ];
 const IN_ADMIN_DIR: &[&str] = &["config.worktree", "glab-cli"];
 
@@ -155,7 +158,9 @@ mod tests {
         std::fs::write(cwd.join(".claude/mine.json"), "{}").unwrap();
         std::fs::write(cwd.join(".git/objects/info/alternates"), "").unwrap();
         std::fs::write(cwd.join(".git/config.worktree"), "[x]\n").unwrap();
+        std::fs::create_dir_all(cwd.join(".git/worktrees")).unwrap();
         let removed = rec.remove();
+        assert!(removed.contains(&cwd.join(".git/worktrees")));
         assert!(removed.contains(&cwd.join(".claude/.cc-writes")));
         assert!(removed.contains(&cwd.join(".git/objects/info/alternates")));
         assert!(

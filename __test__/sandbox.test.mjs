@@ -1,0 +1,356 @@
+// The mutation boundary, enforced by the operating system (issue 9), tried through the addon:
+// real CLI, real bubblewrap, and every boundary attempted by the agent's own Bash (scripted
+// through the fake Messages API; what each command printed is read back from the tool results
+// the CLI sends the model). The test's validator hook approves everything, so only the OS
+// sandbox stands between the agent and the engine.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { bash, scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
+import { engineState, logEntry, rejection, setup } from './support/harness.mjs';
+
+const git = (cwd, ...args) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString();
+
+let h;
+const after = [];
+afterEach(async () => {
+  for (const f of after.splice(0)) await f();
+  await h?.cleanup();
+  h = undefined;
+});
+
+// Agent definitions that give every role Bash: the boundary must hold for the Planner and the
+// Reviewer even when their definition lets them run commands.
+const BASH_AGENTS = Object.fromEntries(
+  ['planner', 'implementor', 'reviewer'].map((name) => [name, { description: name, tools: ['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep'], prompt: `You are the ${name}.` }]),
+);
+const STATE = engineState({
+  workItems: [
+    { id: '1', title: 'Item', status: 'open', linkedRevision: null },
+    { id: '7', title: 'Reviewed', status: 'in-review', linkedRevision: 'r1' },
+  ],
+  revisions: [{ id: 'r1', title: 'PR 1', pipeline: null }],
+});
+const ROLES = {
+  implementor: { params: (branchName = 'wi-1') => ({ role: 'implementor', workItemID: '1', branchName }), done: structured({ role: 'implementor', outcome: 'completed', summary: 'done' }) },
+  planner: { params: () => ({ role: 'planner', specPaths: [] }), done: structured({ role: 'planner', create: [], close: [], update: [] }) },
+  reviewer: { params: () => ({ role: 'reviewer', workItemID: '7', revisionID: 'r1' }), done: structured({ role: 'reviewer', review: { verdict: 'approve', summary: 'ok', comments: [] } }) },
+};
+
+/** The model asks for the sandbox to be lifted on every command: the settings must refuse. */
+const unsandboxed = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
+
+async function sandboxSetup({ config = {}, repo = {} } = {}) {
+  h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: STATE, bodies: { 1: 'Body', 7: 'Body' }, config });
+  return h;
+}
+
+/**
+ * One session of `role` whose model runs each of `commands` with Bash, one per turn, then
+ * answers. Resolves with the result and, per command, `{ is_error, text }` as the model saw it.
+ */
+async function run(role, commands, { adapter = h.adapter(), branchName } = {}) {
+  h.api.setScript(scenario.steps([...commands.map((c) => (typeof c === 'string' ? unsandboxed(c) : c)), ROLES[role].done]));
+  const handle = await adapter.startAgent(ROLES[role].params(branchName));
+  const result = await handle.result;
+  const results = toolResults(h.api.mainBodies().at(-1));
+  expect(results).toHaveLength(commands.length);
+  return { handle, result, results, out: results.map((r) => r.text) };
+}
+
+const branches = (root) => git(root, 'branch', '--format=%(refname:short)').trim().split('\n');
+const worktrees = (root) => git(root, 'worktree', 'list', '--porcelain').split('\n').filter((l) => l.startsWith('worktree ')).length - 1;
+
+/** Applies `patch` with `git apply --index` on a clone of `root` at `base`; returns the clone. */
+function applyOnBase(root, base, patch) {
+  const clone = mkdtempSync(join(tmpdir(), 'cra-apply-'));
+  after.push(() => rmSync(clone, { recursive: true, force: true }));
+  git(tmpdir(), 'clone', '-q', root, clone);
+  git(clone, 'checkout', '-q', base);
+  execFileSync('git', ['apply', '--index', '-'], { cwd: clone, input: patch });
+  return clone;
+}
+
+/** A local HTTP server recording each request's URL (and each TCP connection). */
+async function httpServer() {
+  const seen = { connections: 0, urls: [] };
+  const srv = createServer((req, res) => {
+    seen.urls.push(req.url);
+    res.end('hello\n');
+  });
+  srv.on('connection', () => (seen.connections += 1));
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  after.push(() => new Promise((r) => srv.close(r)));
+  return { port: srv.address().port, seen };
+}
+
+describe('Implementor: writes only its worktree and its own branch', () => {
+  it('writes beside the repository, into the engine checkout and into git hooks/config fail; the worktree file and a commit on its branch round-trip in the patch', async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const beside = `${root}-beside.txt`;
+    after.push(() => rmSync(beside, { force: true }));
+    const base = git(root, 'rev-parse', 'main').trim();
+    const { result, results, out } = await run('implementor', [
+      `echo beside > ${beside}`,
+      `echo engine >> ${join(root, 'README.md')}`,
+      `touch ${join(root, 'planted.txt')}`,
+      // a hook or a config change in the shared git dir would run code in the engine's next git command
+      `printf '#!/bin/sh\ntouch ${beside}\n' > ${join(root, '.git/hooks/post-checkout')}`,
+      'git config core.hooksPath /tmp',
+      'echo committed > committed.txt && git add committed.txt && git commit -q -m "agent commit" && git log -1 --format=%s',
+      'echo inside > inside.txt && cat inside.txt',
+    ]);
+    for (const i of [0, 1, 2, 3, 4]) expect(results[i].is_error, `command ${i}: ${out[i]}`).toBe(true);
+    for (const i of [0, 1, 2, 3]) expect(out[i], `command ${i}`).toMatch(/Read-only file system|Permission denied/);
+    expect(out[5]).toBe('agent commit');
+    expect(out[6]).toBe('inside');
+    expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
+    expect(readFileSync(join(root, '.git/config'), 'utf8')).not.toContain('hooksPath');
+    expect(existsSync(beside)).toBe(false);
+    expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
+    expect(existsSync(join(root, 'planted.txt'))).toBe(false);
+    expect(git(root, 'rev-parse', 'main').trim()).toBe(base);
+    expect(result.outcome).toBe('completed');
+    expect(result.patch).toContain('+++ b/inside.txt');
+    expect(result.patch).toContain('+++ b/committed.txt');
+    expect(result.patch).not.toContain('README.md');
+    const clone = applyOnBase(root, base, result.patch);
+    expect(readFileSync(join(clone, 'inside.txt'), 'utf8')).toBe('inside\n');
+    expect(readFileSync(join(clone, 'committed.txt'), 'utf8')).toBe('committed\n');
+    expect({ worktrees: worktrees(root), branches: branches(root) }).toEqual({ worktrees: 0, branches: ['main'] });
+  });
+
+  it('a push of a new branch and a forced push of main fail, to a local-path and a file:// origin; the origin is unchanged', async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const origin = join(h.scratch, 'origin.git');
+    git(h.scratch, 'init', '-q', '--bare', origin);
+    git(root, 'remote', 'add', 'origin', origin);
+    git(root, 'remote', 'add', 'fileorigin', `file://${origin}`);
+    git(root, 'push', '-q', 'origin', 'main');
+    const originState = () => ({ main: git(origin, 'rev-parse', 'main').trim(), refs: git(origin, 'for-each-ref', '--format=%(refname) %(objectname)') });
+    const before = originState();
+    const { out, results } = await run('implementor', [
+      'echo x > x.txt && git add x.txt && git commit -q -m x && echo committed',
+      'git push origin HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"',
+      'git push -f origin HEAD:main 2>&1; echo "rc=$?"',
+      'git push fileorigin HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"',
+      `git push -f file://${origin} HEAD:main 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toBe('committed');
+    for (const i of [1, 2, 3, 4]) {
+      expect(out[i], `push ${i}`).toMatch(/rc=(?!0\b)\d+$/);
+      expect(results[i].is_error).toBe(false); // the command ran; git itself failed
+    }
+    expect(out.slice(1).join('\n')).toMatch(/Read-only file system|Permission denied|unable to/);
+    expect(originState()).toEqual(before);
+  });
+
+  it("the worktree's git pointers (.git file, admin commondir) cannot be redirected, so the adapter's own git after the session runs none of the agent's config", async () => {
+    await sandboxSetup();
+    const pwned = join(h.scratch, 'pwned');
+    const { result, out } = await run('implementor', [
+      // a git dir of the agent's making whose fsmonitor would run outside the sandbox when the adapter stages the patch
+      `git init -q --bare evil && git config -f evil/config core.fsmonitor "touch ${pwned}; false" && echo made`,
+      '(printf "gitdir: %s\\n" "$PWD/evil" > .git) 2>&1; rm -f .git 2>&1; mv .git moved 2>&1; cat .git',
+      'A=$(git rev-parse --git-dir); (echo "$PWD/evil" > "$A/commondir") 2>&1; cat "$A/commondir"',
+    ]);
+    expect(out[0]).toBe('made');
+    expect(out[1]).toMatch(/Read-only file system[\s\S]*Device or resource busy[\s\S]*gitdir: .*\.git\/worktrees\/wi-1$/);
+    expect(out[2]).toMatch(/Read-only file system\n\.\.\/\.\.$/);
+    expect(result.patch).toContain('+++ b/evil/config');
+    expect(existsSync(pwned)).toBe(false);
+  });
+
+  it("branches the agent makes in its worktree are removed at cleanup; the patch carries their work", async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const base = git(root, 'rev-parse', 'main').trim();
+    const { result, out } = await run('implementor', [
+      'git checkout -q -b agent-x && echo b > b.txt && git add b.txt && git commit -q -m b && git branch agent-y && git branch --show-current',
+    ]);
+    expect(out[0]).toBe('agent-x');
+    expect(result.patch).toContain('+++ b/b.txt');
+    expect(readFileSync(join(applyOnBase(root, base, result.patch), 'b.txt'), 'utf8')).toBe('b\n');
+    expect(branches(root)).toEqual(['main']);
+    const removed = h.logger.entries.find((e) => e.message === 'removed branches the agent made');
+    expect(removed?.data.branches.sort()).toEqual(['agent-x', 'agent-y']);
+  });
+});
+
+describe('Planner and Reviewer write nothing in the repository', () => {
+  for (const role of ['planner', 'reviewer']) {
+    it(`${role}: a Bash write in its cwd, a branch and a commit all fail; temp dirs stay writable`, async () => {
+      await sandboxSetup();
+      const root = h.repo.root;
+      const main = git(root, 'rev-parse', 'main').trim();
+      const { out, results } = await run(role, [
+        'echo x >> README.md',
+        'touch planted.txt',
+        'git branch agent-p',
+        'git commit -q --allow-empty -m sneaky',
+        'touch .git/planted',
+        'echo ok > "$TMPDIR/scratch" && cat "$TMPDIR/scratch"',
+      ]);
+      for (const i of [0, 1, 2, 3, 4]) expect(results[i].is_error, `${out[i]}`).toBe(true);
+      expect(out[5]).toBe('ok');
+      expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
+      expect(existsSync(join(root, 'planted.txt')) || existsSync(join(root, '.git/planted'))).toBe(false);
+      expect(git(root, 'rev-parse', 'main').trim()).toBe(main);
+      expect(branches(root)).toEqual(['main']);
+      expect(git(root, 'status', '--porcelain')).toBe('');
+    });
+  }
+});
+
+describe('network: no host unless config.sandbox.allowedDomains names it', () => {
+  it('a local HTTP server sees no connection from git ls-remote, bash /dev/tcp or curl', async () => {
+    await sandboxSetup();
+    const { port, seen } = await httpServer();
+    const { out } = await run('reviewer', [
+      `git ls-remote http://127.0.0.1:${port}/x 2>&1; echo "rc=$?"`,
+      `(exec 3<>/dev/tcp/127.0.0.1/${port} && echo connected) 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 http://127.0.0.1:${port}/default 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/via-proxy 2>&1; echo "rc=$?"`,
+      `NO_PROXY= no_proxy= git ls-remote http://127.0.0.1:${port}/x 2>&1; echo "rc=$?"`,
+    ]);
+    expect(seen).toEqual({ connections: 0, urls: [] });
+    for (const o of out.slice(0, 3)) expect(o).toMatch(/rc=(?!0\b)\d+$/);
+    expect(out[3]).toContain('host not in sandbox.allowedDomains');
+    // the engine hears of each attempt that reached the egress proxy
+    const blocked = h.logger.entries.filter((e) => e.message === 'network access blocked by the sandbox');
+    expect(blocked.some((e) => e.data.host === '127.0.0.1' && e.data.port === port && e.data.role === 'reviewer')).toBe(true);
+  });
+
+  it('with 127.0.0.1 in allowedDomains the server is reached through the proxy (NO_PROXY bypassed); a direct /dev/tcp still is not', async () => {
+    await sandboxSetup({ config: { sandbox: { allowedDomains: ['127.0.0.1'] } } });
+    const { port, seen } = await httpServer();
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 http://127.0.0.1:${port}/direct 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/curl 2>&1; echo "rc=$?"`,
+      `NO_PROXY= no_proxy= git ls-remote http://127.0.0.1:${port}/repo 2>&1; echo "rc=$?"`,
+      `(exec 3<>/dev/tcp/127.0.0.1/${port} && echo connected) 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://localhost:${port}/not-allowed 2>&1; echo "rc=$?"`,
+    ]);
+    // NO_PROXY, set by the CLI's sandbox, sends loopback direct, into the sandbox's own
+    // network namespace, where nothing listens.
+    expect(out[0]).toMatch(/rc=(?!0\b)\d+$/);
+    expect(out[1]).toBe('hello\nrc=0');
+    expect(seen.urls.some((u) => u.endsWith('/curl'))).toBe(true);
+    expect(seen.urls.some((u) => u.includes('/repo/info/refs'))).toBe(true);
+    expect(out[3]).toMatch(/rc=(?!0\b)\d+$/);
+    expect(out[4]).toContain('host not in sandbox.allowedDomains');
+    expect(seen.urls.some((u) => u.includes('not-allowed') || u.includes('direct'))).toBe(false);
+  });
+});
+
+describe('credentials stay out of agent commands', () => {
+  it('env run by the agent shows neither a token in the engine environment, one passed in config.env, nor the model API key; the session works', async () => {
+    await sandboxSetup();
+    const planted = 'ghp_planted_in_the_engine_environment';
+    const previous = process.env.GITHUB_TOKEN;
+    process.env.GITHUB_TOKEN = planted;
+    after.push(() => (previous === undefined ? delete process.env.GITHUB_TOKEN : (process.env.GITHUB_TOKEN = previous)));
+    h.config.env.NPM_TOKEN = 'npm_passed_through_config_env';
+    const apiKey = h.config.env.ANTHROPIC_API_KEY;
+    const { result, out } = await run('implementor', ['env', 'env | grep -E "TOKEN|API_KEY" | cut -d= -f1; echo done > done.txt']);
+    expect(out[0]).toContain('PATH=');
+    for (const secret of [planted, 'npm_passed_through_config_env', apiKey]) expect(out[0]).not.toContain(secret);
+    // Not even as names (the CLI's own per-command CLAUDE_CODE_MESSAGING_TOKEN is no secret of the engine's).
+    const names = out[1].split('\n').filter(Boolean);
+    for (const name of ['GITHUB_TOKEN', 'NPM_TOKEN', 'ANTHROPIC_API_KEY']) expect(names).not.toContain(name);
+    expect(result.outcome).toBe('completed');
+    // the CLI itself still had the key for the model API
+    expect(h.api.mainRequests().every((r) => r.headers['x-api-key'] === apiKey)).toBe(true);
+  });
+});
+
+describe('fail closed / knowingly off', () => {
+  /** A bin dir with git, node, sh and socat but no bwrap: the PATH the CLI would get. */
+  function pathWithout(missing) {
+    const bin = join(h.scratch, 'bin');
+    mkdirSync(bin, { recursive: true });
+    for (const tool of ['git', 'node', 'sh', 'bash', 'bwrap', 'socat'].filter((t) => !missing.includes(t))) {
+      symlinkSync(execFileSync('sh', ['-c', `command -v ${tool}`]).toString().trim(), join(bin, tool));
+    }
+    return bin;
+  }
+
+  it('bubblewrap absent from PATH: ERR_SANDBOX_UNAVAILABLE naming it and the install line; nothing is created', async () => {
+    await sandboxSetup();
+    h.config.env.PATH = pathWithout(['bwrap']);
+    const logsDir = h.config.logging.logsDir;
+    const err = await rejection(h.adapter().startAgent(ROLES.implementor.params('wi-nosandbox')));
+    expect(err.code).toBe('ERR_SANDBOX_UNAVAILABLE');
+    expect(err.message).toMatch(/^\[ERR_SANDBOX_UNAVAILABLE\] /);
+    expect(err.message).toContain('bubblewrap (bwrap)');
+    expect(err.message).not.toContain('socat on PATH');
+    expect(err.message).toContain('apt-get install -y bubblewrap socat');
+    expect({ worktrees: worktrees(h.repo.root), branches: branches(h.repo.root) }).toEqual({ worktrees: 0, branches: ['main'] });
+    expect(existsSync(join(h.repo.root, '.worktrees', 'wi-nosandbox'))).toBe(false);
+    expect(existsSync(logsDir) ? readdirSync(logsDir) : []).toEqual([]);
+    expect(h.api.requests).toEqual([]);
+  });
+
+  it('socat absent from PATH: ERR_SANDBOX_UNAVAILABLE naming socat', async () => {
+    await sandboxSetup();
+    h.config.env.PATH = pathWithout(['socat']);
+    const err = await rejection(h.adapter().startAgent(ROLES.planner.params()));
+    expect(err.code).toBe('ERR_SANDBOX_UNAVAILABLE');
+    expect(err.message).toContain('needs socat on PATH');
+    expect(h.api.requests).toEqual([]);
+  });
+
+  it('sandbox: false logs a warning at createClaudeAdapter and the session runs unconfined', async () => {
+    await sandboxSetup({ config: { sandbox: false } });
+    const beside = `${h.repo.root}-beside.txt`;
+    after.push(() => rmSync(beside, { force: true }));
+    const adapter = h.adapter();
+    // The logger is called from createClaudeAdapter; the JS call lands on a later tick.
+    const warning = await logEntry(h.logger, /config\.sandbox: false/, 2_000);
+    expect(warning.level).toBe('warn');
+    expect(warning.message).toContain('the OS sandbox is off');
+    expect(h.logger.entries.some((e) => e.message === 'starting agent session')).toBe(false);
+    const { result, out } = await run('implementor', [`echo beside > ${beside} && echo wrote && touch inside.txt`], { adapter });
+    expect(out[0]).toBe('wrote');
+    expect(readFileSync(beside, 'utf8')).toBe('beside\n');
+    expect(result.outcome).toBe('completed');
+  });
+});
+
+describe('the sandbox leaves nothing in the engine repository', () => {
+  /** Every path under .git except git's own object store and reflogs, and the ignored/untracked status. */
+  function snapshot(root) {
+    const list = [];
+    const walk = (dir) => {
+      for (const e of readdirSync(dir, { withFileTypes: true })) {
+        const p = join(dir, e.name);
+        const rel = relative(root, p);
+        if (/^\.git\/(objects|logs)\//.test(`${rel}/`) && rel !== '.git/objects' && rel !== '.git/logs') continue;
+        list.push(rel + (e.isDirectory() ? '/' : ''));
+        if (e.isDirectory()) walk(p);
+      }
+    };
+    walk(join(root, '.git'));
+    return { git: list.sort(), status: git(root, 'status', '--porcelain', '--ignored') };
+  }
+
+  it('after Implementor, Planner and Reviewer sessions the main checkout and .git are as before', async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const before = snapshot(root);
+    const adapter = h.adapter();
+    const impl = await run('implementor', ['echo a > a.txt && git add a.txt && git commit -q -m a && git checkout -q -b agent-z && echo ok'], { adapter });
+    expect(impl.out[0]).toBe('ok');
+    await run('planner', ['git status --porcelain; ls -a'], { adapter });
+    await run('reviewer', ['git log --oneline -1'], { adapter });
+    const afterAll = snapshot(root);
+    expect(afterAll.status).toBe(before.status);
+    expect(afterAll.git.filter((p) => !before.git.includes(p))).toEqual([]);
+    expect(branches(root)).toEqual(['main']);
+  });
+});
