@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
-import { engineState, logEntry, rejection, setup } from './support/harness.mjs';
+import { engineState, rejection, setup } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString();
 
@@ -166,20 +166,22 @@ describe('Implementor: writes only its worktree and its own branch', () => {
     expect(existsSync(pwned)).toBe(false);
   });
 
-  it("branches the agent makes in its worktree are removed at cleanup; the patch carries their work", async () => {
-    await sandboxSetup();
-    const root = h.repo.root;
-    const base = git(root, 'rev-parse', 'main').trim();
-    const { result, out } = await run('implementor', [
-      'git checkout -q -b agent-x && echo b > b.txt && git add b.txt && git commit -q -m b && git branch agent-y && git branch --show-current',
-    ]);
-    expect(out[0]).toBe('agent-x');
-    expect(result.patch).toContain('+++ b/b.txt');
-    expect(readFileSync(join(applyOnBase(root, base, result.patch), 'b.txt'), 'utf8')).toBe('b\n');
-    expect(branches(root)).toEqual(['main']);
-    const removed = h.logger.entries.find((e) => e.message === 'removed branches the agent made');
-    expect(removed?.data.branches.sort()).toEqual(['agent-x', 'agent-y']);
-  });
+  for (const [label, config] of [['', {}], [' (also with sandbox: false)', { sandbox: false }]]) {
+    it(`branches the agent makes in its worktree are removed at cleanup; the patch carries their work${label}`, async () => {
+      await sandboxSetup({ config });
+      const root = h.repo.root;
+      const base = git(root, 'rev-parse', 'main').trim();
+      const { result, out } = await run('implementor', [
+        'git checkout -q -b agent-x && echo b > b.txt && git add b.txt && git commit -q -m b && git branch agent-y && git branch --show-current',
+      ]);
+      expect(out[0]).toBe('agent-x');
+      expect(result.patch).toContain('+++ b/b.txt');
+      expect(readFileSync(join(applyOnBase(root, base, result.patch), 'b.txt'), 'utf8')).toBe('b\n');
+      expect(branches(root)).toEqual(['main']);
+      const removed = h.logger.entries.find((e) => e.message === 'removed branches the agent made');
+      expect(removed?.data.branches.sort()).toEqual(['agent-x', 'agent-y']);
+    });
+  }
 });
 
 describe('Planner and Reviewer write nothing in the repository', () => {
@@ -310,8 +312,8 @@ describe('fail closed / knowingly off', () => {
     const beside = `${h.repo.root}-beside.txt`;
     after.push(() => rmSync(beside, { force: true }));
     const adapter = h.adapter();
-    // The logger is called from createClaudeAdapter; the JS call lands on a later tick.
-    const warning = await logEntry(h.logger, /config\.sandbox: false/, 2_000);
+    // Logged before createClaudeAdapter returns.
+    const warning = h.logger.entries.find((e) => /config\.sandbox: false/.test(e.message));
     expect(warning.level).toBe('warn');
     expect(warning.message).toContain('the OS sandbox is off');
     expect(h.logger.entries.some((e) => e.message === 'starting agent session')).toBe(false);

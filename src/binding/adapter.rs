@@ -17,7 +17,7 @@ use super::validator::is_native_bash_validator_hook;
 use crate::adapter::Adapter;
 use crate::bash_validator::NativeBashHook;
 use crate::config::{parse_config, Problems, MAX_SECONDS};
-use crate::deps::{BashHook, LogLevel, Logger};
+use crate::deps::BashHook;
 use crate::domain::{StartOptions, StartParams};
 use crate::error::{AdapterError, Result as CoreResult};
 use crate::git::check_git_version;
@@ -101,12 +101,7 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     // Once per process: an older git would fail every Implementor start on some option.
     napi::bindgen_prelude::block_on(check_git_version()).map_err(|e| to_napi(env, &e))?;
     if cfg.sandbox.is_none() {
-        logger.log(
-            LogLevel::Warn,
-            "the OS sandbox is off (config.sandbox: false): agent commands can write anywhere \
-             the engine can and reach any host",
-            serde_json::json!({}),
-        );
+        warn_now(&config_obj, SANDBOX_OFF)?;
     }
     let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
     // Worktrees a dead engine process left behind are removed in the background; the repo's
@@ -114,6 +109,34 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     let sweeper = inner.clone();
     napi::bindgen_prelude::spawn(async move { sweeper.sweep_stale_worktrees().await });
     Ok(RuntimeAdapter { inner })
+}
+
+const SANDBOX_OFF: &str = "the OS sandbox is off (config.sandbox: false): agent commands can \
+    write anywhere the engine can and reach any host";
+
+/// Logs a warning through the engine's logger before `createClaudeAdapter` returns (the core's
+/// logger is asynchronous): `warn` when the logger has it, else `info`. A throwing logger is
+/// ignored, as everywhere.
+fn warn_now(config: &Object, message: &str) -> Result<()> {
+    let Some(logger) = object_property(config, "logger")? else {
+        return Ok(());
+    };
+    for level in ["warn", "info"] {
+        if let Ok(f) =
+            logger.get_named_property::<Function<FnArgs<(String, Object)>, Unknown>>(level)
+        {
+            let env = config.env();
+            let data = Object::new(&Env::from_raw(env))?;
+            if f.apply(logger, (message.to_string(), data).into()).is_err() {
+                // The logger threw: drop its exception so it does not surface as ours.
+                let mut thrown = std::ptr::null_mut();
+                // SAFETY: the live env of this call; clearing a pending exception is always allowed.
+                unsafe { napi::sys::napi_get_and_clear_last_exception(env, &mut thrown) };
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// The hook `createBashValidatorHook()` makes runs natively: no round trip through JS for

@@ -188,7 +188,12 @@ impl Session {
         let provisioned = RepoGit::for_repo(&cfg.repo_root)
             .provision(&request, self.stop.token())
             .await;
-        self.worktree = Some(provisioned.map_err(|e| self.or_stopped(e))?);
+        let worktree = provisioned.map_err(|e| self.or_stopped(e))?;
+        // The branches before the agent runs: the ones it makes are removed at cleanup
+        // (with or without the sandbox).
+        let git = WorktreeGit::discover(&worktree.path, branch_name);
+        self.worktree = Some(worktree);
+        self.agent_branches = Some((BranchSnapshot::take(&cfg.repo_root).await?, git?));
         Ok(())
     }
 
@@ -254,21 +259,11 @@ impl Session {
         let Some(cfg) = &adapter.config().sandbox else {
             return Ok(None);
         };
-        let git = match (&self.worktree, &self.params) {
-            (Some(w), StartParams::Implementor { branch_name, .. }) => {
-                Some(WorktreeGit::discover(&w.path, branch_name)?)
-            }
-            _ => None,
-        };
         let scope = SessionScope {
             cwd: cwd.to_path_buf(),
-            git: git.clone(),
+            git: self.agent_branches.as_ref().map(|(_, g)| g.clone()),
         };
         let sandbox = SessionSandbox::start(cfg, &scope, env, Some(self.egress_sink())).await?;
-        if let Some(g) = git {
-            let before = BranchSnapshot::take(&adapter.config().repo_root).await?;
-            self.agent_branches = Some((before, g));
-        }
         self.sandbox_use = Some(SandboxUse::begin(&scope));
         if let Some(t) = &self.transcript {
             t.note("sandbox", &sandbox.settings().to_string());
