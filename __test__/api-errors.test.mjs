@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { scenario, structured } from './support/fake-api.mjs';
-import { addon, engineState, rejection, setup } from './support/harness.mjs';
+import { addon, engineState, rejection, setup, thrown } from './support/harness.mjs';
 
 let h;
 afterEach(async () => {
@@ -15,15 +15,6 @@ afterEach(async () => {
 });
 
 const plannerOk = scenario.steps([structured({ role: 'planner', create: [], close: [], update: [] })]);
-
-function thrown(fn) {
-  try {
-    fn();
-  } catch (err) {
-    return err;
-  }
-  throw new Error('expected a throw');
-}
 
 describe('createClaudeAdapter checks its config (ERR_INVALID_PARAMS naming the field)', () => {
   const cases = [

@@ -6,7 +6,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'n
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
-import { addon, collect, engineState, rejection, setup } from './support/harness.mjs';
+import { addon, collect, engineState, rejection, setup, thrown } from './support/harness.mjs';
 
 let h;
 afterEach(async () => {
@@ -16,15 +16,6 @@ afterEach(async () => {
 
 const plannerOk = scenario.steps([structured({ role: 'planner', create: [], close: [], update: [] })]);
 const implementorState = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
-
-function thrown(fn) {
-  try {
-    fn();
-  } catch (err) {
-    return err;
-  }
-  throw new Error('expected a throw');
-}
 
 /** Runs `body` (a script using `createClaudeAdapter`, `config`, `deps`) in a child Node; returns its exit and output. */
 function inChild(h, body, env = {}) {

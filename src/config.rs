@@ -166,6 +166,16 @@ impl Reader<'_> {
         out
     }
 
+    /// A positive duration in seconds (fractions allowed), `default` when absent.
+    fn seconds(&mut self, key: &str, default: f64) -> f64 {
+        self.number(key, Some(default), 0.001, MAX_SECONDS, false)
+    }
+
+    /// An integer in `[lo, hi]`, `default` when absent.
+    fn count(&mut self, key: &str, default: f64, lo: f64, hi: f64) -> f64 {
+        self.number(key, Some(default), lo, hi, true)
+    }
+
     /// A number in `[lo, hi]` (an integer when `integer`); `default` when absent. NaN,
     /// infinities, negatives and out-of-range values are problems naming the allowed range.
     fn number(&mut self, key: &str, default: Option<f64>, lo: f64, hi: f64, integer: bool) -> f64 {
@@ -231,40 +241,20 @@ pub fn parse_config(
     let max = r.number("maxAgentDuration", None, 0.0, MAX_SECONDS, false);
     let logs_dir = logging(obj.get("logging"), r.problems);
     let worktree_setup_command = setup_command(&mut r, setup_given);
-    let setup_timeout = r.number(
-        "worktreeSetupTimeout",
-        Some(DEFAULT_SETUP_TIMEOUT_S),
-        0.001,
-        MAX_SECONDS,
-        false,
-    );
-    let concurrency = r.number(
+    let setup_timeout = r.seconds("worktreeSetupTimeout", DEFAULT_SETUP_TIMEOUT_S);
+    let concurrency = r.count(
         "contextConcurrency",
-        Some(DEFAULT_CONTEXT_CONCURRENCY),
+        DEFAULT_CONTEXT_CONCURRENCY,
         1.0,
         MAX_CONCURRENCY,
-        true,
     );
-    let call_timeout = r.number(
-        "contextCallbackTimeout",
-        Some(DEFAULT_CALL_TIMEOUT_S),
-        0.001,
-        MAX_SECONDS,
-        false,
-    );
-    let hook_timeout = r.number(
-        "hookTimeout",
-        Some(DEFAULT_CALL_TIMEOUT_S),
-        0.001,
-        MAX_SECONDS,
-        false,
-    );
-    let retries = r.number(
+    let call_timeout = r.seconds("contextCallbackTimeout", DEFAULT_CALL_TIMEOUT_S);
+    let hook_timeout = r.seconds("hookTimeout", DEFAULT_CALL_TIMEOUT_S);
+    let retries = r.count(
         "outputRetries",
-        Some(DEFAULT_OUTPUT_RETRIES),
+        DEFAULT_OUTPUT_RETRIES,
         0.0,
         MAX_OUTPUT_RETRIES,
-        true,
     );
     let claude_executable = r.opt_string("claudeExecutable").map(PathBuf::from);
     let model = r.opt_string("model");

@@ -123,6 +123,16 @@ export async function collect(output) {
   return text;
 }
 
+/** The error a function throws (fails if it returns). */
+export function thrown(fn) {
+  try {
+    fn();
+  } catch (err) {
+    return err;
+  }
+  throw new Error('expected a throw');
+}
+
 /** The error a promise rejects with (fails if it resolves). */
 export async function rejection(promise) {
   try {

@@ -19,18 +19,57 @@ pub struct Observer {
     pub role: Role,
 }
 
+impl Observer {
+    /// A log entry's data: the session's id and role, and `extra`.
+    fn data(&self, extra: &[(&str, Value)]) -> Value {
+        let mut d = json!({ "sessionID": self.session_id, "role": self.role.as_str() });
+        for (k, v) in extra {
+            d[*k] = v.clone();
+        }
+        d
+    }
+
+    /// The validator's decision in the engine's log: failures (the command was blocked
+    /// because the hook failed) as errors, blocks as info, approvals as debug.
+    fn log_hook(
+        &self,
+        mut d: Value,
+        input: &Value,
+        decision: &HookDecision,
+        failure: Option<&str>,
+    ) {
+        d["command"] = input.get("command").cloned().unwrap_or(Value::Null);
+        match (decision, failure) {
+            (_, Some(f)) => {
+                d["error"] = json!(f);
+                self.logger.log(
+                    LogLevel::Error,
+                    "bash validator hook failed; command blocked",
+                    d,
+                );
+            }
+            (HookDecision::Block { reason }, None) => {
+                d["reason"] = json!(reason);
+                self.logger
+                    .log(LogLevel::Info, "bash command blocked by validator", d);
+            }
+            (HookDecision::Approve, None) => {
+                self.logger.log(LogLevel::Debug, "bash command approved", d)
+            }
+        }
+    }
+}
+
 impl SessionObserver for Observer {
     fn on_event(&self, event: SessionEvent<'_>) {
         let t = self.transcript.as_deref();
-        let ids = || json!({ "sessionID": self.session_id, "role": self.role.as_str() });
         match event {
             SessionEvent::Init(v) => {
                 if let Some(t) = t {
                     t.init(v);
                 }
-                let mut d = ids();
-                d["model"] = v.get("model").cloned().unwrap_or(Value::Null);
-                d["cwd"] = v.get("cwd").cloned().unwrap_or(Value::Null);
+                let field = |k: &str| v.get(k).cloned().unwrap_or(Value::Null);
+                let d = self.data(&[("model", field("model")), ("cwd", field("cwd"))]);
                 self.logger
                     .log(LogLevel::Debug, "agent session initialized", d);
             }
@@ -54,26 +93,7 @@ impl SessionObserver for Observer {
                 if let Some(t) = t {
                     t.hook(tool_name, input, decision, failure);
                 }
-                let mut d = ids();
-                d["command"] = input.get("command").cloned().unwrap_or(Value::Null);
-                match (decision, failure) {
-                    (_, Some(f)) => {
-                        d["error"] = json!(f);
-                        self.logger.log(
-                            LogLevel::Error,
-                            "bash validator hook failed; command blocked",
-                            d,
-                        );
-                    }
-                    (HookDecision::Block { reason }, None) => {
-                        d["reason"] = json!(reason);
-                        self.logger
-                            .log(LogLevel::Info, "bash command blocked by validator", d);
-                    }
-                    (HookDecision::Approve, None) => {
-                        self.logger.log(LogLevel::Debug, "bash command approved", d)
-                    }
-                }
+                self.log_hook(self.data(&[]), input, decision, failure);
             }
             SessionEvent::Result(r) => {
                 if let Some(t) = t {
@@ -84,13 +104,9 @@ impl SessionObserver for Observer {
                 if let Some(t) = t {
                     t.note("follow-up", text);
                 }
-                let mut d = ids();
-                d["prompt"] = json!(text);
-                self.logger.log(
-                    LogLevel::Info,
-                    "asking the agent to correct its structured output",
-                    d,
-                );
+                let d = self.data(&[("prompt", json!(text))]);
+                let m = "asking the agent to correct its structured output";
+                self.logger.log(LogLevel::Info, m, d);
             }
             SessionEvent::UnreadableLine { error, bytes } => {
                 if let Some(t) = t {
@@ -99,13 +115,9 @@ impl SessionObserver for Observer {
                         &format!("unreadable line from the CLI ({bytes} bytes): {error}"),
                     );
                 }
-                let mut d = ids();
-                d["error"] = json!(error);
-                self.logger.log(
-                    LogLevel::Warn,
-                    "unreadable line from the Claude Code CLI",
-                    d,
-                );
+                let d = self.data(&[("error", json!(error))]);
+                let m = "unreadable line from the Claude Code CLI";
+                self.logger.log(LogLevel::Warn, m, d);
             }
             SessionEvent::Stopping(reason) => {
                 if let Some(t) = t {
@@ -117,7 +129,7 @@ impl SessionObserver for Observer {
                 self.logger.log(
                     LogLevel::Info,
                     &format!("stopping agent session ({})", reason.as_str()),
-                    ids(),
+                    self.data(&[]),
                 );
             }
         }
