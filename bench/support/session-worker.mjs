@@ -53,6 +53,9 @@ function adapterFor(logging) {
     env,
     claudeExecutable: cli,
     worktreeSetupCommand: null,
+    // Like for like with the SDK's query(), which runs the CLI unsandboxed; what the sandbox
+    // costs is bench/sandbox.mjs's figure.
+    sandbox: false,
   };
   const deps = {
     workItemReader: { async getWorkItemBody() { return ''; } },
