@@ -14,7 +14,7 @@
 // Both modes use the native Bash validator hook (createBashValidatorHook), as an engine would.
 // Sandbox on = the default config (`sandbox` absent); off = `sandbox: false`. Which build of the
 // addon is measured is printed (debug unless `npm run bench` / ensure-built --release ran).
-import { statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { assistantTurns, bash, reply, structured } from '../__test__/support/fake-api.mjs';
 import { claudePackageVersion } from '../__test__/support/cli-env.mjs';
@@ -80,9 +80,11 @@ function bulkScript(commands, perTurn) {
 
 function build() {
   const node = join(ROOT, 'claude-runtime-adapter.linux-x64-gnu.node');
-  const rel = join(ROOT, 'target', 'release', 'libclaude_runtime_adapter.so');
+  // napi builds into target/<triple>/release when it passes --target, else target/release.
+  const candidates = [join(ROOT, 'target', 'release'), join(ROOT, 'target', 'x86_64-unknown-linux-gnu', 'release')];
   try {
-    return statSync(rel).size === statSync(node).size ? 'release' : 'debug';
+    const size = statSync(node).size;
+    return candidates.some((d) => existsSync(join(d, 'libclaude_runtime_adapter.so')) && statSync(join(d, 'libclaude_runtime_adapter.so')).size === size) ? 'release' : 'debug';
   } catch {
     return 'debug';
   }
