@@ -253,23 +253,26 @@ impl Session {
         })
     }
 
-    /// Where the CLI's own file tools (Write, Edit, …) may write: the same boundary the OS
-    /// sandbox draws for Bash, enforced by the session's file hook. The Implementor writes its
-    /// worktree (not its `.git` pointer); no role writes the rest of the repository, its git
-    /// dir, or the transcripts; every role may write the temp dir and `sandbox.allowWrite`.
-    /// It holds with `sandbox: false` too: it needs no OS support, and that switch is for
-    /// hosts without bubblewrap, not for letting agents write anywhere.
+    /// Where the CLI's own file tools (Write, Edit, …) may write: the boundary issue 9 draws,
+    /// enforced by the session's file hook. The Implementor writes its worktree (not its `.git`
+    /// pointer); the Planner and the Reviewer write the temp dir ("temp dirs are fine"); every
+    /// role may write `sandbox.allowWrite`, and none the rest of the repository, its git dir
+    /// or the transcripts. It holds with `sandbox: false` too: it needs no OS support, and that
+    /// switch is for hosts without bubblewrap, not for letting agents write anywhere.
     fn write_scope(&self, env: &[(String, String)]) -> WriteScope {
         let cfg = self.adapter.config();
-        let temp = env
-            .iter()
-            .rev()
-            .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
-            .map(|(_, v)| PathBuf::from(v))
-            .unwrap_or_else(std::env::temp_dir);
-        let mut scope = WriteScope::default().allow(&temp);
+        let mut scope = WriteScope::default();
         for extra in cfg.sandbox.iter().flat_map(|s| &s.allow_write) {
             scope = scope.allow(extra);
+        }
+        if self.worktree.is_none() {
+            let temp = env
+                .iter()
+                .rev()
+                .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
+                .map(|(_, v)| PathBuf::from(v))
+                .unwrap_or_else(std::env::temp_dir);
+            scope = scope.allow(&temp);
         }
         scope = scope.deny(&cfg.repo_root);
         if let Ok(repo) = git2::Repository::open(&cfg.repo_root) {
@@ -280,9 +283,6 @@ impl Session {
         }
         if let Some(w) = &self.worktree {
             scope = scope.allow(&w.path).deny(&w.path.join(".git"));
-        }
-        if let Some((_, git)) = &self.agent_branches {
-            scope = scope.deny(&git.common_dir);
         }
         scope
     }
