@@ -156,10 +156,41 @@ pub fn assistant_blocks(message: &Value) -> Vec<Block<'_>> {
 }
 
 pub const BASH_HOOK_ID: &str = "hook_0";
+/// The PreToolUse hook of the CLI's file-writing tools, answered by the adapter itself.
+pub const FILE_HOOK_ID: &str = "hook_1";
+/// The CLI's tools that write files from its own process (outside the OS sandbox), and the
+/// input field naming the file each writes (verified on the pinned 2.1.330).
+const FILE_TOOLS: &[(&str, &str)] = &[
+    ("Write", "file_path"),
+    ("Edit", "file_path"),
+    ("MultiEdit", "file_path"),
+    ("NotebookEdit", "notebook_path"),
+];
+/// Their matcher: the CLI reads a `|`-separated list of names as exact tool names.
+const FILE_TOOLS_MATCHER: &str = "Write|Edit|MultiEdit|NotebookEdit";
 
-/// The `initialize` control request: the Bash PreToolUse hook registered with
-/// `onFailure: "block"` (without it an error answer fails OPEN), the schema, a minimal base
-/// system prompt, and the inline agent definition.
+/// The file a file-writing tool call would write, or why it cannot be told (an unknown tool,
+/// a missing or non-string path): the caller blocks then.
+pub fn file_tool_target<'a>(
+    tool_name: &str,
+    tool_input: &'a Value,
+) -> std::result::Result<&'a str, String> {
+    let Some((_, field)) = FILE_TOOLS.iter().find(|(name, _)| *name == tool_name) else {
+        return Err(format!(
+            "{tool_name:?} is not a file tool the adapter knows"
+        ));
+    };
+    match tool_input.get(field) {
+        Some(Value::String(path)) => Ok(path),
+        Some(other) => Err(format!("its {field} is not a string: {other}")),
+        None => Err(format!("its input has no {field}")),
+    }
+}
+
+/// The `initialize` control request: the PreToolUse hooks (Bash → the engine's validator; the
+/// file-writing tools → the adapter's write scope), each registered with `onFailure: "block"`
+/// (without it an error answer fails OPEN), the schema, a minimal base system prompt, and the
+/// inline agent definition.
 pub fn initialize(request_id: &str, role: &str, agent: &Value, schema: &Value) -> Value {
     json!({
         "type": "control_request",
@@ -170,6 +201,10 @@ pub fn initialize(request_id: &str, role: &str, agent: &Value, schema: &Value) -
                 "PreToolUse": [{
                     "matcher": "Bash",
                     "hookCallbackIds": [BASH_HOOK_ID],
+                    "onFailure": "block",
+                }, {
+                    "matcher": FILE_TOOLS_MATCHER,
+                    "hookCallbackIds": [FILE_HOOK_ID],
                     "onFailure": "block",
                 }]
             },
@@ -266,6 +301,42 @@ mod tests {
     fn synthetic_api_error_messages_are_not_assistant_text() {
         let m = parse_line(br#"{"type":"assistant","is_api_error_message":true,"message":{"model":"<synthetic>","content":[{"type":"text","text":"API Error: 500"}]}}"#).unwrap();
         assert!(matches!(m, Inbound::Other(_)));
+    }
+
+    #[test]
+    fn file_tools_name_their_target_and_anything_odd_is_refused() {
+        let w = json!({"file_path": "/a/b.txt", "content": "x"});
+        assert_eq!(file_tool_target("Write", &w), Ok("/a/b.txt"));
+        assert_eq!(file_tool_target("Edit", &w), Ok("/a/b.txt"));
+        assert_eq!(file_tool_target("MultiEdit", &w), Ok("/a/b.txt"));
+        let nb = json!({"notebook_path": "/n.ipynb", "new_source": ""});
+        assert_eq!(file_tool_target("NotebookEdit", &nb), Ok("/n.ipynb"));
+        assert!(file_tool_target("NotebookEdit", &w).is_err());
+        assert!(file_tool_target("Write", &json!({"file_path": 7})).is_err());
+        assert!(file_tool_target("Write", &Value::Null).is_err());
+        assert!(file_tool_target("Bash", &json!({"command": "ls"})).is_err());
+    }
+
+    #[test]
+    fn every_file_tool_is_in_the_matcher_and_both_hooks_block_on_failure() {
+        let init = initialize("r", "implementor", &json!({}), &json!({}));
+        let hooks = init.pointer("/request/hooks/PreToolUse").unwrap();
+        let file = hooks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["hookCallbackIds"][0] == FILE_HOOK_ID)
+            .unwrap();
+        let names: Vec<&str> = file["matcher"].as_str().unwrap().split('|').collect();
+        assert_eq!(
+            names,
+            FILE_TOOLS.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        );
+        assert!(hooks
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["onFailure"] == "block"));
     }
 
     #[test]

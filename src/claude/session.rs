@@ -21,6 +21,7 @@ use super::process;
 use super::protocol::{self, Inbound, ResultMessage};
 use crate::deps::{BashHook, HookDecision};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::sandbox::WriteScope;
 use crate::stats::RunStats;
 
 /// How long the CLI gets to answer `interrupt` with a `result` before SIGTERM.
@@ -94,6 +95,13 @@ pub enum SessionEvent<'a> {
         decision: &'a HookDecision,
         failure: Option<&'a str>,
     },
+    /// The adapter's own answer to a file-writing tool call (Write, Edit, …): `path` is what
+    /// the call named (`None` when it named nothing readable).
+    FileWrite {
+        tool_name: &'a str,
+        path: Option<&'a str>,
+        decision: &'a HookDecision,
+    },
     Result(&'a ResultMessage),
     /// A follow-up user turn sent after a `result` (e.g. listing output violations).
     FollowUp(&'a str),
@@ -119,6 +127,8 @@ pub struct SessionSpec {
     pub prompt: String,
     /// A validator that has not answered by then blocks the command (fail closed).
     pub hook_timeout: Duration,
+    /// Where the CLI's file tools may write (relative paths are taken against `cwd`).
+    pub write_scope: WriteScope,
 }
 
 /// How a session ended.
@@ -157,6 +167,8 @@ pub struct RunningSession {
     observer: Arc<dyn SessionObserver>,
     stop: StopSignal,
     hook_timeout: Duration,
+    write_scope: WriteScope,
+    cwd: PathBuf,
     pending: Vec<Vec<u8>>,
     next_request: u64,
 }
@@ -235,6 +247,8 @@ pub async fn start(
         observer,
         stop,
         hook_timeout: spec.hook_timeout,
+        write_scope: spec.write_scope.clone(),
+        cwd: spec.cwd.clone(),
         pending: Vec::new(),
         next_request: 0,
     };
@@ -519,17 +533,25 @@ impl RunningSession {
             return;
         };
         let subtype = request.get("subtype").and_then(Value::as_str).unwrap_or("");
-        if subtype != "hook_callback"
-            || request.get("callback_id").and_then(Value::as_str) != Some(protocol::BASH_HOOK_ID)
-        {
-            // Nothing else was registered. An error answer to a hook blocks (onFailure: block).
-            let _ = writer.send(protocol::error_response(
-                &request_id,
-                &format!("unsupported control request: {subtype}"),
-            ));
-            return;
-        }
+        let callback = request.get("callback_id").and_then(Value::as_str);
         let input = request.get("input").cloned().unwrap_or(Value::Null);
+        match (subtype, callback) {
+            ("hook_callback", Some(protocol::BASH_HOOK_ID)) => {}
+            ("hook_callback", Some(protocol::FILE_HOOK_ID)) => {
+                let answer = self.answer_file_write(&input);
+                let _ = writer.send(protocol::success_response(&request_id, answer));
+                return;
+            }
+            _ => {
+                // Nothing else was registered. An error answer to a hook blocks
+                // (onFailure: block).
+                let _ = writer.send(protocol::error_response(
+                    &request_id,
+                    &format!("unsupported control request: {subtype}"),
+                ));
+                return;
+            }
+        }
         let hook = self.hook.clone();
         let observer = self.observer.clone();
         let bound = self.hook_timeout;
@@ -564,6 +586,51 @@ impl RunningSession {
             };
             let _ = writer.send(protocol::success_response(&request_id, answer));
         });
+    }
+}
+
+impl RunningSession {
+    /// The file tools' hook, answered here (no engine round trip): the call is allowed only
+    /// when the file it names lies inside the session's write scope; anything unreadable is
+    /// blocked.
+    fn answer_file_write(&self, input: &Value) -> Value {
+        let tool_name = input.get("tool_name").and_then(Value::as_str).unwrap_or("");
+        let tool_input = input.get("tool_input").unwrap_or(&Value::Null);
+        let target = protocol::file_tool_target(tool_name, tool_input);
+        let verdict = target
+            .clone()
+            .and_then(|path| self.write_scope.check(&self.cwd, path));
+        let decision = match verdict {
+            Ok(()) => HookDecision::Approve,
+            Err(why) => {
+                let roots: Vec<String> = self
+                    .write_scope
+                    .writable()
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                HookDecision::Block {
+                    reason: format!(
+                        "Blocked: this session may not write there with {tool_name} ({why}). \
+                         It may write only inside: {}",
+                        if roots.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            roots.join(", ")
+                        }
+                    ),
+                }
+            }
+        };
+        self.observer.on_event(SessionEvent::FileWrite {
+            tool_name,
+            path: target.ok(),
+            decision: &decision,
+        });
+        match &decision {
+            HookDecision::Approve => protocol::hook_allow(),
+            HookDecision::Block { reason } => protocol::hook_deny(reason),
+        }
     }
 }
 

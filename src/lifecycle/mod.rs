@@ -21,7 +21,7 @@ mod observer;
 mod outcome;
 mod registry;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,7 +46,7 @@ use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::sandbox::{
     self, BranchSnapshot, EgressAttempt, EgressSink, SandboxUse, SessionSandbox, SessionScope,
-    WorktreeGit,
+    WorktreeGit, WriteScope,
 };
 use crate::schema;
 use crate::schema::semantic::Facts;
@@ -229,6 +229,7 @@ impl Session {
             .unwrap_or_else(|| cfg.repo_root.clone());
         let env = command::build_env(std::env::vars(), &cfg.env);
         let settings = self.confine(&cwd, &env).await?;
+        let write_scope = self.write_scope(&env);
         let schema = schema::output_schema(role).clone();
         let args = command::build_args(&CliArgs {
             role: role.as_str(),
@@ -248,7 +249,42 @@ impl Session {
             schema,
             prompt,
             hook_timeout: cfg.hook_timeout,
+            write_scope,
         })
+    }
+
+    /// Where the CLI's own file tools (Write, Edit, …) may write: the boundary issue 9 draws,
+    /// enforced by the session's file hook. The Implementor writes its worktree (not its `.git`
+    /// pointer); the Planner and the Reviewer write the temp dir ("temp dirs are fine"); every
+    /// role may write `sandbox.allowWrite`, and none the rest of the repository, its git dir
+    /// or the transcripts. It holds with `sandbox: false` too: it needs no OS support, and that
+    /// switch is for hosts without bubblewrap, not for letting agents write anywhere.
+    fn write_scope(&self, env: &[(String, String)]) -> WriteScope {
+        let cfg = self.adapter.config();
+        let mut scope = WriteScope::default();
+        for extra in cfg.sandbox.iter().flat_map(|s| &s.allow_write) {
+            scope = scope.allow(extra);
+        }
+        if self.worktree.is_none() {
+            let temp = env
+                .iter()
+                .rev()
+                .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
+                .map(|(_, v)| PathBuf::from(v))
+                .unwrap_or_else(std::env::temp_dir);
+            scope = scope.allow(&temp);
+        }
+        scope = scope.deny(&cfg.repo_root);
+        if let Ok(repo) = git2::Repository::open(&cfg.repo_root) {
+            scope = scope.deny(repo.commondir());
+        }
+        if let Some(logs) = &cfg.logs_dir {
+            scope = scope.deny(logs);
+        }
+        if let Some(w) = &self.worktree {
+            scope = scope.allow(&w.path).deny(&w.path.join(".git"));
+        }
+        scope
     }
 
     /// The mutation boundary (issue "enforced by the operating system"): the session's OS

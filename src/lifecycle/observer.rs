@@ -60,6 +60,31 @@ impl Observer {
     }
 }
 
+impl Observer {
+    /// The adapter's answer to a file tool: blocks in the transcript and as warnings (an agent
+    /// reaching outside its boundary is worth an operator's look), approvals at debug.
+    fn file_write(&self, tool_name: &str, path: Option<&str>, decision: &HookDecision) {
+        let shown = path.unwrap_or("(no readable path)");
+        let mut d = self.data(&[("tool", json!(tool_name)), ("path", json!(path))]);
+        match decision {
+            HookDecision::Approve => {
+                self.logger.log(LogLevel::Debug, "file write allowed", d);
+            }
+            HookDecision::Block { reason } => {
+                if let Some(t) = &self.transcript {
+                    t.note(
+                        "file-guard",
+                        &format!("blocked {tool_name}: {shown} — {reason}"),
+                    );
+                }
+                d["reason"] = json!(reason);
+                let m = "file write blocked: outside the session's writable paths";
+                self.logger.log(LogLevel::Warn, m, d);
+            }
+        }
+    }
+}
+
 impl SessionObserver for Observer {
     fn on_event(&self, event: SessionEvent<'_>) {
         let t = self.transcript.as_deref();
@@ -95,6 +120,11 @@ impl SessionObserver for Observer {
                 }
                 self.log_hook(self.data(&[]), input, decision, failure);
             }
+            SessionEvent::FileWrite {
+                tool_name,
+                path,
+                decision,
+            } => self.file_write(tool_name, path, decision),
             SessionEvent::Result(r) => {
                 if let Some(t) = t {
                     t.result(r);

@@ -6,13 +6,15 @@
 //! Lifecycle use: [`check_available`] before provisioning (fails closed, nothing created);
 //! [`SessionSandbox::start`] when assembling the CLI command (owns the egress proxy: dropping it
 //! stops the proxy); [`BranchSnapshot`] around an Implementor session; [`Leftovers`] for the
-//! mount points the CLI's sandbox leaves in the repository.
+//! mount points the CLI's sandbox leaves in the repository. [`WriteScope`] is the same boundary
+//! for the CLI's own file tools, which the OS sandbox does not confine.
 
 mod available;
 mod branches;
 mod leftovers;
 mod proxy;
 mod settings;
+mod write_scope;
 
 use serde_json::Value;
 
@@ -24,6 +26,7 @@ pub use branches::BranchSnapshot;
 pub use leftovers::{Leftovers, SandboxUse};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
+pub use write_scope::WriteScope;
 
 impl WorktreeGit {
     /// The git dirs of the worktree at `worktree` (checked out on `branch`).

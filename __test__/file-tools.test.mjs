@@ -1,0 +1,152 @@
+// The mutation boundary holds for the CLI's own file tools too (issue 9). The OS sandbox only
+// confines Bash; Write, Edit, MultiEdit and NotebookEdit run inside the CLI's process, so the
+// adapter answers their PreToolUse hook itself from the session's write scope. Real CLI (under
+// bypassPermissions), the fake Messages API scripting the tool calls; the engine's Bash
+// validator approves everything and is never asked about file tools.
+import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
+import { engineState, setup } from './support/harness.mjs';
+
+let h;
+const after = [];
+afterEach(async () => {
+  for (const f of after.splice(0)) await f();
+  await h?.cleanup();
+  h = undefined;
+});
+
+// Every role gets the file tools: the boundary must hold even when a definition grants them.
+const FILE_AGENTS = Object.fromEntries(
+  ['planner', 'implementor', 'reviewer'].map((name) => [
+    name,
+    { description: name, tools: ['Read', 'Write', 'Edit', 'NotebookEdit', 'Glob', 'Grep'], prompt: `You are the ${name}.` },
+  ]),
+);
+const STATE = engineState({
+  workItems: [
+    { id: '1', title: 'Item', status: 'open', linkedRevision: null },
+    { id: '7', title: 'Reviewed', status: 'in-review', linkedRevision: 'r1' },
+  ],
+  revisions: [{ id: 'r1', title: 'PR 1', pipeline: null }],
+});
+const ROLES = {
+  implementor: { params: { role: 'implementor', workItemID: '1', branchName: 'wi-1' }, done: structured({ role: 'implementor', outcome: 'completed', summary: 'done' }) },
+  planner: { params: { role: 'planner', specPaths: [] }, done: structured({ role: 'planner', create: [], close: [], update: [] }) },
+  reviewer: { params: { role: 'reviewer', workItemID: '7', revisionID: 'r1' }, done: structured({ role: 'reviewer', review: { verdict: 'approve', summary: 'ok', comments: [] } }) },
+};
+
+const README = '# temp repo\n';
+const NOTEBOOK = JSON.stringify({ cells: [{ cell_type: 'code', id: 'c1', source: ['x = 1'], metadata: {}, outputs: [], execution_count: null }], metadata: {}, nbformat: 4, nbformat_minor: 5 });
+const write = (file_path, content = 'agent was here\n') => toolUse('Write', { file_path, content });
+const edit = (file_path) => toolUse('Edit', { file_path, old_string: 'temp repo', new_string: 'owned repo' });
+const read = (file_path) => toolUse('Read', { file_path });
+
+/** The session's cwd: an Implementor's worktree (`<repoRoot>/.worktrees/<branch>`), else the repository. */
+const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees', ROLES.implementor.params.branchName) : h.repo.root);
+
+/**
+ * One session of `role` whose model makes each call of `calls` (a block, or a function of the
+ * session's cwd giving one), one per turn, then answers. Resolves with the result and, per
+ * call, the tool result the model saw.
+ */
+async function run(role, calls, config = {}) {
+  h = await setup({ repo: { agents: FILE_AGENTS, files: { 'nb.ipynb': NOTEBOOK } }, state: STATE, bodies: { 1: 'Body', 7: 'Body' }, config });
+  const steps = [...calls, ROLES[role].done].map((c) => (typeof c === 'function' ? () => c(cwdOf(role)) : c));
+  h.api.setScript(scenario.steps(steps));
+  const handle = await h.adapter().startAgent(ROLES[role].params);
+  const result = await handle.result;
+  const results = toolResults(h.api.mainBodies().at(-1));
+  expect(results).toHaveLength(calls.length);
+  return { result, results, transcript: readFileSync(handle.logFilePath, 'utf8') };
+}
+
+const blocked = () => h.logger.entries.filter((e) => e.message.startsWith('file write blocked'));
+
+describe('Implementor: its file tools write only inside its worktree', () => {
+  it('Write and Edit on the engine checkout and a Write beside the repository are blocked; the model sees why; files unchanged', async () => {
+    let beside;
+    after.push(() => beside && rmSync(beside, { force: true }));
+    const { result, results, transcript } = await run('implementor', [
+      (cwd) => read(join(cwd, '../../README.md')),
+      (cwd) => write(join(cwd, '../../README.md')),
+      (cwd) => edit(join(cwd, '../../README.md')),
+      () => write((beside = `${h.repo.root}-beside.txt`)),
+      (cwd) => write(join(cwd, '../../planted.txt')),
+      (cwd) => read(join(cwd, '../../nb.ipynb')),
+      (cwd) => toolUse('NotebookEdit', { notebook_path: join(cwd, '../../nb.ipynb'), cell_id: 'c1', new_source: 'x = 2', edit_mode: 'replace', cell_type: 'code' }),
+      (cwd) => write(join(cwd, 'inside.txt'), 'inside\n'),
+    ]);
+    const root = h.repo.root;
+    for (const i of [0, 5]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false); // reading stays allowed
+    for (const i of [1, 2, 3, 4, 6]) {
+      expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
+      expect(results[i].text, `call ${i}`).toMatch(/may not write there with (Write|Edit|NotebookEdit)/);
+    }
+    expect(results[1].text).toContain(`${root}, which this session may not write`);
+    expect(results[3].text).toContain('outside every path this session may write');
+    expect(results[3].text).toMatch(/may write only inside: .*\.worktrees/);
+    expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe(README);
+    expect(existsSync(beside)).toBe(false);
+    expect(existsSync(join(root, 'planted.txt'))).toBe(false);
+    expect(readFileSync(join(root, 'nb.ipynb'), 'utf8')).toBe(NOTEBOOK);
+    expect(blocked().map((e) => e.data.tool)).toEqual(['Write', 'Edit', 'Write', 'Write', 'NotebookEdit']);
+    expect(transcript).toMatch(/file-guard.*blocked Write: \S+README\.md/);
+    expect(h.hookCalls).toEqual([]); // the engine's Bash validator is not asked about file tools
+    expect(results[7].is_error, results[7].text).toBe(false);
+    expect(result.patch).toContain('+++ b/inside.txt');
+    expect(result.patch).not.toContain('README.md');
+  });
+
+  it('a Write and an Edit inside its worktree land in the patch; its .git file is refused', async () => {
+    const { result, results } = await run('implementor', [
+      (cwd) => write(join(cwd, 'inside.txt'), 'inside\n'),
+      (cwd) => write(join(cwd, 'src/deep/new.rs'), 'fn main() {}\n'),
+      (cwd) => read(join(cwd, 'README.md')),
+      (cwd) => edit(join(cwd, 'README.md')),
+      (cwd) => write(join(cwd, '.git'), 'gitdir: /tmp/evil\n'),
+    ]);
+    for (const i of [0, 1, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
+    expect(results[4].is_error).toBe(true);
+    expect(results[4].text).toMatch(/\.git, which this session may not write/);
+    expect(result.outcome).toBe('completed');
+    expect(result.patch).toContain('+++ b/inside.txt');
+    expect(result.patch).toContain('+++ b/src/deep/new.rs');
+    expect(result.patch).toContain('+# owned repo');
+    expect(readFileSync(join(h.repo.root, 'README.md'), 'utf8')).toBe(README);
+  });
+
+  it('the guard holds with sandbox: false too', async () => {
+    const { result, results } = await run('implementor', [(cwd) => write(join(cwd, '../../README.md')), (cwd) => write(join(cwd, 'inside.txt'))], { sandbox: false });
+    expect(results.map((r) => r.is_error)).toEqual([true, false]);
+    expect(result.patch).toContain('+++ b/inside.txt');
+    expect(readFileSync(join(h.repo.root, 'README.md'), 'utf8')).toBe(README);
+  });
+});
+
+describe('Planner and Reviewer: their file tools write nothing in the repository', () => {
+  for (const role of ['planner', 'reviewer']) {
+    it(`${role}: Write and Edit into the repository and its .git are blocked; the temp dir stays writable`, async () => {
+      const scratch = join(tmpdir(), `cra-${role}-scratch-${process.pid}-${Date.now()}.txt`);
+      after.push(() => rmSync(scratch, { force: true }));
+      const { results } = await run(role, [
+        (cwd) => write(join(cwd, 'planted.txt')),
+        (cwd) => read(join(cwd, 'README.md')),
+        (cwd) => edit(join(cwd, 'README.md')),
+        (cwd) => write(join(cwd, '.git/hooks/post-checkout'), '#!/bin/sh\n'),
+        write(scratch, 'notes\n'),
+      ]);
+      for (const i of [0, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
+      expect(results[0].text).toMatch(/may not write there with Write/);
+      expect(results[4].is_error, results[4].text).toBe(false);
+      const root = h.repo.root;
+      expect(existsSync(join(root, 'planted.txt'))).toBe(false);
+      expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe(README);
+      expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
+      expect(readFileSync(scratch, 'utf8')).toBe('notes\n');
+      expect(blocked()).toHaveLength(3);
+    });
+  }
+});
