@@ -134,7 +134,7 @@ describe('claudeExecutable names the CLI, or the session does not start', () => 
 });
 
 describe('a panic never aborts the host (ERR_INTERNAL)', () => {
-  // Debug builds (what the tests run) panic on purpose where CLAUDE_RUNTIME_ADAPTER_PANIC says.
+  // The addon panics on purpose where CLAUDE_RUNTIME_ADAPTER_PANIC says (fault injection).
   it('a panic in createClaudeAdapter throws ERR_INTERNAL and the process exits normally', async () => {
     h = await setup({});
     const r = inChild(h, `try { createClaudeAdapter(config, deps); report({ created: true }); }

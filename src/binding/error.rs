@@ -55,14 +55,12 @@ pub async fn guarded<T>(
     }
 }
 
-/// Fault injection for the tests of the panic boundary (debug builds only): the environment
-/// variable names the entry point that panics, e.g. `CLAUDE_RUNTIME_ADAPTER_PANIC=startAgent`.
-#[cfg(debug_assertions)]
+/// Fault injection for the panic boundary: `CLAUDE_RUNTIME_ADAPTER_PANIC=<entry>` makes that
+/// entry point (`createClaudeAdapter`, `startAgent`, `startAgent.async`) panic, so the tests —
+/// and an engine checking its own handling of `ERR_INTERNAL` — can see a real panic turned into
+/// a rejection. In every build, so the released binary is what is tested.
 pub fn injected_panic(entry: &str) {
     if std::env::var("CLAUDE_RUNTIME_ADAPTER_PANIC").is_ok_and(|v| v == entry) {
         panic!("injected panic in {entry} (CLAUDE_RUNTIME_ADAPTER_PANIC)");
     }
 }
-
-#[cfg(not(debug_assertions))]
-pub fn injected_panic(_entry: &str) {}
