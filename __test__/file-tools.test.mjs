@@ -3,7 +3,7 @@
 // adapter answers their PreToolUse hook itself from the session's write scope. Real CLI (under
 // bypassPermissions), the fake Messages API scripting the tool calls; the engine's Bash
 // validator approves everything and is never asked about file tools.
-import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -52,8 +52,9 @@ const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees'
  * session's cwd giving one), one per turn, then answers. Resolves with the result and, per
  * call, the tool result the model saw.
  */
-async function run(role, calls, config = {}) {
+async function run(role, calls, config = {}, prepare = () => {}) {
   h = await setup({ repo: { agents: FILE_AGENTS, files: { 'nb.ipynb': NOTEBOOK } }, state: STATE, bodies: { 1: 'Body', 7: 'Body' }, config });
+  prepare();
   const steps = [...calls, ROLES[role].done].map((c) => (typeof c === 'function' ? () => c(cwdOf(role)) : c));
   h.api.setScript(scenario.steps(steps));
   const handle = await h.adapter().startAgent(ROLES[role].params);
@@ -147,6 +148,60 @@ describe('Planner and Reviewer: their file tools write nothing in the repository
       expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
       expect(readFileSync(scratch, 'utf8')).toBe('notes\n');
       expect(blocked()).toHaveLength(3);
+    });
+  }
+});
+
+// Credential stores are not readable (issue 9). Bash meets the sandbox's denyRead; the CLI's own
+// Read, Glob and Grep run outside the OS sandbox, so the adapter answers their hook itself. The
+// harness gives the CLI a scratch HOME (config.env.HOME), where the stores are planted.
+describe('Read tools: credential stores in HOME are not readable', () => {
+  const SECRET = 'SECRET-KEY-MATERIAL-4242';
+  const NOTE = 'ORDINARY-NOTE-1717';
+  const home = () => h.config.env.HOME;
+  const plant = () => {
+    mkdirSync(join(home(), '.ssh'), { recursive: true });
+    writeFileSync(join(home(), '.ssh/id_rsa'), `-----BEGIN KEY-----\n${SECRET}\n`);
+    writeFileSync(join(home(), '.netrc'), `machine example.com login me password ${SECRET}\n`);
+    writeFileSync(join(home(), 'notes.txt'), `${NOTE}\n`);
+  };
+  const readBlocked = () => h.logger.entries.filter((e) => e.message.startsWith('file read blocked'));
+  const sentToModel = () => JSON.stringify(h.api.requests.map((r) => r.body));
+
+  for (const config of [{}, { sandbox: false }]) {
+    it(`Read of the key and .netrc, a Grep over HOME and a Glob into .ssh are blocked; the secret never reaches the model; the repository and other files read fine${config.sandbox === false ? ' (sandbox: false)' : ''}`, async () => {
+      const { results, transcript } = await run(
+        'planner',
+        [
+          () => read(join(home(), '.ssh/id_rsa')),
+          (cwd) => read(join(cwd, 'README.md')),
+          () => toolUse('Grep', { pattern: 'KEY-MATERIAL-\\d+', path: home(), output_mode: 'content' }),
+          () => toolUse('Glob', { pattern: '.ssh/*', path: home() }),
+          () => toolUse('Glob', { pattern: `${home()}/.ssh/id_*` }),
+          () => read(join(home(), '.netrc')),
+          () => read(join(home(), 'notes.txt')),
+          () => toolUse('Grep', { pattern: 'temp repo', output_mode: 'content' }),
+          () => toolUse('Glob', { pattern: '**/*.md' }),
+        ],
+        config,
+        plant,
+      );
+      for (const i of [0, 2, 3, 4, 5]) {
+        expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
+        expect(results[i].text, `call ${i}`).toMatch(/may not read there with (Read|Grep|Glob)/);
+      }
+      expect(results[0].text).toContain('inside the credential store');
+      expect(results[2].text).toContain('would reach the credential store');
+      for (const i of [1, 6, 7, 8]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
+      expect(results[1].text).toContain('temp repo');
+      expect(results[7].text).toContain('temp repo');
+      expect(results[8].text).toContain('README.md');
+      // The check below can fail: a file read from HOME does reach the model.
+      expect(sentToModel()).toContain(NOTE);
+      expect(sentToModel()).not.toContain(SECRET);
+      expect(readBlocked().map((e) => e.data.tool)).toEqual(['Read', 'Grep', 'Glob', 'Glob', 'Read']);
+      expect(transcript).toMatch(/file-guard.*blocked Read: \S+\.ssh\/id_rsa/);
+      expect(h.hookCalls).toEqual([]);
     });
   }
 });

@@ -2,6 +2,8 @@
 //! lenient (unknown message types pass through as `Other`) because the protocol is not formally
 //! versioned; writers produce exactly what the official SDK sends.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -187,8 +189,76 @@ pub fn file_tool_target<'a>(
     }
 }
 
+/// The PreToolUse hook of the CLI's file-reading tools, answered by the adapter itself.
+pub const READ_HOOK_ID: &str = "hook_2";
+/// The CLI's tools that read files from its own process, the input field naming what each
+/// reads, and whether that is a tree it searches rather than one file (verified on the pinned
+/// 2.1.330: Glob's and Grep's `path` is optional and defaults to the cwd; the CLI has no
+/// NotebookRead tool, Read reads notebooks).
+const READ_TOOLS: &[(&str, &str, bool)] = &[
+    ("Read", "file_path", false),
+    ("Glob", "path", true),
+    ("Grep", "path", true),
+];
+const READ_TOOLS_MATCHER: &str = "Read|Glob|Grep";
+
+/// What a file-reading tool call would read; relative paths are against the session's cwd.
+#[derive(Debug, PartialEq)]
+pub enum ReadTarget {
+    File(PathBuf),
+    /// The trees it searches (first the one its input names, or the cwd).
+    Search(Vec<PathBuf>),
+}
+
+/// What a file-reading tool call would read, or why it cannot be told (the caller blocks then).
+/// A Glob pattern's literal leading directories count as a searched tree: the CLI searches
+/// there instead of `path` when the pattern is absolute.
+pub fn read_tool_target(
+    tool_name: &str,
+    tool_input: &Value,
+) -> std::result::Result<ReadTarget, String> {
+    let Some(&(_, field, search)) = READ_TOOLS.iter().find(|(name, ..)| *name == tool_name) else {
+        return Err(format!(
+            "{tool_name:?} is not a read tool the adapter knows"
+        ));
+    };
+    let named = match tool_input.get(field) {
+        Some(Value::String(path)) => path.as_str(),
+        None if search => ".",
+        Some(other) => return Err(format!("its {field} is not a string: {other}")),
+        None => return Err(format!("its input has no {field}")),
+    };
+    if !search {
+        return Ok(ReadTarget::File(PathBuf::from(named)));
+    }
+    let root = PathBuf::from(named);
+    let mut trees = vec![root.clone()];
+    if tool_name == "Glob" {
+        let Some(pattern) = tool_input.get("pattern").and_then(Value::as_str) else {
+            return Err("its pattern is not a string".to_string());
+        };
+        let base = glob_base(pattern);
+        if !base.is_empty() {
+            trees.push(root.join(base));
+        }
+    }
+    Ok(ReadTarget::Search(trees))
+}
+
+/// The directories a glob pattern names literally: up to the last `/` before its first
+/// wildcard, as the CLI splits an absolute pattern into a search dir and a relative pattern.
+fn glob_base(pattern: &str) -> &str {
+    let literal = &pattern[..pattern.find(['*', '?', '[', '{']).unwrap_or(pattern.len())];
+    match literal.rfind('/') {
+        Some(0) => "/",
+        Some(i) => &pattern[..i],
+        None => "",
+    }
+}
+
 /// The `initialize` control request: the PreToolUse hooks (Bash → the engine's validator; the
-/// file-writing tools → the adapter's write scope), each registered with `onFailure: "block"`
+/// file-writing tools → the adapter's write scope; the file-reading tools → its read guard),
+/// each registered with `onFailure: "block"`
 /// (without it an error answer fails OPEN), the schema, a minimal base system prompt, and the
 /// inline agent definition.
 pub fn initialize(request_id: &str, role: &str, agent: &Value, schema: &Value) -> Value {
@@ -205,6 +275,10 @@ pub fn initialize(request_id: &str, role: &str, agent: &Value, schema: &Value) -
                 }, {
                     "matcher": FILE_TOOLS_MATCHER,
                     "hookCallbackIds": [FILE_HOOK_ID],
+                    "onFailure": "block",
+                }, {
+                    "matcher": READ_TOOLS_MATCHER,
+                    "hookCallbackIds": [READ_HOOK_ID],
                     "onFailure": "block",
                 }]
             },
@@ -337,6 +411,64 @@ mod tests {
             .unwrap()
             .iter()
             .all(|h| h["onFailure"] == "block"));
+        let read = hooks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["hookCallbackIds"][0] == READ_HOOK_ID)
+            .unwrap();
+        let names: Vec<&str> = read["matcher"].as_str().unwrap().split('|').collect();
+        assert_eq!(
+            names,
+            READ_TOOLS.iter().map(|(n, ..)| *n).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn read_tools_name_the_file_or_the_trees_they_search() {
+        let p = |s: &str| PathBuf::from(s);
+        let read = json!({"file_path": "/h/.ssh/id_rsa"});
+        assert_eq!(
+            read_tool_target("Read", &read),
+            Ok(ReadTarget::File(p("/h/.ssh/id_rsa")))
+        );
+        let grep = json!({"pattern": "SECRET", "path": "/h", "glob": "*"});
+        assert_eq!(
+            read_tool_target("Grep", &grep),
+            Ok(ReadTarget::Search(vec![p("/h")]))
+        );
+        // No path: the cwd.
+        assert_eq!(
+            read_tool_target("Grep", &json!({"pattern": "x"})),
+            Ok(ReadTarget::Search(vec![p(".")]))
+        );
+        assert_eq!(
+            read_tool_target("Glob", &json!({"pattern": "**/*.rs"})),
+            Ok(ReadTarget::Search(vec![p(".")]))
+        );
+        // An absolute pattern searches its own leading directories.
+        assert_eq!(
+            read_tool_target("Glob", &json!({"pattern": "/h/.ssh/*", "path": "/r"})),
+            Ok(ReadTarget::Search(vec![p("/r"), p("/h/.ssh")]))
+        );
+        assert_eq!(
+            read_tool_target("Glob", &json!({"pattern": "/*/x"})),
+            Ok(ReadTarget::Search(vec![p("."), p("/")]))
+        );
+        assert_eq!(
+            read_tool_target("Glob", &json!({"pattern": "../../.ssh/id_*"})),
+            Ok(ReadTarget::Search(vec![p("."), p("./../../.ssh")]))
+        );
+    }
+
+    #[test]
+    fn read_tools_with_odd_input_are_refused() {
+        assert!(read_tool_target("Read", &json!({"path": "/a"})).is_err());
+        assert!(read_tool_target("Read", &json!({"file_path": 7})).is_err());
+        assert!(read_tool_target("Grep", &json!({"pattern": "x", "path": null})).is_err());
+        assert!(read_tool_target("Glob", &json!({"path": "/a"})).is_err());
+        assert!(read_tool_target("Write", &json!({"file_path": "/a"})).is_err());
+        assert!(read_tool_target("Read", &Value::Null).is_err());
     }
 
     #[test]

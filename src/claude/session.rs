@@ -18,10 +18,10 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::process;
-use super::protocol::{self, Inbound, ResultMessage};
+use super::protocol::{self, Inbound, ReadTarget, ResultMessage};
 use crate::deps::{BashHook, HookDecision};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::sandbox::WriteScope;
+use crate::sandbox::{ReadGuard, WriteScope};
 use crate::stats::RunStats;
 
 /// How long the CLI gets to answer `interrupt` with a `result` before SIGTERM.
@@ -95,9 +95,11 @@ pub enum SessionEvent<'a> {
         decision: &'a HookDecision,
         failure: Option<&'a str>,
     },
-    /// The adapter's own answer to a file-writing tool call (Write, Edit, …): `path` is what
-    /// the call named (`None` when it named nothing readable).
-    FileWrite {
+    /// The adapter's own answer to a file tool call (Write, Edit, … or Read, Glob, Grep):
+    /// `path` is what the call named (for a search, the tree it names or `.`; `None` when it
+    /// named nothing readable).
+    FileAccess {
+        access: Access,
         tool_name: &'a str,
         path: Option<&'a str>,
         decision: &'a HookDecision,
@@ -110,6 +112,13 @@ pub enum SessionEvent<'a> {
         bytes: usize,
     },
     Stopping(StopReason),
+}
+
+/// Which guard answered a file tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
 }
 
 pub trait SessionObserver: Send + Sync + 'static {
@@ -129,6 +138,8 @@ pub struct SessionSpec {
     pub hook_timeout: Duration,
     /// Where the CLI's file tools may write (relative paths are taken against `cwd`).
     pub write_scope: WriteScope,
+    /// What the CLI's read tools may not read.
+    pub read_guard: ReadGuard,
 }
 
 /// How a session ended.
@@ -168,6 +179,7 @@ pub struct RunningSession {
     stop: StopSignal,
     hook_timeout: Duration,
     write_scope: WriteScope,
+    read_guard: ReadGuard,
     cwd: PathBuf,
     pending: Vec<Vec<u8>>,
     next_request: u64,
@@ -248,6 +260,7 @@ pub async fn start(
         stop,
         hook_timeout: spec.hook_timeout,
         write_scope: spec.write_scope.clone(),
+        read_guard: spec.read_guard.clone(),
         cwd: spec.cwd.clone(),
         pending: Vec::new(),
         next_request: 0,
@@ -537,8 +550,12 @@ impl RunningSession {
         let input = request.get("input").cloned().unwrap_or(Value::Null);
         match (subtype, callback) {
             ("hook_callback", Some(protocol::BASH_HOOK_ID)) => {}
-            ("hook_callback", Some(protocol::FILE_HOOK_ID)) => {
-                let answer = self.answer_file_write(&input);
+            ("hook_callback", Some(id @ (protocol::FILE_HOOK_ID | protocol::READ_HOOK_ID))) => {
+                let answer = if id == protocol::READ_HOOK_ID {
+                    self.answer_file_read(&input)
+                } else {
+                    self.answer_file_write(&input)
+                };
                 let _ = writer.send(protocol::success_response(&request_id, answer));
                 return;
             }
@@ -622,9 +639,53 @@ impl RunningSession {
                 }
             }
         };
-        self.observer.on_event(SessionEvent::FileWrite {
+        self.answer_file_tool(Access::Write, tool_name, target.ok(), decision)
+    }
+
+    /// The read tools' hook, answered here: the call is allowed unless what it reads lies in a
+    /// credential store (for a search: in one, or above one); anything unreadable is blocked.
+    fn answer_file_read(&self, input: &Value) -> Value {
+        let tool_name = input.get("tool_name").and_then(Value::as_str).unwrap_or("");
+        let tool_input = input.get("tool_input").unwrap_or(&Value::Null);
+        let target = protocol::read_tool_target(tool_name, tool_input);
+        let guard = &self.read_guard;
+        let verdict = match &target {
+            Ok(ReadTarget::File(file)) => guard.check_file(&self.cwd, file),
+            Ok(ReadTarget::Search(trees)) => trees
+                .iter()
+                .try_for_each(|tree| guard.check_search(&self.cwd, tree)),
+            Err(why) => Err(why.clone()),
+        };
+        let decision = match verdict {
+            Ok(()) => HookDecision::Approve,
+            Err(why) => HookDecision::Block {
+                reason: format!(
+                    "Blocked: this session may not read there with {tool_name} ({why}). \
+                     Credential stores (ssh keys, cloud and gh credentials, .netrc, git \
+                     credentials) are not readable; everything else is"
+                ),
+            },
+        };
+        let path = match &target {
+            Ok(ReadTarget::File(file)) => file.to_str(),
+            Ok(ReadTarget::Search(trees)) => trees.first().and_then(|t| t.to_str()),
+            Err(_) => None,
+        };
+        self.answer_file_tool(Access::Read, tool_name, path, decision)
+    }
+
+    /// Reports the decision on a file tool call and turns it into the hook's answer.
+    fn answer_file_tool(
+        &self,
+        access: Access,
+        tool_name: &str,
+        path: Option<&str>,
+        decision: HookDecision,
+    ) -> Value {
+        self.observer.on_event(SessionEvent::FileAccess {
+            access,
             tool_name,
-            path: target.ok(),
+            path,
             decision: &decision,
         });
         match &decision {

@@ -45,8 +45,8 @@ use crate::git::{ProvisionRequest, RepoGit, SessionRecord, Worktree};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::sandbox::{
-    self, BranchSnapshot, EgressAttempt, EgressSink, SandboxUse, SessionSandbox, SessionScope,
-    WorktreeGit, WriteScope,
+    self, BranchSnapshot, EgressAttempt, EgressSink, ReadGuard, SandboxUse, SessionSandbox,
+    SessionScope, WorktreeGit, WriteScope,
 };
 use crate::schema;
 use crate::schema::semantic::Facts;
@@ -230,6 +230,9 @@ impl Session {
         let env = command::build_env(std::env::vars(), &cfg.env);
         let settings = self.confine(&cwd, &env).await?;
         let write_scope = self.write_scope(&env);
+        // The stores Bash may not read (`denyRead`), under the same HOME; with `sandbox: false`
+        // too, like the write scope.
+        let read_guard = ReadGuard::for_cli_env(&env);
         let schema = schema::output_schema(role).clone();
         let args = command::build_args(&CliArgs {
             role: role.as_str(),
@@ -250,6 +253,7 @@ impl Session {
             prompt,
             hook_timeout: cfg.hook_timeout,
             write_scope,
+            read_guard,
         })
     }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::claude::session::{SessionEvent, SessionObserver};
+use crate::claude::session::{Access, SessionEvent, SessionObserver};
 use crate::deps::{HookDecision, LogLevel, Logger};
 use crate::domain::Role;
 use crate::output::OutputBuffer;
@@ -63,13 +63,24 @@ impl Observer {
 impl Observer {
     /// The adapter's answer to a file tool: blocks in the transcript and as warnings (an agent
     /// reaching outside its boundary is worth an operator's look), approvals at debug.
-    fn file_write(&self, tool_name: &str, path: Option<&str>, decision: &HookDecision) {
+    fn file_access(
+        &self,
+        access: Access,
+        tool_name: &str,
+        path: Option<&str>,
+        decision: &HookDecision,
+    ) {
         let shown = path.unwrap_or("(no readable path)");
         let mut d = self.data(&[("tool", json!(tool_name)), ("path", json!(path))]);
+        let (allowed, blocked) = match access {
+            Access::Write => (
+                "file write allowed",
+                "file write blocked: outside the session's writable paths",
+            ),
+            Access::Read => ("file read allowed", "file read blocked: a credential store"),
+        };
         match decision {
-            HookDecision::Approve => {
-                self.logger.log(LogLevel::Debug, "file write allowed", d);
-            }
+            HookDecision::Approve => self.logger.log(LogLevel::Debug, allowed, d),
             HookDecision::Block { reason } => {
                 if let Some(t) = &self.transcript {
                     t.note(
@@ -78,8 +89,7 @@ impl Observer {
                     );
                 }
                 d["reason"] = json!(reason);
-                let m = "file write blocked: outside the session's writable paths";
-                self.logger.log(LogLevel::Warn, m, d);
+                self.logger.log(LogLevel::Warn, blocked, d);
             }
         }
     }
@@ -120,11 +130,12 @@ impl SessionObserver for Observer {
                 }
                 self.log_hook(self.data(&[]), input, decision, failure);
             }
-            SessionEvent::FileWrite {
+            SessionEvent::FileAccess {
+                access,
                 tool_name,
                 path,
                 decision,
-            } => self.file_write(tool_name, path, decision),
+            } => self.file_access(access, tool_name, path, decision),
             SessionEvent::Result(r) => {
                 if let Some(t) = t {
                     t.result(r);

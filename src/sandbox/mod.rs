@@ -7,12 +7,14 @@
 //! [`SessionSandbox::start`] when assembling the CLI command (owns the egress proxy: dropping it
 //! stops the proxy); [`BranchSnapshot`] around an Implementor session; [`Leftovers`] for the
 //! mount points the CLI's sandbox leaves in the repository. [`WriteScope`] is the same boundary
-//! for the CLI's own file tools, which the OS sandbox does not confine.
+//! for the CLI's own file tools, which the OS sandbox does not confine, and [`ReadGuard`] keeps
+//! their reads out of the credential stores as `denyRead` keeps Bash out.
 
 mod available;
 mod branches;
 mod leftovers;
 mod proxy;
+mod read_guard;
 mod settings;
 mod write_scope;
 
@@ -25,6 +27,7 @@ pub use available::{check_available, INSTALL_HINT};
 pub use branches::BranchSnapshot;
 pub use leftovers::{Leftovers, SandboxUse};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
+pub use read_guard::ReadGuard;
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
 pub use write_scope::WriteScope;
 

@@ -78,6 +78,18 @@ pub fn is_credential_var(name: &str) -> bool {
         || MARKERS.iter().any(|m| n.contains(m))
 }
 
+/// Where the credential stores of the CLI's environment are (existing or not): its `HOME`'s
+/// [`HOME_CREDENTIALS`] and the Claude login of its `CLAUDE_CONFIG_DIR`. Agent commands may not
+/// read them (`denyRead`), nor may the CLI's own read tools ([`super::ReadGuard`]).
+pub fn credential_stores(cli_env: &[(String, String)]) -> Vec<PathBuf> {
+    let home = env_value(cli_env, "HOME").map(PathBuf::from);
+    let config_dir = env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
+    home.iter()
+        .flat_map(|h| HOME_CREDENTIALS.iter().map(move |c| h.join(c)))
+        .chain(config_dir.map(|d| d.join(".credentials.json")))
+        .collect()
+}
+
 /// The complete `--settings` value for one session.
 pub fn build(
     cfg: &SandboxConfig,
@@ -85,12 +97,8 @@ pub fn build(
     cli_env: &[(String, String)],
     proxy_port: u16,
 ) -> Value {
-    let home = env_value(cli_env, "HOME").map(PathBuf::from);
-    let config_dir = env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
-    let deny_read: Vec<PathBuf> = home
-        .iter()
-        .flat_map(|h| HOME_CREDENTIALS.iter().map(move |c| h.join(c)))
-        .chain(config_dir.map(|d| d.join(".credentials.json")))
+    let deny_read: Vec<PathBuf> = credential_stores(cli_env)
+        .into_iter()
         .filter(|p| p.exists())
         .collect();
     let deny_write = match &scope.git {

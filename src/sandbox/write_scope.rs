@@ -47,10 +47,7 @@ impl WriteScope {
 
     /// `Ok` when `target` (absolute, or relative to `cwd`) may be written; otherwise why not.
     pub fn check(&self, cwd: &Path, target: &str) -> Result<(), String> {
-        if target.is_empty() {
-            return Err("the path is empty".to_string());
-        }
-        let resolved = resolve(&normalize(&cwd.join(target)))?;
+        let resolved = resolve_target(cwd, Path::new(target))?;
         let decisive = self
             .rules
             .iter()
@@ -71,8 +68,18 @@ impl WriteScope {
     }
 }
 
+/// `target` (absolute, or relative to `cwd`) as the filesystem would reach it: absolute,
+/// `..`-normalized, the symlinks of its longest existing ancestor resolved. Shared by the write
+/// scope and the read guard so both see a path the same way.
+pub(super) fn resolve_target(cwd: &Path, target: &Path) -> Result<PathBuf, String> {
+    if target.as_os_str().is_empty() {
+        return Err("the path is empty".to_string());
+    }
+    resolve(&normalize(&cwd.join(target)))
+}
+
 /// `..` and `.` removed without touching the filesystem (`..` at the root stays at the root).
-fn normalize(path: &Path) -> PathBuf {
+pub(super) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {
@@ -117,7 +124,7 @@ fn resolve(path: &Path) -> Result<PathBuf, String> {
 
 /// A rule's tree as the targets will be compared with it; a tree that cannot be resolved is
 /// kept as written (it then matches only targets spelled the same way).
-fn resolve_rule(tree: &Path) -> PathBuf {
+pub(super) fn resolve_rule(tree: &Path) -> PathBuf {
     let normalized = normalize(tree);
     resolve(&normalized).unwrap_or(normalized)
 }
