@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
 import { engineState, setup } from './support/harness.mjs';
+import { agentsWithTools } from './support/repo.mjs';
 
 let h;
 const after = [];
@@ -19,12 +20,7 @@ afterEach(async () => {
 });
 
 // Every role gets the file tools: the boundary must hold even when a definition grants them.
-const FILE_AGENTS = Object.fromEntries(
-  ['planner', 'implementor', 'reviewer'].map((name) => [
-    name,
-    { description: name, tools: ['Read', 'Write', 'Edit', 'NotebookEdit', 'Glob', 'Grep'], prompt: `You are the ${name}.` },
-  ]),
-);
+const FILE_AGENTS = agentsWithTools(['Read', 'Write', 'Edit', 'NotebookEdit', 'Glob', 'Grep']);
 const STATE = engineState({
   workItems: [
     { id: '1', title: 'Item', status: 'open', linkedRevision: null },

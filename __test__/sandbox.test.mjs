@@ -11,6 +11,7 @@ import { join, relative } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
 import { engineState, rejection, setup } from './support/harness.mjs';
+import { agentsWithTools } from './support/repo.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString();
 
@@ -24,9 +25,7 @@ afterEach(async () => {
 
 // Agent definitions that give every role Bash: the boundary must hold for the Planner and the
 // Reviewer even when their definition lets them run commands.
-const BASH_AGENTS = Object.fromEntries(
-  ['planner', 'implementor', 'reviewer'].map((name) => [name, { description: name, tools: ['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep'], prompt: `You are the ${name}.` }]),
-);
+const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
 const STATE = engineState({
   workItems: [
     { id: '1', title: 'Item', status: 'open', linkedRevision: null },

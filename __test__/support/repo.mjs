@@ -16,6 +16,11 @@ const DEFAULT_AGENTS = {
   reviewer: { description: 'Reviews a revision', tools: ['Read', 'Glob', 'Grep'], prompt: 'You are the reviewer.' },
 };
 
+/** Definitions that give every role the same `tools` (a boundary must hold whatever a definition grants). */
+export function agentsWithTools(tools) {
+  return Object.fromEntries(['planner', 'implementor', 'reviewer'].map((name) => [name, { description: name, tools, prompt: `You are the ${name}.` }]));
+}
+
 /** The text of an agent definition file: YAML frontmatter + prompt body. */
 export function agentFile({ name, description, tools, model, maxTurns, prompt = '' }) {
   const lines = ['---', `name: ${name}`, `description: ${JSON.stringify(description ?? name)}`];
