@@ -51,8 +51,9 @@ describe('the sweep never destroys what the adapter did not make', () => {
 describe('a crash loses no work', () => {
   it('engine SIGKILLed mid-Implementor with uncommitted work: the next adapter saves it as a patch beside the transcript, then removes the worktree; a foreign worktree beside it survives', async () => {
     h = await setup({
-      // The agent writes its work, then the model never answers again: the engine dies mid-session.
-      script: scenario.steps([bash('echo "agent work" > unsaved.txt', 'write work'), { hang: true }]),
+      // The agent writes its work and is still running a command (the sandbox's mount points are
+      // in place) when the engine dies.
+      script: scenario.steps([bash(`echo "agent work" > unsaved.txt; sleep 30.${Date.now() % 1000}`, 'write work, then wait'), { hang: true }]),
       state: engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] }),
       bodies: { 7: 'x' },
     });
@@ -76,8 +77,9 @@ describe('a crash loses no work', () => {
       engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
     });
     const work = join(root, '.worktrees', 'wi-7', 'unsaved.txt');
-    for (let i = 0; i < 400 && !existsSync(work); i++) await new Promise((r) => setTimeout(r, 25));
-    expect(existsSync(work)).toBe(true);
+    const written = () => existsSync(work) && readFileSync(work, 'utf8') === 'agent work\n';
+    for (let i = 0; i < 400 && !written(); i++) await new Promise((r) => setTimeout(r, 25));
+    expect(written()).toBe(true);
     engine.kill('SIGKILL');
     await new Promise((r) => engine.on('exit', r));
 
@@ -87,6 +89,8 @@ describe('a crash loses no work', () => {
     expect(swept.data.patches).toEqual([log.replace(/\.log$/, '.patch')]);
     const patch = readFileSync(swept.data.patches[0], 'utf8');
     expect(patch).toContain('+++ b/unsaved.txt');
+    // The sandbox's mount points a killed CLI may leave (.bashrc, .mcp.json, …) are not work.
+    expect(patch.match(/^diff --git .*$/gm)).toEqual(['diff --git a/unsaved.txt b/unsaved.txt']);
     // the saved work applies on the base commit
     git(root, 'apply', '--check', '--index', swept.data.patches[0]);
     expect(readFileSync(join(root, '.worktrees', 'theirs', 'draft.md'), 'utf8')).toBe("a person's draft\n");

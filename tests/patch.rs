@@ -184,6 +184,29 @@ async fn an_agent_that_changed_nothing_after_setup_gets_an_empty_patch() {
 }
 
 #[tokio::test]
+async fn empty_sandbox_mount_points_a_killed_cli_left_are_not_in_the_patch_but_real_files_are() {
+    let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
+    let wt = provision_with(&root, "killed", None).await;
+    // What the CLI's sandbox plants in the working directory while a command runs.
+    write(&wt.path, ".bashrc", b"");
+    write(&wt.path, ".mcp.json", b"");
+    write(&wt.path, ".claude/settings.json", b"");
+    // The agent's own files, empty or not, and a dotfile with content.
+    write(&wt.path, "empty.txt", b"");
+    write(&wt.path, ".zshrc", b"alias x=y\n");
+    let patch = wt.extract_patch().await.unwrap();
+    for planted in [".bashrc", ".mcp.json", ".claude/settings.json"] {
+        assert!(
+            !patch.contains(&format!("b/{planted}")),
+            "{planted}: {patch}"
+        );
+    }
+    assert!(patch.contains("b/empty.txt"), "{patch}");
+    assert!(patch.contains("+alias x=y"), "{patch}");
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_path_both_setup_and_agent_changed_is_in_the_patch_from_the_base_commit() {
     let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
     let wt = provision_with(&root, "both", Some(SETUP)).await;

@@ -124,6 +124,9 @@ async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> R
                 "unexpected git diff-tree output: {meta}"
             )));
         };
+        if status.starts_with('A') && oid == EMPTY_BLOB && is_sandbox_mount_point(path) {
+            continue;
+        }
         let entry = if status.starts_with('D') {
             format!("0 {NULL_OID}\t")
         } else {
@@ -134,6 +137,18 @@ async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> R
         records.push(0);
     }
     Ok(records)
+}
+
+/// The object id of an empty file.
+const EMPTY_BLOB: &str = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391";
+
+/// A new empty file where the CLI's sandbox plants its mount points (left behind when the CLI
+/// was killed mid-command): not the agent's work.
+fn is_sandbox_mount_point(path: &[u8]) -> bool {
+    crate::sandbox::WORKDIR_MOUNT_POINTS.iter().any(|m| {
+        let m = m.as_bytes();
+        path == m || (path.starts_with(m) && path.get(m.len()) == Some(&b'/'))
+    })
 }
 
 /// The tree of `base` with `changes` applied (in a temporary index beside the real one).

@@ -12,6 +12,25 @@ use std::sync::{Mutex, OnceLock};
 use super::settings::SessionScope;
 
 const IN_CWD: &[&str] = &[".claude/.cc-writes", ".claude"];
+
+/// What the CLI's sandbox plants in a session's working directory while a Bash command runs
+/// (observed on 2.1.330: empty files and directories, the mount points of paths it keeps
+/// read-only). It removes them when the command ends; a CLI killed mid-command (a crashed
+/// engine) leaves them, and they must not pass for the agent's work in a salvaged patch.
+pub const WORKDIR_MOUNT_POINTS: &[&str] = &[
+    ".bash_profile",
+    ".bashrc",
+    ".profile",
+    ".zprofile",
+    ".zshrc",
+    ".gitconfig",
+    ".gitmodules",
+    ".ripgreprc",
+    ".mcp.json",
+    ".idea",
+    ".vscode",
+    ".claude",
+];
 const IN_GIT_DIR: &[&str] = &[
     "config.worktree",
     "glab-cli",

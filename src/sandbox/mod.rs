@@ -25,7 +25,7 @@ use crate::error::Result;
 
 pub use available::{check_available, INSTALL_HINT};
 pub use branches::BranchSnapshot;
-pub use leftovers::{Leftovers, SandboxUse};
+pub use leftovers::{Leftovers, SandboxUse, WORKDIR_MOUNT_POINTS};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
