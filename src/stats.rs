@@ -1,6 +1,7 @@
 //! Run statistics (`handle.stats`, the logger's completed/failed entry, the transcript footer):
 //! the pure parts. The CLI's `result` messages give turns, cost, tokens and the model; the
-//! implementor's changed files come from a patch: the result's, or the worktree's changes read once for a run that ended without one (also saved beside the transcript).
+//! implementor's changed files come from a patch: the result's, or the worktree's changes read
+//! once for a run that ended without one (also saved beside the transcript).
 //!
 //! Across follow-up turns of one session (semantic self-correction) the CLI sends one `result`
 //! per turn. Observed on CLI 2.1.330: `total_cost_usd` and `modelUsage` are cumulative for

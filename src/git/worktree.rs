@@ -73,9 +73,4 @@ impl Worktree {
         s.cleaned.store(true, Ordering::SeqCst);
         Ok(())
     }
-
-    /// Whether [`Worktree::cleanup`] has completed.
-    pub fn is_cleaned(&self) -> bool {
-        self.state.cleaned.load(Ordering::SeqCst)
-    }
 }

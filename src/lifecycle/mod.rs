@@ -54,7 +54,7 @@ use crate::stats::{RunStats, SessionStats};
 use crate::transcript::{self, Transcript};
 
 use observer::Observer;
-pub use outcome::evaluate;
+use outcome::evaluate;
 use registry::Registration;
 pub use registry::{Registry, SessionInfo};
 

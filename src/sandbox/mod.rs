@@ -52,7 +52,8 @@ impl WorktreeGit {
 /// One session's sandbox: its settings and its egress proxy.
 pub struct SessionSandbox {
     settings: Value,
-    proxy: EgressProxy,
+    /// Held for its `Drop`: the session's egress proxy runs exactly as long as its sandbox.
+    _proxy: EgressProxy,
 }
 
 impl SessionSandbox {
@@ -67,7 +68,10 @@ impl SessionSandbox {
     ) -> Result<SessionSandbox> {
         let proxy = EgressProxy::start(DomainAllowlist::new(&cfg.allowed_domains), sink).await?;
         let settings = settings::build(cfg, scope, cli_env, proxy.port());
-        Ok(SessionSandbox { settings, proxy })
+        Ok(SessionSandbox {
+            settings,
+            _proxy: proxy,
+        })
     }
 
     /// The settings JSON (what the transcript records).
@@ -78,9 +82,5 @@ impl SessionSandbox {
     /// The CLI argument that applies them.
     pub fn settings_arg(&self) -> String {
         format!("--settings={}", self.settings)
-    }
-
-    pub fn proxy_port(&self) -> u16 {
-        self.proxy.port()
     }
 }
