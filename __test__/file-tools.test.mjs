@@ -7,9 +7,10 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
-import { engineState, setup } from './support/harness.mjs';
+import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
+import { setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
+import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
 let h;
 const after = [];
@@ -21,18 +22,6 @@ afterEach(async () => {
 
 // Every role gets the file tools: the boundary must hold even when a definition grants them.
 const FILE_AGENTS = agentsWithTools(['Read', 'Write', 'Edit', 'NotebookEdit', 'Glob', 'Grep']);
-const STATE = engineState({
-  workItems: [
-    { id: '1', title: 'Item', status: 'open', linkedRevision: null },
-    { id: '7', title: 'Reviewed', status: 'in-review', linkedRevision: 'r1' },
-  ],
-  revisions: [{ id: 'r1', title: 'PR 1', pipeline: null }],
-});
-const ROLES = {
-  implementor: { params: { role: 'implementor', workItemID: '1', branchName: 'wi-1' }, done: structured({ role: 'implementor', outcome: 'completed', summary: 'done' }) },
-  planner: { params: { role: 'planner', specPaths: [] }, done: structured({ role: 'planner', create: [], close: [], update: [] }) },
-  reviewer: { params: { role: 'reviewer', workItemID: '7', revisionID: 'r1' }, done: structured({ role: 'reviewer', review: { verdict: 'approve', summary: 'ok', comments: [] } }) },
-};
 
 const README = '# temp repo\n';
 const NOTEBOOK = JSON.stringify({ cells: [{ cell_type: 'code', id: 'c1', source: ['x = 1'], metadata: {}, outputs: [], execution_count: null }], metadata: {}, nbformat: 4, nbformat_minor: 5 });
@@ -41,7 +30,7 @@ const edit = (file_path) => toolUse('Edit', { file_path, old_string: 'temp repo'
 const read = (file_path) => toolUse('Read', { file_path });
 
 /** The session's cwd: an Implementor's worktree (`<repoRoot>/.worktrees/<branch>`), else the repository. */
-const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees', ROLES.implementor.params.branchName) : h.repo.root);
+const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees', ROLES.implementor.params().branchName) : h.repo.root);
 
 /**
  * One session of `role` whose model makes each call of `calls` (a block, or a function of the
@@ -49,11 +38,11 @@ const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees'
  * call, the tool result the model saw.
  */
 async function run(role, calls, config = {}, prepare = () => {}) {
-  h = await setup({ repo: { agents: FILE_AGENTS, files: { 'nb.ipynb': NOTEBOOK } }, state: STATE, bodies: { 1: 'Body', 7: 'Body' }, config });
+  h = await setup({ repo: { agents: FILE_AGENTS, files: { 'nb.ipynb': NOTEBOOK } }, state: ROLE_STATE, bodies: ROLE_BODIES, config });
   prepare();
   const steps = [...calls, ROLES[role].done].map((c) => (typeof c === 'function' ? () => c(cwdOf(role)) : c));
   h.api.setScript(scenario.steps(steps));
-  const handle = await h.adapter().startAgent(ROLES[role].params);
+  const handle = await h.adapter().startAgent(ROLES[role].params());
   const result = await handle.result;
   const results = toolResults(h.api.mainBodies().at(-1));
   expect(results).toHaveLength(calls.length);

@@ -9,9 +9,10 @@ import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { bash, scenario, structured, toolResults, toolUse } from './support/fake-api.mjs';
-import { engineState, rejection, setup } from './support/harness.mjs';
+import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
+import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
+import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString();
 
@@ -26,24 +27,12 @@ afterEach(async () => {
 // Agent definitions that give every role Bash: the boundary must hold for the Planner and the
 // Reviewer even when their definition lets them run commands.
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
-const STATE = engineState({
-  workItems: [
-    { id: '1', title: 'Item', status: 'open', linkedRevision: null },
-    { id: '7', title: 'Reviewed', status: 'in-review', linkedRevision: 'r1' },
-  ],
-  revisions: [{ id: 'r1', title: 'PR 1', pipeline: null }],
-});
-const ROLES = {
-  implementor: { params: (branchName = 'wi-1') => ({ role: 'implementor', workItemID: '1', branchName }), done: structured({ role: 'implementor', outcome: 'completed', summary: 'done' }) },
-  planner: { params: () => ({ role: 'planner', specPaths: [] }), done: structured({ role: 'planner', create: [], close: [], update: [] }) },
-  reviewer: { params: () => ({ role: 'reviewer', workItemID: '7', revisionID: 'r1' }), done: structured({ role: 'reviewer', review: { verdict: 'approve', summary: 'ok', comments: [] } }) },
-};
 
 /** The model asks for the sandbox to be lifted on every command: the settings must refuse. */
 const unsandboxed = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
 
 async function sandboxSetup({ config = {}, repo = {} } = {}) {
-  h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: STATE, bodies: { 1: 'Body', 7: 'Body' }, config });
+  h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: ROLE_STATE, bodies: ROLE_BODIES, config });
   return h;
 }
 

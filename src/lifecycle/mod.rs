@@ -89,6 +89,9 @@ pub struct Session {
     /// The repository's branches before the agent ran, to remove the ones it made.
     agent_branches: Option<(BranchSnapshot, WorktreeGit)>,
     started: Instant,
+    /// The CLI's environment (the allowlisted part of the engine's plus `config.env`), built
+    /// once: the setup command, the sandbox check and the CLI all get this one.
+    env: Vec<(String, String)>,
 }
 
 impl Session {
@@ -130,6 +133,7 @@ impl Session {
             sandbox_use: None,
             agent_branches: None,
             started: Instant::now(),
+            env: command::build_env(std::env::vars(), &adapter.config().env),
         })
     }
 
@@ -178,7 +182,7 @@ impl Session {
             branch: branch_name.clone(),
             default_branch: cfg.default_branch.clone(),
             setup: cfg.worktree_setup_command.clone(),
-            env: command::build_env(std::env::vars(), &cfg.env),
+            env: self.env.clone(),
             setup_timeout: cfg.worktree_setup_timeout,
             session: SessionRecord {
                 session_id: self.id.clone(),
@@ -227,7 +231,7 @@ impl Session {
             .as_ref()
             .map(|w| w.path.clone())
             .unwrap_or_else(|| cfg.repo_root.clone());
-        let env = command::build_env(std::env::vars(), &cfg.env);
+        let env = self.env.clone();
         let settings = self.confine(&cwd, &env).await?;
         let write_scope = self.write_scope(&env);
         // The stores Bash may not read (`denyRead`), under the same HOME; with `sandbox: false`
@@ -342,8 +346,8 @@ impl Session {
         if cfg.sandbox.is_none() {
             return Ok(());
         }
-        let env = command::build_env(std::env::vars(), &cfg.env);
-        let path = env
+        let path = self
+            .env
             .iter()
             .find(|(k, _)| k == "PATH")
             .map(|(_, v)| std::ffi::OsStr::new(v.as_str()));
