@@ -66,8 +66,13 @@ impl SessionSandbox {
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
     ) -> Result<SessionSandbox> {
-        let proxy = EgressProxy::start(DomainAllowlist::new(&cfg.allowed_domains), sink).await?;
-        let settings = settings::build(cfg, scope, cli_env, proxy.port());
+        // Interim until the CLI runs inside its own network namespace: a socket path per
+        // session, and settings that no longer name a proxy port.
+        let socket =
+            std::env::temp_dir().join(format!("cra-egress-{}.sock", uuid::Uuid::new_v4().simple()));
+        let proxy =
+            EgressProxy::start(DomainAllowlist::new(&cfg.allowed_domains), sink, &socket).await?;
+        let settings = settings::build(cfg, scope, cli_env, 0);
         Ok(SessionSandbox {
             settings,
             _proxy: proxy,

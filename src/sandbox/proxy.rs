@@ -4,25 +4,30 @@
 //! points both ports (`sandbox.network.httpProxyPort` / `socksProxyPort`) at this proxy instead,
 //! which admits only the configured hosts and reports every attempt.
 //!
-//! One listener on 127.0.0.1 serves both protocols: a SOCKS5 client's first byte is 5, an HTTP
-//! request's is a method letter. HTTP: `CONNECT host:port` tunnels and absolute-form requests
-//! (`GET http://host/path`) are forwarded. The proxy stops when its [`EgressProxy`] is dropped.
+//! One listener on a unix socket serves both protocols (the sandbox, which has no network of
+//! its own, reaches it through a loopback port bridged to the socket): a SOCKS5 client's first
+//! byte is 5, an HTTP request's is a method letter. HTTP: `CONNECT host:port` tunnels and
+//! absolute-form requests (`GET http://host/path`) are forwarded. The proxy stops when its
+//! [`EgressProxy`] is dropped.
+//!
+//! The unix-socket server and the request-head reading are shared with the model-API relay.
 
-use std::net::SocketAddr;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::{AdapterError, ErrorCode, Result};
 
-/// Longest HTTP request head the proxy reads before refusing the request.
-const MAX_HEAD: usize = 64 * 1024;
+/// Longest HTTP message head read before the message is refused.
+pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// Bound on reading a request head or SOCKS handshake, and on connecting upstream.
-const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One connection attempt by an agent command, allowed or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,40 +69,77 @@ impl DomainAllowlist {
     }
 }
 
-/// A running proxy; dropping it stops the listener and every connection it carries.
+/// A running proxy; dropping it stops the listener and every connection it carries and removes
+/// its socket file.
 pub struct EgressProxy {
-    addr: SocketAddr,
-    stop: CancellationToken,
+    _server: UnixServer,
 }
 
 impl EgressProxy {
-    /// Binds 127.0.0.1 on a free port and serves until dropped. Needs a tokio runtime.
-    pub async fn start(allow: DomainAllowlist, sink: Option<EgressSink>) -> Result<EgressProxy> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.map_err(|e| {
-            AdapterError::new(
-                ErrorCode::SandboxUnavailable,
-                "cannot start the egress proxy",
-            )
-            .with_cause(e)
-        })?;
-        let addr = listener.local_addr().map_err(|e| {
-            AdapterError::new(ErrorCode::SandboxUnavailable, "egress proxy has no address")
-                .with_cause(e)
-        })?;
-        let stop = CancellationToken::new();
+    /// Listens on the unix socket `socket` (which must not exist yet) and serves until
+    /// dropped. Needs a tokio runtime.
+    pub async fn start(
+        allow: DomainAllowlist,
+        sink: Option<EgressSink>,
+        socket: &Path,
+    ) -> Result<EgressProxy> {
         let ctx = Arc::new(Ctx { allow, sink });
-        tokio::spawn(accept_loop(listener, ctx, stop.clone()).in_current_span());
-        Ok(EgressProxy { addr, stop })
-    }
-
-    pub fn port(&self) -> u16 {
-        self.addr.port()
+        let server = UnixServer::start(socket, "the egress proxy", move |stream| {
+            let ctx = ctx.clone();
+            async move { serve(stream, &ctx).await }
+        })?;
+        Ok(EgressProxy { _server: server })
     }
 }
 
-impl Drop for EgressProxy {
+/// A listener on a unix socket that serves each connection on its own task; dropping it stops
+/// the listener and every connection and removes the socket file.
+pub(super) struct UnixServer {
+    path: PathBuf,
+    stop: CancellationToken,
+}
+
+impl UnixServer {
+    /// `what` names the server in the error when the socket cannot be bound.
+    pub(super) fn start<F, Fut>(socket: &Path, what: &str, serve: F) -> Result<UnixServer>
+    where
+        F: Fn(UnixStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let cannot = |e: std::io::Error| {
+            AdapterError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("cannot start {what} on {}", socket.display()),
+            )
+            .with_cause(e)
+        };
+        let listener = UnixListener::bind(socket).map_err(cannot)?;
+        let server = UnixServer {
+            path: socket.to_path_buf(),
+            stop: CancellationToken::new(),
+        };
+        // Owner only: whoever can connect gets the server's egress (and the relay's secret).
+        set_owner_only(socket).map_err(cannot)?;
+        tokio::spawn(accept_loop(listener, serve, server.stop.clone()).in_current_span());
+        Ok(server)
+    }
+}
+
+#[cfg(unix)]
+fn set_owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+#[cfg(not(unix))]
+fn set_owner_only(_: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+impl Drop for UnixServer {
     fn drop(&mut self) {
         self.stop.cancel();
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -131,19 +173,23 @@ impl Ctx {
     }
 }
 
-async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, stop: CancellationToken) {
+async fn accept_loop<F, Fut>(listener: UnixListener, serve: F, stop: CancellationToken)
+where
+    F: Fn(UnixStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     loop {
         let conn = tokio::select! {
             _ = stop.cancelled() => return,
             c = listener.accept() => c,
         };
         let Ok((stream, _)) = conn else { continue };
-        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let (conn, stop) = (serve(stream), stop.clone());
         tokio::spawn(
             async move {
                 tokio::select! {
                     _ = stop.cancelled() => {}
-                    _ = serve(stream, &ctx) => {}
+                    _ = conn => {}
                 }
             }
             .in_current_span(),
@@ -151,11 +197,15 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, stop: CancellationTok
     }
 }
 
-async fn serve(client: TcpStream, ctx: &Ctx) {
+/// A connection's byte stream: a client's unix socket, an upstream's TCP or TLS stream.
+pub(super) trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ByteStream for T {}
+
+async fn serve(mut client: impl ByteStream, ctx: &Ctx) {
     let mut first = [0u8; 1];
-    match tokio::time::timeout(STEP_TIMEOUT, client.peek(&mut first)).await {
+    match tokio::time::timeout(STEP_TIMEOUT, client.read(&mut first)).await {
         Ok(Ok(1)) if first[0] == 5 => socks5(client, ctx).await,
-        Ok(Ok(1)) => http(client, ctx).await,
+        Ok(Ok(1)) => http(client, first.to_vec(), ctx).await,
         _ => {}
     }
 }
@@ -168,7 +218,7 @@ async fn connect(host: &str, port: u16) -> Option<TcpStream> {
         .ok()
 }
 
-async fn pipe(mut a: TcpStream, mut b: TcpStream) {
+async fn pipe(mut a: impl ByteStream, mut b: TcpStream) {
     let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
 }
 
@@ -177,34 +227,58 @@ async fn pipe(mut a: TcpStream, mut b: TcpStream) {
 const FORBIDDEN: &[u8] = b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 82\r\n\r\nblocked by the claude-runtime-adapter sandbox: host not in sandbox.allowedDomains\n";
 const BAD_GATEWAY: &[u8] =
     b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
-const BAD_REQUEST: &[u8] =
+pub(super) const BAD_REQUEST: &[u8] =
     b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+pub(super) const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
 
-/// Reads up to the end of the request head; returns the head and any bytes read past it.
-async fn read_head(client: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::with_capacity(2048);
+/// Answers a request the server refuses before reading all of it. The unread rest is drained
+/// for a moment first: closing a socket with unread input resets it, and the client would lose
+/// the answer.
+pub(super) async fn refuse(mut client: impl ByteStream, answer: &[u8]) {
+    if client.write_all(answer).await.is_ok() && client.shutdown().await.is_ok() {
+        let (mut rest, mut sink) = (client.take(16 * MAX_HEAD as u64), tokio::io::sink());
+        let drain = tokio::io::copy(&mut rest, &mut sink);
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    }
+}
+
+/// Why no message head was read.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HeadError {
+    /// The stream ended (or failed) before the head did.
+    Closed,
+    /// The head is longer than [`MAX_HEAD`].
+    TooLarge,
+}
+
+/// Reads up to the end of an HTTP message head (`buf` holds bytes already read); returns the
+/// head, up to and including its blank line, and any bytes read past it. No time bound: the
+/// caller sets the one that fits (a response head may take as long as the upstream works).
+pub(super) async fn read_head(
+    stream: &mut (impl AsyncRead + Unpin),
+    mut buf: Vec<u8>,
+) -> std::result::Result<(String, Vec<u8>), HeadError> {
     let mut chunk = [0u8; 4096];
+    let mut searched = 0;
     loop {
-        let n = tokio::time::timeout(STEP_TIMEOUT, client.read(&mut chunk))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let rest = buf.split_off(end + 4);
-            return Some((String::from_utf8_lossy(&buf).into_owned(), rest));
+        if let Some(end) = buf[searched..].windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(searched + end + 4);
+            return Ok((String::from_utf8_lossy(&buf).into_owned(), rest));
         }
         if buf.len() > MAX_HEAD {
-            return None;
+            return Err(HeadError::TooLarge);
+        }
+        // The terminator may straddle the next read.
+        searched = buf.len().saturating_sub(3);
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return Err(HeadError::Closed),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }
 
 /// `host:port`, `[v6]:port` or `host` (then `default_port`).
-fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
+pub(super) fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = match s.rfind(':') {
         Some(i) if !s[i..].contains(']') => (&s[..i], s[i + 1..].parse().ok()?),
         _ => (s, default_port),
@@ -212,9 +286,12 @@ fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
     (!host.is_empty()).then(|| (host.to_string(), port))
 }
 
-async fn http(mut client: TcpStream, ctx: &Ctx) {
-    let Some((head, rest)) = read_head(&mut client).await else {
-        return;
+async fn http(mut client: impl ByteStream, first: Vec<u8>, ctx: &Ctx) {
+    let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client, first)).await
+    {
+        Ok(Ok(read)) => read,
+        Ok(Err(HeadError::TooLarge)) => return refuse(client, HEAD_TOO_LARGE).await,
+        Ok(Err(HeadError::Closed)) | Err(_) => return,
     };
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
@@ -292,11 +369,12 @@ fn absolute_target(target: &str) -> Option<(String, u16, String)> {
 
 // ------------------------------------------------------------------------------------ SOCKS5
 
-async fn socks5(mut client: TcpStream, ctx: &Ctx) {
+/// The version byte (5) has been read already.
+async fn socks5(mut client: impl ByteStream, ctx: &Ctx) {
     let handshake = async {
-        let mut hdr = [0u8; 2];
-        client.read_exact(&mut hdr).await.ok()?;
-        let mut methods = vec![0u8; hdr[1] as usize];
+        let mut count = [0u8; 1];
+        client.read_exact(&mut count).await.ok()?;
+        let mut methods = vec![0u8; count[0] as usize];
         client.read_exact(&mut methods).await.ok()?;
         // No authentication: only processes inside this session's sandbox reach the port.
         client.write_all(&[5, 0]).await.ok()?;
