@@ -15,6 +15,7 @@ mod branches;
 mod leftovers;
 mod proxy;
 mod read_guard;
+mod relay;
 mod settings;
 mod write_scope;
 
@@ -28,6 +29,7 @@ pub use branches::BranchSnapshot;
 pub use leftovers::{Leftovers, SandboxUse, WORKDIR_MOUNT_POINTS};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
+pub use relay::{placeholder, ModelRelay};
 pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
 pub use write_scope::WriteScope;
 
