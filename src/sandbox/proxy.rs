@@ -428,7 +428,169 @@ async fn socks5(mut client: impl ByteStream, ctx: &Ctx) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use tokio::net::TcpListener;
+
     use super::*;
+
+    /// An echo server on 127.0.0.1; returns its port.
+    async fn echo_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        port
+    }
+
+    struct Running {
+        dir: tempfile::TempDir,
+        proxy: EgressProxy,
+        attempts: Arc<Mutex<Vec<EgressAttempt>>>,
+    }
+
+    impl Running {
+        async fn start() -> Running {
+            let dir = tempfile::tempdir().unwrap();
+            let attempts = Arc::new(Mutex::new(Vec::new()));
+            let seen = attempts.clone();
+            let sink: EgressSink = Arc::new(move |a| seen.lock().unwrap().push(a.clone()));
+            let allow = DomainAllowlist::new(&["127.0.0.1".into()]);
+            let proxy = EgressProxy::start(allow, Some(sink), &dir.path().join("egress.sock"))
+                .await
+                .unwrap();
+            Running {
+                dir,
+                proxy,
+                attempts,
+            }
+        }
+
+        async fn connect(&self) -> UnixStream {
+            UnixStream::connect(self.dir.path().join("egress.sock"))
+                .await
+                .unwrap()
+        }
+
+        fn attempts(&self) -> Vec<(&'static str, String, bool)> {
+            let attempts = self.attempts.lock().unwrap();
+            attempts
+                .iter()
+                .map(|a| (a.protocol, a.host.clone(), a.allowed))
+                .collect()
+        }
+    }
+
+    async fn read_until_head_end(s: &mut UnixStream) -> String {
+        read_head(s, Vec::new()).await.unwrap().0
+    }
+
+    #[tokio::test]
+    async fn connect_tunnels_to_allowed_hosts_over_the_unix_socket() {
+        let (proxy, port) = (Running::start().await, echo_server().await);
+        let mut c = proxy.connect().await;
+        c.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        assert!(read_until_head_end(&mut c)
+            .await
+            .starts_with("HTTP/1.1 200 "));
+        c.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        c.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+
+        let mut c = proxy.connect().await;
+        c.write_all(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_until_head_end(&mut c)
+            .await
+            .starts_with("HTTP/1.1 403 "));
+        assert_eq!(
+            proxy.attempts(),
+            [
+                ("connect", "127.0.0.1".to_string(), true),
+                ("connect", "example.com".to_string(), false)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn absolute_form_requests_are_forwarded_in_origin_form_and_huge_heads_refused() {
+        let (proxy, port) = (Running::start().await, echo_server().await);
+        let mut c = proxy.connect().await;
+        let request = format!(
+            "GET http://127.0.0.1:{port}/a?b HTTP/1.1\r\nHost: x\r\nProxy-Authorization: p\r\n\r\n"
+        );
+        c.write_all(request.as_bytes()).await.unwrap();
+        // The echo server returns what the proxy sent upstream.
+        assert_eq!(
+            read_until_head_end(&mut c).await,
+            "GET /a?b HTTP/1.1\r\nHost: x\r\n\r\n"
+        );
+
+        let mut c = proxy.connect().await;
+        let huge = format!(
+            "GET http://127.0.0.1/ HTTP/1.1\r\nx: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD)
+        );
+        c.write_all(huge.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn socks5_connects_allowed_hosts_and_refuses_others() {
+        let (proxy, port) = (Running::start().await, echo_server().await);
+        let mut c = proxy.connect().await;
+        let mut reply = [0u8; 10];
+        c.write_all(&[5, 1, 0]).await.unwrap();
+        c.read_exact(&mut reply[..2]).await.unwrap();
+        assert_eq!(reply[..2], [5, 0]);
+        let [hi, lo] = port.to_be_bytes();
+        c.write_all(&[5, 1, 0, 1, 127, 0, 0, 1, hi, lo])
+            .await
+            .unwrap();
+        c.read_exact(&mut reply).await.unwrap();
+        assert_eq!(reply[1], 0, "success");
+        c.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        c.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+
+        let mut c = proxy.connect().await;
+        c.write_all(&[5, 1, 0]).await.unwrap();
+        c.read_exact(&mut reply[..2]).await.unwrap();
+        c.write_all(&[&[5, 1, 0, 3, 11][..], b"example.com", &[0, 80]].concat())
+            .await
+            .unwrap();
+        c.read_exact(&mut reply).await.unwrap();
+        assert_eq!(reply[1], 2, "not allowed by ruleset");
+        assert_eq!(
+            proxy.attempts(),
+            [
+                ("socks5", "127.0.0.1".to_string(), true),
+                ("socks5", "example.com".to_string(), false)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_socket_file_goes_with_the_proxy() {
+        let proxy = Running::start().await;
+        let socket = proxy.dir.path().join("egress.sock");
+        assert!(socket.exists());
+        drop(proxy.proxy);
+        assert!(!socket.exists());
+    }
 
     #[test]
     fn wildcard_matches_subdomains_only_and_exact_names_match_exactly() {
