@@ -259,13 +259,15 @@ impl Relay {
             return None;
         }
         let mut out = format!("{method} {}{target} {version}\r\n", self.upstream.base_path);
-        let fields: Vec<(&str, &str)> = lines
-            .map(|l| match l.starts_with([' ', '\t']) {
-                // Obsolete line folding may be refused (RFC 9112 5.2).
-                true => None,
-                false => l.split_once(':'),
-            })
-            .collect::<Option<_>>()?;
+        // Obsolete line folding (a line starting with blank space) is refused as RFC 9112 5.2
+        // allows, and so is blank space in a name: `Host :` must not pass as another header.
+        let fields: Vec<(&str, &str)> = lines.map(|l| l.split_once(':')).collect::<Option<_>>()?;
+        if fields
+            .iter()
+            .any(|(name, _)| name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return None;
+        }
         // Headers the client's `Connection` names are hop-by-hop too.
         let named: Vec<String> = fields
             .iter()
@@ -674,7 +676,8 @@ mod tests {
         for bad in [
             "GET http://evil/ HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nno colon\r\n\r\n",
-            "GET / HTTP/1.1\r\nx: a\r\n folded\r\n\r\n",
+            "GET / HTTP/1.1\r\nx: a\r\n folded: b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : evil\r\n\r\n",
         ] {
             let answer = send(&relay.socket, bad.as_bytes()).await;
             assert!(answer.starts_with("HTTP/1.1 400 "), "{bad:?}: {answer}");
