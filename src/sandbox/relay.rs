@@ -249,6 +249,15 @@ impl Relay {
     /// a malformed head.
     fn rewrite_request(&self, head: &str) -> Option<String> {
         let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+        // A bare CR or LF inside a line may end it for the upstream, smuggling in a header
+        // (a second Host) that the checks below never saw.
+        if head
+            .trim_end_matches("\r\n")
+            .split("\r\n")
+            .any(|l| l.chars().any(|c| c.is_control() && c != '\t'))
+        {
+            return None;
+        }
         let mut parts = lines.next()?.split(' ');
         let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some()
@@ -678,6 +687,8 @@ mod tests {
             "GET / HTTP/1.1\r\nno colon\r\n\r\n",
             "GET / HTTP/1.1\r\nx: a\r\n folded: b\r\n\r\n",
             "GET / HTTP/1.1\r\nHost : evil\r\n\r\n",
+            "GET / HTTP/1.1\r\nx: a\nHost: evil\r\n\r\n",
+            "GET / HTTP/1.1\r\nx: a\rHost: evil\r\n\r\n",
         ] {
             let answer = send(&relay.socket, bad.as_bytes()).await;
             assert!(answer.starts_with("HTTP/1.1 400 "), "{bad:?}: {answer}");
