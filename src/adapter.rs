@@ -14,6 +14,7 @@ use crate::config::AdapterConfig;
 use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
+use crate::environment::{Backend, LocalBackend};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::RepoGit;
 use crate::lifecycle::{self, Registry, SessionInfo, StartedSession};
@@ -26,6 +27,8 @@ pub struct Adapter {
     hook: Arc<dyn BashHook>,
     logger: Arc<dyn Logger>,
     registry: Arc<Registry>,
+    /// Where sessions run.
+    backend: Arc<dyn Backend>,
     shut_down: AtomicBool,
     /// Routes the core modules' `tracing` diagnostics to this adapter's logger.
     log_route: LogRoute,
@@ -45,6 +48,7 @@ impl Adapter {
             hook,
             logger,
             registry: Arc::default(),
+            backend: Arc::new(LocalBackend),
             shut_down: AtomicBool::new(false),
             log_route,
         })
@@ -66,6 +70,10 @@ impl Adapter {
         &self.logger
     }
 
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
@@ -84,7 +92,8 @@ impl Adapter {
     /// delay `createClaudeAdapter`; logs what it did.
     pub async fn sweep_stale_worktrees(&self) {
         let repo = RepoGit::for_repo(&self.config.repo_root);
-        match repo.sweep_stale().instrument(self.log_span()).await {
+        let sandboxed = self.config.sandbox.is_some() && cfg!(target_os = "linux");
+        match repo.sweep_stale(sandboxed).instrument(self.log_span()).await {
             Ok(removed) => self.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },
                 "swept worktrees left by processes that are gone",

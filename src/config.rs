@@ -53,8 +53,10 @@ pub struct AdapterConfig {
 pub struct SandboxConfig {
     /// Hosts agent commands may reach (nothing else).
     pub allowed_domains: Vec<String>,
-    /// Extra absolute paths agent commands may write.
+    /// Extra absolute paths agent sessions may write.
     pub allow_write: Vec<PathBuf>,
+    /// Extra absolute paths agent sessions may read.
+    pub allow_read: Vec<PathBuf>,
 }
 
 /// Operator overrides of two bounds, in milliseconds (also how the tests reach the "never
@@ -416,7 +418,7 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
         Some(_) => {
             problems.add(
                 "sandbox",
-                "must be false or an object { allowedDomains?, allowWrite? }",
+                "must be false or an object { allowedDomains?, allowWrite?, allowRead? }",
             );
             return None;
         }
@@ -434,23 +436,30 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
             }
         }
     }
-    if obj.get("allowWrite").is_some_and(|v| !v.is_null()) {
-        for (i, p) in r
-            .strings("sandbox.allowWrite", obj.get("allowWrite"))
-            .into_iter()
-            .enumerate()
-        {
-            if Path::new(&p).is_absolute() {
-                cfg.allow_write.push(PathBuf::from(p));
-            } else {
-                r.problems.add(
-                    &format!("sandbox.allowWrite[{i}]"),
-                    format!("must be an absolute path (got {p:?})"),
-                );
-            }
+    cfg.allow_write = absolute_paths(&mut r, "allowWrite");
+    cfg.allow_read = absolute_paths(&mut r, "allowRead");
+    Some(cfg)
+}
+
+/// `sandbox.<key>`: absent, or a list of absolute paths.
+fn absolute_paths(r: &mut Reader<'_>, key: &str) -> Vec<PathBuf> {
+    let v = r.obj.get(key).filter(|v| !v.is_null());
+    if v.is_none() {
+        return Vec::new();
+    }
+    let name = format!("sandbox.{key}");
+    let mut out = Vec::new();
+    for (i, p) in r.strings(&name, v).into_iter().enumerate() {
+        if Path::new(&p).is_absolute() {
+            out.push(PathBuf::from(p));
+        } else {
+            r.problems.add(
+                &format!("{name}[{i}]"),
+                format!("must be an absolute path (got {p:?})"),
+            );
         }
     }
-    Some(cfg)
+    out
 }
 
 /// `example.com`, `127.0.0.1`, `*.example.com`: letters, digits, `-`, `.`, an optional leading

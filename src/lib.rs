@@ -9,6 +9,7 @@ pub mod config;
 pub mod context;
 pub mod deps;
 pub mod domain;
+pub mod environment;
 pub mod error;
 pub mod git;
 pub mod lifecycle;

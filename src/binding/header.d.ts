@@ -64,8 +64,13 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   hookTimeout?: number
   /** follow-up turns for semantic output violations; integer 0..10; default 2 */
   outputRetries?: number
-  /** OS sandbox for agent commands; default on (`{}`); false = knowingly off */
-  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[] }
+  /**
+   * The OS sandbox every agent session runs in (Linux: one bubblewrap sandbox around the CLI);
+   * default on (`{}`); false = knowingly off. `allowedDomains`: hosts reachable through the
+   * egress proxy (besides the model API); `allowWrite` / `allowRead`: extra absolute paths the
+   * session may write / read.
+   */
+  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[] }
 }
 
 export interface Logger {

@@ -9,8 +9,6 @@ pub struct CliArgs<'a> {
     pub max_turns: Option<u32>,
     pub model: Option<&'a str>,
     pub session_id: &'a str,
-    /// The session's sandbox settings (`sandbox::SessionSandbox::settings_arg`), if any.
-    pub settings: Option<&'a str>,
 }
 
 pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
@@ -35,10 +33,6 @@ pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
     args.push("--permission-mode=bypassPermissions".to_string());
     args.push("--allow-dangerously-skip-permissions".to_string());
     args.push(format!("--session-id={}", a.session_id));
-    if let Some(settings) = a.settings {
-        // Flag settings still apply with `--setting-sources=` (observed on 2.1.330).
-        args.push(settings.to_string());
-    }
     args
 }
 
@@ -131,7 +125,6 @@ mod tests {
             max_turns: None,
             model: None,
             session_id: "s",
-            settings: None,
         });
         assert!(!without
             .iter()
@@ -142,27 +135,12 @@ mod tests {
             max_turns: Some(7),
             model: Some("opus"),
             session_id: "s",
-            settings: None,
         });
         assert!(with.contains(&"--max-turns=7".to_string()));
         assert!(with.contains(&"--model=opus".to_string()));
         assert!(with.contains(&"--agent=planner".to_string()));
         assert!(with.contains(&"--setting-sources=".to_string()));
         assert!(with.contains(&r#"--json-schema={"type":"object"}"#.to_string()));
-    }
-
-    #[test]
-    fn settings_arg_is_passed_when_given() {
-        let schema = serde_json::json!({"type": "object"});
-        let args = build_args(&CliArgs {
-            role: "implementor",
-            schema: &schema,
-            max_turns: None,
-            model: None,
-            session_id: "s",
-            settings: Some("--settings={}"),
-        });
-        assert_eq!(args.last().map(String::as_str), Some("--settings={}"));
     }
 
     #[test]

@@ -5,6 +5,5 @@
 pub mod command;
 pub mod ids;
 pub mod locate;
-pub mod process;
 pub mod protocol;
 pub mod session;

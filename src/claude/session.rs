@@ -12,14 +12,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::process;
 use super::protocol::{self, Inbound, ReadTarget, ResultMessage};
 use crate::deps::{BashHook, HookDecision};
+use crate::environment::{Exec, ExecControl};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::{ReadGuard, WriteScope};
 use crate::stats::RunStats;
@@ -167,10 +166,9 @@ struct Turn {
 }
 
 pub struct RunningSession {
-    child: Child,
+    control: Box<dyn ExecControl>,
     pid: u32,
-    tree: Arc<process::ProcessTree>,
-    reader: BufReader<ChildStdout>,
+    reader: BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     writer: Option<mpsc::UnboundedSender<Value>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
     stderr_done: tokio::task::JoinHandle<()>,
@@ -191,31 +189,24 @@ fn tail_text(buf: &Mutex<VecDeque<u8>>) -> String {
     String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
-/// Spawn the CLI, initialize it and hand it the prompt. Resolves once the CLI has answered
-/// `initialize` and the prompt is written; the agent then runs under [`RunningSession::run`].
-/// On any failure the process (and anything it started) is killed before returning.
+/// Drive the CLI started as `exec` (see [`crate::environment::Environment::exec`]): initialize
+/// it and hand it the prompt. Resolves once the CLI has answered `initialize` and the prompt is
+/// written; the agent then runs under [`RunningSession::run`]. On any failure the process (and
+/// anything it started) is killed before returning.
 pub async fn start(
+    exec: Exec,
     spec: SessionSpec,
     hook: Arc<dyn BashHook>,
     observer: Arc<dyn SessionObserver>,
     stop: StopSignal,
 ) -> Result<RunningSession> {
-    let mut child =
-        process::spawn(&spec.program, &spec.args, &spec.env, &spec.cwd).map_err(|e| {
-            AdapterError::new(
-                ErrorCode::AgentFailed,
-                format!(
-                    "could not start the Claude Code CLI {}: {e}",
-                    spec.program.display()
-                ),
-            )
-            .with_cause(e)
-        })?;
-    let tree = Arc::new(process::ProcessTree::of(&child));
-    let pid = tree.leader();
-    let stdin = child.stdin.take().expect("stdin is piped");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = child.stderr.take().expect("stderr is piped");
+    let Exec {
+        stdin,
+        stdout,
+        stderr,
+        control,
+    } = exec;
+    let pid = control.pid().unwrap_or(0);
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
     // The writer owns stdin; when every sender is dropped it closes stdin, which is how the
@@ -248,9 +239,8 @@ pub async fn start(
     });
 
     let mut session = RunningSession {
-        child,
+        control,
         pid,
-        tree,
         reader: BufReader::with_capacity(64 * 1024, stdout),
         writer: Some(tx),
         stderr: tail,
@@ -315,7 +305,7 @@ impl RunningSession {
             };
             match read {
                 Ok(0) | Err(_) => {
-                    let status = self.child.wait().await.ok();
+                    let status = self.control.wait().await;
                     let _ = (&mut self.stderr_done).await;
                     return Err(AdapterError::new(
                         ErrorCode::AgentFailed,
@@ -419,10 +409,7 @@ impl RunningSession {
                     if termed {
                         break;
                     }
-                    #[cfg(unix)]
-                    process::signal(self.pid, process::SIGTERM);
-                    #[cfg(not(unix))]
-                    let _ = self.child.start_kill();
+                    self.control.terminate();
                     turn.stopping = Some((reason, Instant::now() + TERM_GRACE, true));
                 }
             }
@@ -443,8 +430,7 @@ impl RunningSession {
         // for the CLI's own wind-down (it takes 100-250 ms after an interrupt result).
         let mut termed = stopping.is_some_and(|(_, _, termed)| termed);
         if stopping.is_some() && !termed {
-            #[cfg(unix)]
-            process::signal(self.pid, process::SIGTERM);
+            self.control.terminate();
             termed = true;
         }
         let grace = if termed || result.is_none() {
@@ -452,21 +438,17 @@ impl RunningSession {
         } else {
             EXIT_GRACE
         };
-        let mut exit = timeout(grace, self.child.wait())
-            .await
-            .ok()
-            .and_then(|r| r.ok());
+        let mut exit = timeout(grace, self.control.wait()).await.ok().flatten();
         if exit.is_none() && !termed {
-            #[cfg(unix)]
-            process::signal(self.pid, process::SIGTERM);
-            exit = timeout(TERM_GRACE, self.child.wait())
+            self.control.terminate();
+            exit = timeout(TERM_GRACE, self.control.wait())
                 .await
                 .ok()
-                .and_then(|r| r.ok());
+                .flatten();
         }
         self.kill_all().await;
         if exit.is_none() {
-            exit = self.child.wait().await.ok();
+            exit = self.control.wait().await;
         }
         SessionEnd {
             result,
@@ -482,10 +464,7 @@ impl RunningSession {
     /// SIGKILL every process of the session, reap the CLI and drain stderr.
     async fn kill_all(&mut self) {
         self.writer = None;
-        let tree = self.tree.clone();
-        let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+        self.control.kill_all().await;
         // stderr closes once every holder of the pipe is dead; bounded in case one escaped.
         let _ = timeout(Duration::from_secs(2), &mut self.stderr_done).await;
     }

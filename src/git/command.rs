@@ -13,6 +13,8 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::Jail;
+
 /// Environment variables that would point git at another repository, index or diff program.
 /// The Node process may itself run under a git hook (which exports `GIT_DIR`, `GIT_INDEX_FILE`,
 /// ...); inheriting them would make every command below act on the wrong repository.
@@ -114,8 +116,46 @@ pub(crate) fn display_argv<S: AsRef<OsStr>>(program: &str, args: &[S]) -> String
 /// A `git` command with the hygiene every invocation needs.
 pub(crate) fn git_command<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Command {
     let mut cmd = Command::new("git");
-    cmd.args(args)
-        .current_dir(cwd)
+    cmd.args(args);
+    hygiene(cmd, cwd)
+}
+
+/// Where a git command of the adapter's runs: a directory, and the sandbox to run it in when
+/// the directory is an agent's clone. The agent wrote that clone's config, hooks and
+/// attributes (`core.fsmonitor`, filter drivers, …), which git would otherwise run unconfined
+/// when the adapter stages the clone for its patch.
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub dir: &'a Path,
+    pub jail: Option<&'a Jail>,
+}
+
+impl std::ops::Deref for At<'_> {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.dir
+    }
+}
+
+impl At<'_> {
+    /// `git args` in this directory (inside the sandbox, with only a system `PATH` and a
+    /// throwaway `HOME`, when there is one).
+    pub(crate) fn git<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
+        let Some(jail) = self.jail else {
+            return git_command(self.dir, args);
+        };
+        let args: Vec<std::ffi::OsString> = args.iter().map(|a| a.as_ref().into()).collect();
+        let mut cmd = Command::new("bwrap");
+        cmd.args(jail.argv(OsStr::new("git"), &args))
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", "/tmp");
+        hygiene(cmd, self.dir)
+    }
+}
+
+fn hygiene(mut cmd: Command, cwd: &Path) -> Command {
+    cmd.current_dir(cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -20,8 +20,39 @@ pub(crate) struct ListedWorktree {
     pub admin: PathBuf,
     /// `refs/heads/<branch>` when a branch is checked out.
     pub head_ref: Option<String>,
-    /// `Some(reason)` when locked (the reason may be empty).
+    /// `Some(reason)` when locked (the reason may be empty). For a clone: its owner record.
     pub locked: Option<String>,
+    /// A clone this adapter made (`admin` is then its record dir), not a linked worktree.
+    pub clone: bool,
+}
+
+/// Where the records of the adapter's clones live, under the common git dir.
+pub(crate) const CLONES_DIR: &str = "claude-runtime-adapter/clones";
+
+/// The clones this adapter recorded (see [`super::provision`]): path from the session record,
+/// owner from the `locked` file beside it. A record without a readable path is skipped.
+pub(crate) fn clones(common: &Path) -> std::io::Result<Vec<ListedWorktree>> {
+    let dir = match std::fs::read_dir(common.join(CLONES_DIR)) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in dir {
+        let admin = entry?.path();
+        let Some(record) = super::record::AdminRecord::read(&admin) else {
+            continue;
+        };
+        let Some(path) = record.path else { continue };
+        out.push(ListedWorktree {
+            path: PathBuf::from(path),
+            head_ref: Some(format!("refs/heads/{}", record.branch)),
+            locked: std::fs::read_to_string(admin.join("locked")).ok(),
+            admin,
+            clone: true,
+        });
+    }
+    Ok(out)
 }
 
 /// The main checkout (unless the repository is bare) followed by every linked worktree.
@@ -34,6 +65,7 @@ pub(crate) fn worktrees(common: &Path) -> std::io::Result<Vec<ListedWorktree>> {
                 admin: common.to_path_buf(),
                 head_ref: head_ref(common),
                 locked: None,
+                clone: false,
             });
         }
     }
@@ -59,6 +91,7 @@ fn linked(admin: &Path) -> Option<ListedWorktree> {
         admin: admin.to_path_buf(),
         head_ref: head_ref(admin),
         locked: std::fs::read_to_string(admin.join("locked")).ok(),
+        clone: false,
     })
 }
 

@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use super::binary::binarize_non_utf8;
-use super::command::{git_command, run, run_with_input, CommandError};
+use super::command::{run, run_with_input, At, CommandError};
 use super::list::admin_dir_of;
 use crate::error::{AdapterError, ErrorCode, Result};
 
@@ -34,7 +34,7 @@ pub(crate) fn patch_error(message: impl Into<String>) -> AdapterError {
 }
 
 /// The tree object of everything in `worktree` now (what `git add -A` would stage), as hex.
-pub(crate) async fn snapshot(worktree: &Path) -> Result<String> {
+pub(crate) async fn snapshot(worktree: At<'_>) -> Result<String> {
     let temp = TempIndex::copy_of(&index_path(worktree)?)?;
     stage_all(worktree, &temp.path).await
 }
@@ -43,7 +43,7 @@ pub(crate) async fn snapshot(worktree: &Path) -> Result<String> {
 /// differ from the `since` snapshot tree when one is given (see the module docs). Empty when
 /// nothing counts. Failures carry `ERR_AGENT_FAILED` with git's error as cause.
 pub(crate) async fn agent_patch(
-    worktree: &Path,
+    worktree: At<'_>,
     base: &str,
     since: Option<&str>,
 ) -> Result<String> {
@@ -66,7 +66,7 @@ pub(crate) async fn agent_patch(
 }
 
 /// `git add -A` into `index`, then `git write-tree`: the tree's hex oid.
-async fn stage_all(worktree: &Path, index: &Path) -> Result<String> {
+async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     git_with_index(
         worktree,
         index,
@@ -78,7 +78,7 @@ async fn stage_all(worktree: &Path, index: &Path) -> Result<String> {
     write_tree(worktree, index).await
 }
 
-async fn write_tree(worktree: &Path, index: &Path) -> Result<String> {
+async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
     let out = git_with_index(worktree, index, &["write-tree"], "git write-tree")
         .await
         .map_err(|e| patch_error("cannot write the staged tree").with_cause(e))?;
@@ -86,19 +86,19 @@ async fn write_tree(worktree: &Path, index: &Path) -> Result<String> {
 }
 
 async fn git_with_index(
-    worktree: &Path,
+    worktree: At<'_>,
     index: &Path,
     args: &[&str],
     shown: &str,
 ) -> Result<Vec<u8>, CommandError> {
-    let mut cmd = git_command(worktree, args);
+    let mut cmd = worktree.git(args);
     cmd.env("GIT_INDEX_FILE", index);
     Ok(run(cmd, shown.to_string()).await?.stdout)
 }
 
 /// `update-index -z --index-info` records that turn the snapshot's entries into the final
 /// ones for every path the agent changed: `<mode> <oid>\t<path>`, or mode 0 to remove.
-async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> Result<Vec<u8>> {
+async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> Result<Vec<u8>> {
     let args = [
         "diff-tree",
         "-r",
@@ -108,7 +108,7 @@ async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> R
         final_tree,
     ];
     let out = run(
-        git_command(worktree, &args),
+        worktree.git(&args),
         "git diff-tree -r -z (snapshot..final)".into(),
     )
     .await
@@ -124,9 +124,6 @@ async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> R
                 "unexpected git diff-tree output: {meta}"
             )));
         };
-        if status.starts_with('A') && oid == EMPTY_BLOB && is_sandbox_mount_point(path) {
-            continue;
-        }
         let entry = if status.starts_with('D') {
             format!("0 {NULL_OID}\t")
         } else {
@@ -139,20 +136,8 @@ async fn changed_entries(worktree: &Path, snapshot: &str, final_tree: &str) -> R
     Ok(records)
 }
 
-/// The object id of an empty file.
-const EMPTY_BLOB: &str = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391";
-
-/// A new empty file where the CLI's sandbox plants its mount points (left behind when the CLI
-/// was killed mid-command): not the agent's work.
-fn is_sandbox_mount_point(path: &[u8]) -> bool {
-    crate::sandbox::WORKDIR_MOUNT_POINTS.iter().any(|m| {
-        let m = m.as_bytes();
-        path == m || (path.starts_with(m) && path.get(m.len()) == Some(&b'/'))
-    })
-}
-
 /// The tree of `base` with `changes` applied (in a temporary index beside the real one).
-async fn overlay(worktree: &Path, index: &Path, base: &str, changes: Vec<u8>) -> Result<String> {
+async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -> Result<String> {
     let temp = TempIndex::empty_beside(index);
     let fail = |what: &str, e: CommandError| patch_error(what.to_string()).with_cause(e);
     git_with_index(
@@ -171,7 +156,7 @@ async fn overlay(worktree: &Path, index: &Path, base: &str, changes: Vec<u8>) ->
         "--replace",
         "--index-info",
     ];
-    let mut cmd = git_command(worktree, &args);
+    let mut cmd = worktree.git(&args);
     cmd.env("GIT_INDEX_FILE", &temp.path);
     run_with_input(cmd, "git update-index -z --index-info".into(), changes)
         .await
@@ -180,7 +165,7 @@ async fn overlay(worktree: &Path, index: &Path, base: &str, changes: Vec<u8>) ->
 }
 
 /// `git diff-tree --binary -M <base tree> <target tree>`, made UTF-8.
-async fn diff(worktree: &Path, base: &str, target: &str) -> Result<String> {
+async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
     let base_tree = format!("{base}^{{tree}}");
     let args = [
         "-c",
@@ -195,7 +180,7 @@ async fn diff(worktree: &Path, base: &str, target: &str) -> Result<String> {
         target,
     ];
     let out = run(
-        git_command(worktree, &args),
+        worktree.git(&args),
         format!("git diff-tree -r --binary -M {base_tree} {target}"),
     )
     .await
@@ -204,7 +189,7 @@ async fn diff(worktree: &Path, base: &str, target: &str) -> Result<String> {
         Ok(s) => Ok(s),
         Err(e) => {
             let bytes = e.into_bytes();
-            let wt = worktree.to_path_buf();
+            let wt = worktree.dir.to_path_buf();
             tokio::task::spawn_blocking(move || binarize_non_utf8(&wt, &bytes))
                 .await
                 .map_err(|e| patch_error(format!("patch conversion panicked: {e}")))?
@@ -214,8 +199,8 @@ async fn diff(worktree: &Path, base: &str, target: &str) -> Result<String> {
 
 /// The worktree's own index file (`<admin dir>/index` for a linked worktree), found from its
 /// `.git` file.
-fn index_path(worktree: &Path) -> Result<PathBuf> {
-    admin_dir_of(worktree)
+fn index_path(worktree: At<'_>) -> Result<PathBuf> {
+    admin_dir_of(&worktree)
         .map(|a| a.join("index"))
         .map_err(|e| {
             patch_error(format!("{} is not a git worktree", worktree.display())).with_cause(e)

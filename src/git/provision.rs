@@ -1,20 +1,23 @@
-//! Provisioning an Implementor worktree (spec "Worktree Management"):
-//! `<repoRoot>/.worktrees/<branch>` on a branch force-reset to the default branch, the
-//! `post-checkout` hook, the setup command (e.g. `yarn install`), then a snapshot of the result
-//! so the patch holds only the agent's work ([`super::patch`]).
+//! Provisioning an Implementor's checkout (spec "Worktree Management"): a private clone of the
+//! repository at `<repoRoot>/.worktrees/<branch>` (`git clone --shared`: it borrows the
+//! repository's objects through `objects/info/alternates`, so nothing is copied), on the branch
+//! `<branch>` at the default branch's commit, then the `post-checkout` hook, the setup command
+//! (e.g. `yarn install`), then a snapshot of the result so the patch holds only the agent's work
+//! ([`super::patch`]).
 //!
-//! `git worktree add` is split in two, exactly as git itself does it internally: the metadata
-//! step (`worktree add --no-checkout --lock`: admin dir, branch, HEAD; then our session and owner
-//! records) runs under the per-repository lock, while populating the files (`reset --hard`, then
-//! the hook) and the setup command run outside it, so parallel provisions only queue for the
-//! short metadata steps.
+//! Why a clone and not `git worktree add`: a linked worktree commits into the repository's own
+//! `.git` (objects, its branch's ref beside every other ref, `packed-refs`), so a sandbox that
+//! lets the agent commit must open paths of `.git` that other sessions' git creates and removes
+//! meanwhile. A clone keeps every write of the agent's git in its own directory: the sandbox
+//! opens one directory read-write and the repository's object store read-only, and the
+//! repository's working tree, refs, config and hooks are not writable at all (README,
+//! "Security model", has the measurements).
 //!
-//! The stop signal reaches every step: waiting for the lock, waiting out another git process's
-//! lock file, the checkout, the hook and the setup command (whose whole process tree is killed,
-//! see [`super::setup`]). A stopped provision removes what it made — worktree and branch —
-//! before it returns `ERR_CANCELLED`. A worktree already at the path is replaced only if this
-//! adapter made it for a session that is gone (its work saved first, as the sweep does);
-//! anything else there is refused, never removed.
+//! Only the claim — records in `<common>/claude-runtime-adapter/clones/<id>/` naming the path,
+//! the session and this process as owner — runs under the per-repository lock; the clone, the
+//! checkout, the hook and the setup command run outside it. The stop signal reaches every step;
+//! a stopped or failed provision removes what it made before it returns. Whatever is already at
+//! the path is handled by [`RepoGit::clear_path`].
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -24,13 +27,12 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{display_argv, git_command, is_lock_contention, run, run_git_retrying_until};
+use super::command::{display_argv, git_command, run, run_git, At};
 use super::hooks;
-use super::list::{admin_dir_of, ListedWorktree};
 use super::owner::Owner;
 use super::patch;
 use super::record::{AdminRecord, SessionRecord};
-use super::repo::{lock_std, provision_error, same_path, RepoGit};
+use super::repo::{lock_std, provision_error, RepoGit};
 use super::setup::{run_bounded, seconds, RunError};
 use super::worktree::{Worktree, WorktreeState};
 use crate::error::{AdapterError, ErrorCode, Result};
@@ -38,9 +40,9 @@ use crate::error::{AdapterError, ErrorCode, Result};
 /// Everything one provision needs.
 #[derive(Debug, Clone)]
 pub struct ProvisionRequest {
-    /// The session's branch; the worktree is `<repoRoot>/.worktrees/<branch>`.
+    /// The session's branch; the checkout is `<repoRoot>/.worktrees/<branch>`.
     pub branch: String,
-    /// What the branch is force-reset to (`config.defaultBranch`).
+    /// What the branch starts at (`config.defaultBranch`).
     pub default_branch: String,
     /// The setup command's argv (`config.worktreeSetupCommand`); None or empty: no setup.
     pub setup: Option<Vec<String>>,
@@ -49,8 +51,10 @@ pub struct ProvisionRequest {
     /// Bound on the setup command, and on the `post-checkout` hook
     /// (`config.worktreeSetupTimeout`).
     pub setup_timeout: Duration,
-    /// Who the worktree is for: recorded so a sweep can save the work if this process dies.
+    /// Who the checkout is for: recorded so a sweep can save the work if this process dies.
     pub session: SessionRecord,
+    /// Whether the adapter's own git runs sandboxed in agents' clones (`config.sandbox`).
+    pub sandboxed: bool,
 }
 
 fn cancelled() -> AdapterError {
@@ -61,7 +65,7 @@ fn cancelled() -> AdapterError {
 }
 
 impl RepoGit {
-    /// Provisions the worktree for `req` (see the module docs). `stop` firing at any point
+    /// Provisions the checkout for `req` (see the module docs). `stop` firing at any point
     /// removes whatever was made and returns `ERR_CANCELLED`.
     pub async fn provision(
         &self,
@@ -73,14 +77,22 @@ impl RepoGit {
             return Err(cancelled());
         }
         let path = self.worktree_path(&req.branch);
-        let base_commit = self.add_worktree(req, &path, stop).await?;
-        // From here on any failure (or the future being dropped) removes worktree and branch.
+        let base_commit = self.claim(req, &path, stop).await?;
+        // From here on any failure (or the future being dropped) removes what was made.
         let mut guard = ProvisionGuard {
             repo: Some(self.arc()),
             path: path.clone(),
-            branch: req.branch.clone(),
         };
-        match self.prepare(req, &path, &base_commit, stop).await {
+        let jail = if req.sandboxed {
+            Some(self.extraction_jail(&path).await?)
+        } else {
+            None
+        };
+        let at = At {
+            dir: &path,
+            jail: jail.as_ref(),
+        };
+        match self.prepare(req, at, &base_commit, stop).await {
             Ok(snapshot_tree) => {
                 guard.disarm();
                 Ok(Worktree {
@@ -88,10 +100,10 @@ impl RepoGit {
                     branch: req.branch.clone(),
                     base_commit,
                     snapshot_tree,
+                    jail,
                     state: Arc::new(WorktreeState {
                         repo: self.arc(),
                         path,
-                        branch: req.branch.clone(),
                         cleaned: AtomicBool::new(false),
                     }),
                 })
@@ -103,8 +115,8 @@ impl RepoGit {
         }
     }
 
-    /// Phase 1, under the lock: the metadata changes. Returns the base commit.
-    async fn add_worktree(
+    /// Phase 1, under the lock: clear the path, record the claim. Returns the base commit.
+    async fn claim(
         &self,
         req: &ProvisionRequest,
         path: &Path,
@@ -116,96 +128,93 @@ impl RepoGit {
         };
         self.ensure_excluded().await?;
         let base = self.resolve_commit(&req.default_branch).await?;
-        let listed = self.list_worktrees().await?;
-        if let Some(stale) = listed.iter().find(|w| same_path(&w.path, path)) {
-            self.replace_stale(stale).await?;
-        }
-        check_branch_free(&listed, path, &req.branch)?;
-        let branch = req.branch.as_str();
-        let branch_existed = self.branch_exists(branch).await;
-        let args: [&std::ffi::OsStr; 8] = [
-            "worktree".as_ref(),
-            "add".as_ref(),
-            "--no-checkout".as_ref(),
-            // The reason is written by `record_owner` (`--reason` needs git 2.35+).
-            "--lock".as_ref(),
-            "-B".as_ref(),
-            branch.as_ref(),
-            path.as_os_str(),
-            base.as_ref(),
-        ];
-        if let Err(e) = run_git_retrying_until(&self.root, &args, Some(stop)).await {
-            // git removes its own half-made worktree, but a branch it created before failing
-            // (e.g. the path exists and is not empty) stays; a branch that existed before is
-            // left alone (it was going to be reset anyway, but it is not ours to delete).
-            if !branch_existed {
-                let _ = self.delete_branch(branch).await;
-            }
-            if stop.is_cancelled() && is_lock_contention(&e) {
-                return Err(cancelled());
-            }
-            return Err(
-                provision_error(format!("git worktree add failed for branch '{branch}'"))
-                    .with_cause(e),
-            );
-        }
-        lock_std(&self.live).insert(path.to_path_buf());
-        if let Err(e) = self.record_owner(path, req, &base) {
-            let _ = self.remove_session_locked(path, branch).await;
+        self.clear_path(path, &base, req.sandboxed).await?;
+        let record_dir = self.record_dir(path).await?;
+        let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
+            let mut record = AdminRecord::new(&req.session, &req.branch, &base);
+            record.path = path.to_str().map(str::to_string);
+            record.write(&record_dir)?;
+            self.owner.write_lock(&record_dir)
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_dir_all(&record_dir);
             return Err(provision_error(format!(
                 "cannot record the owner of the new worktree at {}",
                 path.display()
             ))
             .with_cause(e));
         }
+        lock_std(&self.live).insert(path.to_path_buf());
         Ok(base)
     }
 
-    /// The session record first, then the owner record that makes the worktree ours (see
-    /// [`super::record`]).
-    fn record_owner(&self, path: &Path, req: &ProvisionRequest, base: &str) -> std::io::Result<()> {
-        let admin = admin_dir_of(path)?;
-        AdminRecord::new(&req.session, &req.branch, base).write(&admin)?;
-        self.owner.write_lock(&admin)
-    }
-
-    /// A worktree already registered at our path: replaced only when it is ours and its
-    /// session is gone (its work saved first); refused otherwise.
-    async fn replace_stale(&self, stale: &ListedWorktree) -> Result<()> {
-        let at = stale.path.display();
-        if self.is_live(&stale.path) {
+    /// Whatever is at a session's path before it is provisioned: a stale checkout — this
+    /// adapter's clone or worktree from a process that is gone, or a worktree another tool (the
+    /// TypeScript adapter, the v1 agent manager) left — has its work saved, then is removed.
+    /// Refused, each naming the path and what to do: a checkout a live session uses, a worktree
+    /// a person locked, anything that is not a git worktree (never deleted).
+    async fn clear_path(&self, path: &Path, base: &str, sandboxed: bool) -> Result<()> {
+        let at = path.display();
+        if self.is_live(path) {
             return Err(provision_error(format!(
                 "the worktree at {at} is in use by a running session of this process"
             )));
         }
-        match stale.locked.as_deref().and_then(Owner::parse) {
-            Some(o) if o != self.owner && o.is_alive() => Err(provision_error(format!(
-                "the worktree at {at} is in use by live process {} on {}",
+        let listed = self.list_all().await?;
+        let Some(stale) = listed
+            .iter()
+            .find(|w| super::repo::same_path(&w.path, path))
+        else {
+            return match std::fs::symlink_metadata(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(provision_error(format!(
+                    "{at} exists and is not a git worktree or a checkout this adapter made; it \
+                     is left alone (move it away, or use another branch name)"
+                ))),
+            };
+        };
+        let ours = stale.locked.as_deref().map(Owner::parse);
+        match ours {
+            Some(Some(o)) if o != self.owner && o.is_alive() => Err(provision_error(format!(
+                "the worktree at {at} is in use by live process {} on {}; wait for that session \
+                 to end, or use another branch name",
                 o.pid, o.host
             ))),
-            Some(_) => {
-                let swept = self.retire(stale).await?;
+            Some(None) => Err(provision_error(format!(
+                "the worktree at {at} is locked (`git worktree lock`, reason: {}); unlock it with \
+                 `git worktree unlock {at}` once nobody uses it, or use another branch name",
+                stale.locked.as_deref().unwrap_or_default().trim()
+            ))),
+            _ => {
+                let swept = self
+                    .retire(stale, Some(base), sandboxed)
+                    .await
+                    .map_err(|e| {
+                        provision_error(format!(
+                        "a stale worktree is at {at} and its work could not be saved or it could \
+                         not be removed ({}); it is left as it is: save what you need from it and \
+                         remove it, or use another branch name",
+                        e.message
+                    ))
+                    })?;
                 if let Some(p) = &swept.patch {
-                    tracing::warn!(worktree = %at, patch = %p.display(), "a dead session's worktree was in the way; its changes were saved before it was replaced");
+                    tracing::warn!(worktree = %at, patch = %p.display(), "a stale worktree was in the way; its changes were saved before it was replaced");
                 }
                 Ok(())
             }
-            None => Err(provision_error(format!(
-                "a worktree this adapter did not make is at {at}; it is left alone (remove it \
-                 yourself or use another branch name)"
-            ))),
         }
     }
 
-    /// Phase 2, outside the lock: check out, run the hook and the setup, snapshot. Returns the
-    /// snapshot tree.
+    /// Phase 2, outside the lock: clone, check out, run the hook and the setup, snapshot.
+    /// Returns the snapshot tree.
     async fn prepare(
         &self,
         req: &ProvisionRequest,
-        path: &Path,
+        at: At<'_>,
         base: &str,
         stop: &CancellationToken,
     ) -> Result<String> {
+        let path = at.dir;
         let checkout_failed = |e| {
             provision_error(format!(
                 "cannot check out the worktree at {}",
@@ -213,14 +222,42 @@ impl RepoGit {
             ))
             .with_cause(e)
         };
-        // Killed if the provision is stopped; the rollback then removes the worktree.
-        let mut reset = git_command(
-            path,
-            &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
-        );
-        reset.kill_on_drop(true);
+        // Killed if the provision is stopped; the rollback then removes the clone.
+        let steps = async {
+            let clone: [&std::ffi::OsStr; 7] = [
+                "clone".as_ref(),
+                "--shared".as_ref(),
+                "--no-checkout".as_ref(),
+                "--quiet".as_ref(),
+                "--".as_ref(),
+                self.root.as_os_str(),
+                path.as_os_str(),
+            ];
+            run_git(&self.root, &clone).await?;
+            let branch_ref = format!("refs/heads/{}", req.branch);
+            run_git(path, &["update-ref", "--no-deref", &branch_ref, base]).await?;
+            run_git(path, &["symbolic-ref", "HEAD", &branch_ref]).await?;
+            // The clone's own copy of the repository's current branch would only confuse the
+            // agent's `git branch`; the repository's branches stay visible as `origin/*`.
+            let heads = run_git(
+                path,
+                &["for-each-ref", "--format=%(refname)", "refs/heads/"],
+            )
+            .await?;
+            for r in String::from_utf8_lossy(&heads.stdout).lines() {
+                if r != branch_ref {
+                    run_git(path, &["update-ref", "-d", r]).await?;
+                }
+            }
+            let mut reset = git_command(
+                path,
+                &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
+            );
+            reset.kill_on_drop(true);
+            run(reset, "git reset --hard --no-recurse-submodules".into()).await
+        };
         tokio::select! {
-            r = run(reset, "git reset --hard --no-recurse-submodules".into()) => r.map_err(checkout_failed)?,
+            r = steps => r.map_err(checkout_failed)?,
             _ = stop.cancelled() => return Err(cancelled()),
         };
         let common = self.common_dir().await.map_err(checkout_failed)?;
@@ -239,15 +276,15 @@ impl RepoGit {
                 .map_err(|e| bounded_error("setup command", path, req.setup_timeout, e))?;
         }
         let snapshot = tokio::select! {
-            s = patch::snapshot(path) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message)))?,
+            s = patch::snapshot(at) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message)))?,
             _ = stop.cancelled() => return Err(cancelled()),
         };
-        let admin = admin_dir_of(path)
-            .map_err(|e| provision_error("cannot find the worktree's admin dir").with_cause(e))?;
+        let record_dir = self.record_dir(path).await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, base);
+        record.path = path.to_str().map(str::to_string);
         record.snapshot_tree = Some(snapshot.clone());
         record
-            .write(&admin)
+            .write(&record_dir)
             .map_err(|e| provision_error("cannot record the worktree's snapshot").with_cause(e))?;
         Ok(snapshot)
     }
@@ -287,28 +324,11 @@ fn push_tail(message: &mut String, output: &str) {
     }
 }
 
-/// `git worktree add -B` would fail on a branch checked out elsewhere; say so plainly.
-fn check_branch_free(listed: &[ListedWorktree], path: &Path, branch: &str) -> Result<()> {
-    let want = format!("refs/heads/{branch}");
-    match listed
-        .iter()
-        .find(|w| !same_path(&w.path, path) && w.head_ref.as_deref() == Some(&want))
-    {
-        Some(other) => Err(provision_error(format!(
-            "branch '{branch}' is checked out in another worktree at {}; it cannot be \
-             force-reset for a new session",
-            other.path.display()
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Rolls a half-provisioned worktree back: awaited on error paths, spawned if the provision
 /// future is dropped.
 struct ProvisionGuard {
     repo: Option<Arc<RepoGit>>,
     path: PathBuf,
-    branch: String,
 }
 
 impl ProvisionGuard {
@@ -318,7 +338,7 @@ impl ProvisionGuard {
 
     async fn rollback(&mut self) {
         if let Some(repo) = self.repo.take() {
-            if let Err(e) = repo.remove_session(&self.path, &self.branch).await {
+            if let Err(e) = repo.remove_session(&self.path).await {
                 tracing::warn!(path = %self.path.display(), error = %e, "rolling back a failed provision failed");
             }
         }
@@ -330,14 +350,11 @@ impl Drop for ProvisionGuard {
         let Some(repo) = self.repo.take() else {
             return;
         };
-        let (path, branch) = (
-            std::mem::take(&mut self.path),
-            std::mem::take(&mut self.branch),
-        );
+        let path = std::mem::take(&mut self.path);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    if let Err(e) = repo.remove_session(&path, &branch).await {
+                    if let Err(e) = repo.remove_session(&path).await {
                         tracing::warn!(path = %path.display(), error = %e, "rolling back a dropped provision failed");
                     }
                 });

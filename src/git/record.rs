@@ -1,14 +1,14 @@
 //! What a later sweep needs to save a dead session's work: the session record, kept as
-//! `<common>/worktrees/<id>/claude-runtime-adapter.json` in the worktree's admin dir (beside the
-//! `locked` owner record; git ignores files it does not know there and deletes them with the
-//! worktree's metadata).
+//! `claude-runtime-adapter.json` in the clone's record dir
+//! (`<common>/claude-runtime-adapter/clones/<id>/`, beside the `locked` owner record; for
+//! worktrees earlier versions made, in the worktree's admin dir).
 //!
 //! ```json
 //! { "sessionId": "…", "branch": "feat/x", "baseCommit": "<hex>",
-//!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null }
+//!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null, "path": "<clone>" }
 //! ```
 //!
-//! Written right after `git worktree add` and before the owner record (so every worktree that
+//! Written when the path is claimed and before the owner record (so every clone that
 //! carries our owner record has one), and again with `snapshotTree` once the setup step is done:
 //! a record without a snapshot means the session died before its agent ran, so there is no
 //! agent work to save. A transcript path that is not UTF-8 is stored as null (the salvaged patch
@@ -36,6 +36,10 @@ pub(crate) struct AdminRecord {
     pub base_commit: String,
     pub transcript: Option<String>,
     pub snapshot_tree: Option<String>,
+    /// The clone's path (records of clones live apart from them; worktrees' records do not
+    /// need it).
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 impl AdminRecord {
@@ -50,6 +54,7 @@ impl AdminRecord {
                 .and_then(Path::to_str)
                 .map(str::to_string),
             snapshot_tree: None,
+            path: None,
         }
     }
 

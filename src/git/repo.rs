@@ -17,6 +17,7 @@ use super::command::{run_git, run_git_retrying, CommandError};
 use super::list::{self, ListedWorktree};
 use super::owner::Owner;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::sandbox::{Jail, JailPlan};
 
 /// Directory (relative to the repository root) that holds the worktrees.
 pub const WORKTREES_DIR: &str = ".worktrees";
@@ -160,13 +161,6 @@ impl RepoGit {
         }
     }
 
-    pub(crate) async fn branch_exists(&self, branch: &str) -> bool {
-        let full = format!("refs/heads/{branch}");
-        run_git(&self.root, &["rev-parse", "--verify", "--quiet", &full])
-            .await
-            .is_ok()
-    }
-
     /// Removes the worktree at `path` and its metadata. `git worktree remove --force --force`
     /// (twice: our worktrees are locked) first; if git refuses (it will not remove a worktree
     /// containing submodules), the directory is deleted and the metadata pruned. Only ever
@@ -211,29 +205,60 @@ impl RepoGit {
     }
 
     /// Removes a session's worktree and branch (cleanup and rollback).
-    pub(crate) async fn remove_session(&self, path: &Path, branch: &str) -> Result<()> {
-        let _guard = self.lock.lock().await;
-        self.remove_session_locked(path, branch).await
+    /// Where this adapter records a clone at `path` (inside the repository's git dir, which
+    /// no sandbox can write, so an agent cannot forge or remove the record of its own clone).
+    pub(crate) async fn record_dir(&self, path: &Path) -> Result<PathBuf> {
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let id = uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_URL,
+            path.as_os_str().as_encoded_bytes(),
+        );
+        Ok(common.join(list::CLONES_DIR).join(id.to_string()))
     }
 
-    /// [`RepoGit::remove_session`] for a caller that holds the lock.
-    pub(crate) async fn remove_session_locked(&self, path: &Path, branch: &str) -> Result<()> {
-        let registered = self
+    /// Every linked worktree and every clone this adapter recorded (not the main checkout).
+    pub(crate) async fn list_all(&self) -> Result<Vec<ListedWorktree>> {
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let mut all: Vec<ListedWorktree> = self
             .list_worktrees()
             .await?
-            .iter()
-            .any(|w| same_path(&w.path, path));
-        let failed = |e: CommandError| {
-            provision_error(format!(
-                "cannot remove worktree {} and branch '{branch}'",
-                path.display()
-            ))
-            .with_cause(e)
-        };
-        if registered || path.exists() {
-            self.remove_worktree_dir(path).await.map_err(failed)?;
-        }
-        self.delete_branch(branch).await.map_err(failed)?;
+            .into_iter()
+            .filter(|w| w.admin != common)
+            .collect();
+        all.extend(
+            list::clones(&common)
+                .map_err(|e| provision_error("cannot list the adapter's clones").with_cause(e))?,
+        );
+        Ok(all)
+    }
+
+    /// The sandbox the adapter's own git runs in inside an agent's clone: the clone writable,
+    /// the repository's object stores readable, nothing else of the host (see
+    /// [`super::command::At`]).
+    pub(crate) async fn extraction_jail(&self, clone: &Path) -> Result<Jail> {
+        let common = self
+            .common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        Ok(Jail::new(&JailPlan {
+            cwd: clone.to_path_buf(),
+            writable: vec![clone.to_path_buf()],
+            readable: object_dirs(&common),
+            ..JailPlan::default()
+        }))
+    }
+
+    /// Removes the clone at `path` and its records (a session's cleanup, a rollback).
+    pub(crate) async fn remove_session(&self, path: &Path) -> Result<()> {
+        let _guard = self.lock.lock().await;
+        let record_dir = self.record_dir(path).await?;
+        remove_clone(path, &record_dir).await?;
         lock_std(&self.live).remove(path);
         Ok(())
     }
@@ -276,4 +301,47 @@ pub(crate) fn canonical(p: &Path) -> PathBuf {
 
 pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
     a == b || canonical(a) == canonical(b)
+}
+
+/// Removes a clone's directory, then its records (in that order: a failure leaves the record,
+/// so a later sweep still finds it).
+pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
+    let (p, r) = (path.to_path_buf(), record_dir.to_path_buf());
+    let removed = tokio::task::spawn_blocking(move || {
+        match std::fs::remove_dir_all(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        match std::fs::remove_dir_all(&r) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    removed.map_err(|e| {
+        provision_error(format!("cannot remove the worktree {}", path.display())).with_cause(e)
+    })
+}
+
+/// The object store at `<common>/objects` and every store it borrows from (its
+/// `info/alternates`, recursively): what a `--shared` clone reads.
+pub(crate) fn object_dirs(common: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![common.join("objects")];
+    let mut i = 0;
+    while i < dirs.len() && dirs.len() < 16 {
+        let alt = std::fs::read_to_string(dirs[i].join("info/alternates")).unwrap_or_default();
+        for line in alt.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let p = dirs[i].join(line);
+            let p = p.canonicalize().unwrap_or(p);
+            if !dirs.contains(&p) {
+                dirs.push(p);
+            }
+        }
+        i += 1;
+    }
+    dirs
 }

@@ -4,7 +4,7 @@
 //!
 //! - in a process group of its own, so the whole tree it starts can be found and killed — the
 //!   group plus descendants that called `setsid` themselves (the `/proc` walk of
-//!   [`crate::claude::process::kill_session`], shared with the CLI's process tree);
+//!   [`crate::environment::process::kill_session`], shared with the CLI's process tree);
 //! - bounded twice: by its own time limit (`config.worktreeSetupTimeout`) and by the session's
 //!   stop signal (`cancelAgent`, `shutdown()`, the session's time limit). Either kills the tree
 //!   at once (a few milliseconds) and reports which bound it was;
@@ -144,7 +144,7 @@ impl Drop for KillTree {
         if let Some(pid) = self.0.take() {
             // The /proc walk first, while every parent link is intact (a killed parent's
             // setsid'd children are re-parented at once), then the group as a safety net.
-            crate::claude::process::kill_session(pid);
+            crate::environment::process::kill_session(pid);
             // SAFETY: signalling the process group we created; failure (already gone) is fine.
             unsafe {
                 libc::kill(-(pid as libc::pid_t), libc::SIGKILL);

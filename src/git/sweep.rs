@@ -1,27 +1,30 @@
-//! Removing worktrees this adapter made for sessions that are gone — and nothing else.
+//! Removing checkouts this adapter made for sessions that are gone — and nothing else.
 //!
-//! A worktree is swept only if all hold:
+//! A checkout is swept only if all hold:
 //! - it is under `<repoRoot>/.worktrees/`;
-//! - its lock reason is this adapter's owner record ([`super::owner`]); unlocked worktrees and
-//!   worktrees locked by a person or another tool are never touched, whoever made them;
+//! - it carries this adapter's owner record ([`super::owner`]): a clone's `locked` file in its
+//!   record dir, or a linked worktree's lock reason (earlier versions made worktrees); unlocked
+//!   worktrees and worktrees locked by a person or another tool are never swept (a session that
+//!   needs their path handles them, see [`RepoGit::provision`]);
 //! - its owner process is gone (pid and start time no longer match on this host), or it is this
 //!   process and no session of this process holds it any more (leaked).
 //!
 //! Before it is removed its changes are saved as a patch, so a crash loses no work: the agent's
 //! work as [`super::Worktree::extract_patch`] would have returned it (measured from the
-//! post-setup snapshot in its session record, [`super::record`]; from HEAD for a worktree made
-//! by an adapter version without that record). The patch goes
+//! post-setup snapshot in its session record, [`super::record`]; for a worktree without that
+//! record, from its merge base with the default branch when known, else from HEAD). In an
+//! agent's clone that git runs sandboxed (the agent wrote its config). The patch goes
 //! - beside the session's transcript (`<transcript>.patch`, as a session's own patch is named)
 //!   when the session had logging on and no file of that name exists, else
 //! - to `<git common dir>/claude-runtime-adapter/salvaged/<session id>-<unix ms>.patch`.
 //!
-//! If saving fails the worktree is kept (and the failure logged) for the next sweep. A session
-//! that died before its agent started (no snapshot yet) has nothing to save. The branch deleted
-//! with it is the one recorded at provision time.
+//! If saving fails the checkout is kept (and the failure logged) for the next sweep. A session
+//! that died before its agent started (no snapshot yet) has nothing to save.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::command::{run_git, At};
 use super::list::ListedWorktree;
 use super::owner::Owner;
 use super::patch;
@@ -40,19 +43,20 @@ pub struct Swept {
 }
 
 impl RepoGit {
-    /// Sweeps stale worktrees (see the module docs), serialized with every other change this
-    /// process makes to the repository. A worktree that cannot be saved or removed is kept and
+    /// Sweeps stale checkouts (see the module docs), serialized with every other change this
+    /// process makes to the repository. One that cannot be saved or removed is kept and
     /// logged; the others are still swept. Meant to run in the background: it holds the
-    /// repository lock while it saves patches.
-    pub async fn sweep_stale(&self) -> Result<Vec<Swept>> {
+    /// repository lock while it saves patches. `sandboxed`: the adapter's git runs in a sandbox
+    /// inside agents' clones (`config.sandbox`).
+    pub async fn sweep_stale(&self, sandboxed: bool) -> Result<Vec<Swept>> {
         let _guard = self.lock.lock().await;
         let dir = self.root.join(WORKTREES_DIR);
         let mut swept = Vec::new();
-        for wt in self.list_worktrees().await? {
+        for wt in self.list_all().await? {
             if !self.is_stale(&wt, &dir) {
                 continue;
             }
-            match self.retire(&wt).await {
+            match self.retire(&wt, None, sandboxed).await {
                 Ok(s) => swept.push(s),
                 Err(e) => {
                     tracing::warn!(worktree = %wt.path.display(), error = %e, "kept a dead session's worktree: its changes could not be saved or it could not be removed");
@@ -76,23 +80,36 @@ impl RepoGit {
         }
     }
 
-    /// Saves a stale worktree's changes, removes it and deletes its branch. The caller holds the
-    /// lock and has established that the worktree is ours and its session gone.
-    pub(crate) async fn retire(&self, wt: &ListedWorktree) -> Result<Swept> {
+    /// Saves a stale checkout's changes, then removes it: a clone with its records; a worktree
+    /// with its metadata, and its branch when this adapter made it. The caller holds the lock
+    /// and has established that nobody uses it. `base`: what a worktree without our session
+    /// record (another tool's) is measured from, through its merge base with it.
+    pub(crate) async fn retire(
+        &self,
+        wt: &ListedWorktree,
+        base: Option<&str>,
+        sandboxed: bool,
+    ) -> Result<Swept> {
         let record = AdminRecord::read(&wt.admin);
-        let branch = match &record {
-            Some(r) => Some(r.branch.clone()),
-            None => wt
-                .head_ref
-                .as_deref()
-                .and_then(|r| r.strip_prefix("refs/heads/"))
-                .map(str::to_string),
-        };
+        let ours = wt.locked.as_deref().and_then(Owner::parse).is_some();
         let label = match &record {
             Some(r) if !r.session_id.is_empty() => r.session_id.clone(),
-            _ => branch.clone().unwrap_or_else(|| "worktree".into()),
+            _ => wt
+                .path
+                .file_name()
+                .map_or("worktree".into(), |n| n.to_string_lossy().into_owned()),
         };
-        let patch = self.salvage(wt, record.as_ref(), &label).await?;
+        let patch = self
+            .salvage(wt, record.as_ref(), base, sandboxed, &label)
+            .await?;
+        if wt.clone {
+            super::repo::remove_clone(&wt.path, &wt.admin).await?;
+            return Ok(Swept {
+                path: wt.path.clone(),
+                branch: None,
+                patch,
+            });
+        }
         self.remove_worktree_dir(&wt.path).await.map_err(|e| {
             provision_error(format!(
                 "cannot remove stale worktree {}",
@@ -100,6 +117,16 @@ impl RepoGit {
             ))
             .with_cause(e)
         })?;
+        // Another tool's branch is its own (its commits are in the saved patch as well).
+        let branch = match &record {
+            Some(r) if ours => Some(r.branch.clone()),
+            _ if ours => wt
+                .head_ref
+                .as_deref()
+                .and_then(|r| r.strip_prefix("refs/heads/"))
+                .map(str::to_string),
+            _ => None,
+        };
         let mut deleted = None;
         if let Some(b) = branch {
             match self.delete_branch(&b).await {
@@ -116,25 +143,39 @@ impl RepoGit {
         })
     }
 
-    /// Writes the dead session's work to a patch file (see the module docs); None when there is
-    /// nothing to save.
+    /// Writes the stale checkout's work to a patch file (see the module docs); None when there
+    /// is nothing to save.
     async fn salvage(
         &self,
         wt: &ListedWorktree,
         record: Option<&AdminRecord>,
+        base: Option<&str>,
+        sandboxed: bool,
         label: &str,
     ) -> Result<Option<PathBuf>> {
         if !wt.path.exists() {
             return Ok(None);
         }
+        let merge_base;
         let (base, since) = match record {
             Some(r) => match r.snapshot_tree.as_deref() {
                 Some(s) => (r.base_commit.as_str(), Some(s)),
                 None => return Ok(None),
             },
-            None => ("HEAD", None),
+            None => {
+                merge_base = self.merge_base_or_head(&wt.path, base).await;
+                (merge_base.as_str(), None)
+            }
         };
-        let patch = patch::agent_patch(&wt.path, base, since).await?;
+        let jail = match (wt.clone, sandboxed) {
+            (true, true) => Some(self.extraction_jail(&wt.path).await?),
+            _ => None,
+        };
+        let at = At {
+            dir: &wt.path,
+            jail: jail.as_ref(),
+        };
+        let patch = patch::agent_patch(at, base, since).await?;
         if patch.is_empty() {
             return Ok(None);
         }
@@ -152,6 +193,25 @@ impl RepoGit {
                 ))
                 .with_cause(e)
             })
+    }
+
+    /// Where another tool's worktree branched off `base` (so its commits are in the patch as
+    /// well as its uncommitted changes); its HEAD when that cannot be told.
+    async fn merge_base_or_head(&self, worktree: &Path, base: Option<&str>) -> String {
+        let Some(base) = base else {
+            return "HEAD".into();
+        };
+        match run_git(worktree, &["merge-base", "HEAD", base]).await {
+            Ok(out) => {
+                let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if oid.is_empty() {
+                    "HEAD".into()
+                } else {
+                    oid
+                }
+            }
+            Err(_) => "HEAD".into(),
+        }
     }
 }
 

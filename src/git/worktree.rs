@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::command::At;
 use super::patch;
 use super::repo::{lock_std, RepoGit};
 use crate::error::Result;
+use crate::sandbox::Jail;
 
 /// A provisioned worktree. Clones share state; once the last clone is dropped without
 /// [`Worktree::cleanup`], the worktree is no longer live and the next sweep saves its changes
@@ -21,6 +23,8 @@ pub struct Worktree {
     pub base_commit: String,
     /// Hex oid of the tree the worktree held after the setup step: what the agent started from.
     pub snapshot_tree: String,
+    /// The sandbox the adapter's git runs in here (`None` with `sandbox: false`).
+    pub(crate) jail: Option<Jail>,
     pub(crate) state: Arc<WorktreeState>,
 }
 
@@ -38,7 +42,6 @@ impl std::fmt::Debug for Worktree {
 pub(crate) struct WorktreeState {
     pub repo: Arc<RepoGit>,
     pub path: PathBuf,
-    pub branch: String,
     pub cleaned: AtomicBool,
 }
 
@@ -58,18 +61,22 @@ impl Worktree {
     /// nothing. Failures carry `ERR_AGENT_FAILED` with git's error as cause. See
     /// [`super::patch`].
     pub async fn extract_patch(&self) -> Result<String> {
-        patch::agent_patch(&self.path, &self.base_commit, Some(&self.snapshot_tree)).await
+        let at = At {
+            dir: &self.path,
+            jail: self.jail.as_ref(),
+        };
+        patch::agent_patch(at, &self.base_commit, Some(&self.snapshot_tree)).await
     }
 
-    /// Removes the worktree (force), deletes the local branch, prunes worktree metadata (the
-    /// owner and session records go with it). Idempotent: once it has succeeded, later calls do
+    /// Removes the clone (its branch lives only there) and its owner and session records.
+    /// Idempotent: once it has succeeded, later calls do
     /// nothing. A failed attempt can be retried.
     pub async fn cleanup(&self) -> Result<()> {
         let s = &self.state;
         if s.cleaned.load(Ordering::SeqCst) {
             return Ok(());
         }
-        s.repo.remove_session(&s.path, &s.branch).await?;
+        s.repo.remove_session(&s.path).await?;
         s.cleaned.store(true, Ordering::SeqCst);
         Ok(())
     }

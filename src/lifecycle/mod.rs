@@ -21,7 +21,7 @@ mod observer;
 mod outcome;
 mod registry;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,14 +40,12 @@ use crate::claude::session::{
 use crate::context::{self, FetchOptions};
 use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
+use crate::environment::{EnvRequest, Environment, ExecCommand};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::{ProvisionRequest, RepoGit, SessionRecord, Worktree};
+use crate::git::{ProvisionRequest, SessionRecord};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
-use crate::sandbox::{
-    self, BranchSnapshot, EgressAttempt, EgressSink, ReadGuard, SandboxUse, SessionSandbox,
-    SessionScope, WorktreeGit, WriteScope,
-};
+use crate::sandbox::{self, EgressAttempt, EgressSink, ReadGuard, WriteScope};
 use crate::schema;
 use crate::schema::semantic::Facts;
 use crate::stats::{RunStats, SessionStats};
@@ -78,16 +76,12 @@ pub struct Session {
     options: StartOptions,
     stop: StopSignal,
     registration: Registration,
-    worktree: Option<Worktree>,
+    /// Where the session runs (its checkout, its sandbox) once provisioned.
+    environment: Option<Box<dyn Environment>>,
     transcript: Option<Arc<Transcript>>,
     output: Arc<OutputBuffer>,
     /// What the semantic output checks need, fetched once during context assembly.
     facts: Facts,
-    /// The OS sandbox (its egress proxy lives as long as this does).
-    sandbox: Option<SessionSandbox>,
-    sandbox_use: Option<SandboxUse>,
-    /// The repository's branches before the agent ran, to remove the ones it made.
-    agent_branches: Option<(BranchSnapshot, WorktreeGit)>,
     started: Instant,
     /// The CLI's environment (the allowlisted part of the engine's plus `config.env`), built
     /// once: the setup command, the sandbox check and the CLI all get this one.
@@ -125,13 +119,10 @@ impl Session {
             options,
             stop,
             registration,
-            worktree: None,
+            environment: None,
             transcript: None,
             output: OutputBuffer::new(DEFAULT_BOUND),
             facts: Facts::Implementor,
-            sandbox: None,
-            sandbox_use: None,
-            agent_branches: None,
             started: Instant::now(),
             env: command::build_env(std::env::vars(), &adapter.config().env),
         })
@@ -170,35 +161,52 @@ impl Session {
         }
     }
 
-    /// The Implementor's worktree (nothing for the other roles). The transcript is opened
-    /// first, so the worktree's record names it: a crash's sweep saves the work beside it.
+    /// The session's environment: the Implementor's checkout, and the sandbox every role
+    /// runs in. The transcript is opened first, so the checkout's record names it: a crash's
+    /// sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
         let cfg = self.adapter.config();
         self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
-        let StartParams::Implementor { branch_name, .. } = &self.params else {
-            return Ok(());
+        let checkout = match &self.params {
+            StartParams::Implementor { branch_name, .. } => Some(ProvisionRequest {
+                branch: branch_name.clone(),
+                default_branch: cfg.default_branch.clone(),
+                setup: cfg.worktree_setup_command.clone(),
+                env: self.env.clone(),
+                setup_timeout: cfg.worktree_setup_timeout,
+                session: SessionRecord {
+                    session_id: self.id.clone(),
+                    transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
+                },
+                sandboxed: sandboxes_git(cfg),
+            }),
+            _ => None,
         };
-        let request = ProvisionRequest {
-            branch: branch_name.clone(),
-            default_branch: cfg.default_branch.clone(),
-            setup: cfg.worktree_setup_command.clone(),
+        let request = EnvRequest {
+            repo_root: cfg.repo_root.clone(),
+            checkout,
+            sandbox: cfg.sandbox.clone(),
             env: self.env.clone(),
-            setup_timeout: cfg.worktree_setup_timeout,
-            session: SessionRecord {
-                session_id: self.id.clone(),
-                transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
-            },
+            egress: Some(self.egress_sink()),
         };
-        let provisioned = RepoGit::for_repo(&cfg.repo_root)
-            .provision(&request, self.stop.token())
+        let provisioned = self
+            .adapter
+            .backend()
+            .provision(request, self.stop.token())
             .await;
-        let worktree = provisioned.map_err(|e| self.or_stopped(e))?;
-        // The branches before the agent runs: the ones it makes are removed at cleanup
-        // (with or without the sandbox).
-        let git = WorktreeGit::discover(&worktree.path, branch_name);
-        self.worktree = Some(worktree);
-        self.agent_branches = Some((BranchSnapshot::take(&cfg.repo_root).await?, git?));
+        self.environment = Some(provisioned.map_err(|e| self.or_stopped(e))?);
         Ok(())
+    }
+
+    fn workdir(&self) -> PathBuf {
+        self.environment
+            .as_ref()
+            .map(|e| e.workdir().to_path_buf())
+            .unwrap_or_else(|| self.adapter.config().repo_root.clone())
+    }
+
+    fn has_checkout(&self) -> bool {
+        self.environment.as_ref().is_some_and(|e| e.has_checkout())
     }
 
     /// Prompt, agent definition, CLI location, argv, environment and transcript.
@@ -226,13 +234,8 @@ impl Session {
         if let Some(m) = &model {
             definition.model = m.clone();
         }
-        let cwd = self
-            .worktree
-            .as_ref()
-            .map(|w| w.path.clone())
-            .unwrap_or_else(|| cfg.repo_root.clone());
+        let cwd = self.workdir();
         let env = self.env.clone();
-        let settings = self.confine(&cwd, &env).await?;
         let write_scope = self.write_scope(&env);
         // The stores Bash may not read (`denyRead`), under the same HOME; with `sandbox: false`
         // too, like the write scope.
@@ -244,7 +247,6 @@ impl Session {
             max_turns: definition.max_turns,
             model: model.as_deref(),
             session_id: &self.cli_id,
-            settings: settings.as_deref(),
         });
         Ok(SessionSpec {
             program,
@@ -273,13 +275,17 @@ impl Session {
         for extra in cfg.sandbox.iter().flat_map(|s| &s.allow_write) {
             scope = scope.allow(extra);
         }
-        if self.worktree.is_none() {
-            let temp = env
-                .iter()
-                .rev()
-                .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
-                .map(|(_, v)| PathBuf::from(v))
-                .unwrap_or_else(std::env::temp_dir);
+        if !self.has_checkout() {
+            // Inside the session sandbox the temp dir is its private /tmp.
+            let temp = if sandboxes_git(cfg) {
+                PathBuf::from("/tmp")
+            } else {
+                env.iter()
+                    .rev()
+                    .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
+                    .map(|(_, v)| PathBuf::from(v))
+                    .unwrap_or_else(std::env::temp_dir)
+            };
             scope = scope.allow(&temp);
         }
         scope = scope.deny(&cfg.repo_root);
@@ -289,32 +295,11 @@ impl Session {
         if let Some(logs) = &cfg.logs_dir {
             scope = scope.deny(logs);
         }
-        if let Some(w) = &self.worktree {
-            scope = scope.allow(&w.path).deny(&w.path.join(".git"));
+        if self.has_checkout() {
+            let w = self.workdir();
+            scope = scope.allow(&w).deny(&w.join(".git"));
         }
         scope
-    }
-
-    /// The mutation boundary (issue "enforced by the operating system"): the session's OS
-    /// sandbox, started before the CLI so its settings go on the command line; it owns the
-    /// session's egress proxy. `None` with `sandbox: false`.
-    async fn confine(&mut self, cwd: &Path, env: &[(String, String)]) -> Result<Option<String>> {
-        let adapter = self.adapter.clone();
-        let Some(cfg) = &adapter.config().sandbox else {
-            return Ok(None);
-        };
-        let scope = SessionScope {
-            cwd: cwd.to_path_buf(),
-            git: self.agent_branches.as_ref().map(|(_, g)| g.clone()),
-        };
-        let sandbox = SessionSandbox::start(cfg, &scope, env, Some(self.egress_sink())).await?;
-        self.sandbox_use = Some(SandboxUse::begin(&scope));
-        if let Some(t) = &self.transcript {
-            t.note("sandbox", &sandbox.settings().to_string());
-        }
-        let arg = sandbox.settings_arg();
-        self.sandbox = Some(sandbox);
-        Ok(Some(arg))
     }
 
     /// Every connection attempt of an agent command: in the transcript, and blocked ones in
@@ -375,7 +360,21 @@ impl Session {
             session_id: self.id.clone(),
             role: self.role(),
         });
+        let environment = self.environment.as_mut().ok_or_else(|| {
+            AdapterError::new(ErrorCode::Internal, "the session has no environment")
+        })?;
+        let exec = environment
+            .exec(ExecCommand {
+                program: spec.program.clone(),
+                args: spec.args.clone(),
+                env: spec.env.clone(),
+            })
+            .await?;
+        if let Some(t) = &self.transcript {
+            t.note("sandbox", &environment.describe());
+        }
         let running = session::start(
+            exec,
             spec,
             self.adapter.hook().clone(),
             observer,
@@ -420,20 +419,20 @@ impl Session {
     /// blocked), what the worktree holds, which is also kept beside the transcript so an
     /// operator can recover the agent's work before the worktree goes.
     async fn changes(&self, outcome: &Result<Value>) -> Option<String> {
-        let w = self.worktree.as_ref()?;
+        let env = self.environment.as_deref().filter(|e| e.has_checkout())?;
         let reported = outcome.as_ref().ok().and_then(|v| v.get("patch"));
         if let Some(patch) = reported.and_then(Value::as_str) {
             return Some(patch.to_string());
         }
         let warn = |m: &str, d| self.log(LogLevel::Warn, m, d);
-        Some(outcome::salvage_patch(w, self.transcript.as_deref(), warn).await)
+        Some(outcome::salvage_patch(env, self.transcript.as_deref(), warn).await)
     }
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
         let output = evaluate(self.role(), &self.facts, end)?;
-        match &self.worktree {
-            Some(w) => {
-                outcome::with_patch(output, w, self.transcript.as_deref(), |m, d| {
+        match self.environment.as_deref().filter(|e| e.has_checkout()) {
+            Some(env) => {
+                outcome::with_patch(output, env, self.transcript.as_deref(), |m, d| {
                     self.log(LogLevel::Warn, m, d)
                 })
                 .await
@@ -442,29 +441,15 @@ impl Session {
         }
     }
 
-    /// Remove the worktree and branch (the work was kept by `changes`), write the footer, log,
-    /// release the id.
+    /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
+    /// `changes`) — write the footer, log, release the id.
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
-        // The CLI has exited: its egress proxy goes.
-        self.sandbox = None;
-        self.remove_agent_branches().await;
-        if let Some(w) = self.worktree.take() {
-            if let Err(e) = w.cleanup().await {
+        if let Some(mut env) = self.environment.take() {
+            if let Err(e) = env.destroy().await {
                 self.log(
                     LogLevel::Error,
                     "worktree cleanup failed",
-                    json!({ "path": w.path.display().to_string(), "error": e.to_string() }),
-                );
-            }
-        }
-        if let Some(used) = self.sandbox_use.take() {
-            let removed = used.end();
-            if !removed.is_empty() {
-                let paths: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
-                self.log(
-                    LogLevel::Debug,
-                    "removed the sandbox's empty mount points",
-                    json!({ "paths": paths }),
+                    json!({ "path": env.workdir().display().to_string(), "error": e.to_string() }),
                 );
             }
         }
@@ -472,27 +457,6 @@ impl Session {
         // Stop the timer (if any) and release the id before the result is visible.
         self.stop.token().cancel();
         self.registration.release();
-    }
-
-    /// Branches the agent made in its worktree (`git checkout -b x`) are not left in the
-    /// repository; the patch carries their work.
-    async fn remove_agent_branches(&mut self) {
-        let Some((before, git)) = self.agent_branches.take() else {
-            return;
-        };
-        match before.remove_agent_branches(&git).await {
-            Ok(removed) if !removed.is_empty() => self.log(
-                LogLevel::Info,
-                "removed branches the agent made",
-                json!({ "branches": removed }),
-            ),
-            Ok(_) => {}
-            Err(e) => self.log(
-                LogLevel::Warn,
-                "could not remove branches the agent made",
-                json!({ "error": e.to_string() }),
-            ),
-        }
     }
 
     /// The transcript's stats and footer, and the logger's completed/failed entry.
@@ -543,6 +507,12 @@ impl Session {
             }
         }
     }
+}
+
+/// Whether the session sandbox is bubblewrap (and so the adapter's git runs sandboxed in
+/// agents' clones): Linux with `sandbox` on.
+fn sandboxes_git(cfg: &crate::config::AdapterConfig) -> bool {
+    cfg.sandbox.is_some() && cfg!(target_os = "linux")
 }
 
 /// `startAgent`: the steps up to a running agent, then supervision in the background.

@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use crate::claude::protocol::ResultMessage;
 use crate::claude::session::{self, SessionEnd, StopReason};
 use crate::domain::Role;
+use crate::environment::Environment;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::Worktree;
 use crate::schema;
 use crate::schema::semantic::{self, Facts};
 use crate::transcript::Transcript;
@@ -108,7 +108,7 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
 /// also written beside the transcript.
 pub async fn with_patch(
     output: Value,
-    w: &Worktree,
+    w: &dyn Environment,
     transcript: Option<&Transcript>,
     warn: impl Fn(&str, Value),
 ) -> Result<Value> {
@@ -159,7 +159,7 @@ pub async fn with_patch(
 /// be read) and, with logging on, keeps them next to the transcript before the worktree goes,
 /// so an operator can recover the agent's work.
 pub async fn salvage_patch(
-    w: &Worktree,
+    w: &dyn Environment,
     t: Option<&Transcript>,
     warn: impl Fn(&str, Value),
 ) -> String {

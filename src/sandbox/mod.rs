@@ -1,93 +1,319 @@
-//! Every agent session's commands run inside Claude Code's own OS sandbox (bubblewrap + socat
-//! on Linux, Seatbelt on macOS), configured per session through the CLI's `--settings`: the
-//! second layer under the Bash validator. See `settings` for what is writable, `proxy` for the
-//! network, `branches` for the branches an agent leaves behind.
+//! The OS sandbox one agent session runs in, built by the adapter: on Linux the Claude Code
+//! CLI and everything it starts run inside one bubblewrap sandbox per session ([`jail`] has the
+//! mount plan), so the boundary is the same whichever tool the agent uses (Bash, Read, Write,
+//! WebFetch). Inside there is no network: two loopback ports are bridged (socat) to unix
+//! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
+//! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
+//! placeholder, the relay adds the real API key or token, which is never readable inside).
 //!
-//! Lifecycle use: [`check_available`] before provisioning (fails closed, nothing created);
-//! [`SessionSandbox::start`] when assembling the CLI command (owns the egress proxy: dropping it
-//! stops the proxy); [`BranchSnapshot`] around an Implementor session; [`Leftovers`] for the
-//! mount points the CLI's sandbox leaves in the repository. [`WriteScope`] is the same boundary
-//! for the CLI's own file tools, which the OS sandbox does not confine, and [`ReadGuard`] keeps
-//! their reads out of the credential stores as `denyRead` keeps Bash out.
+//! Lifecycle use: [`check_available`] before anything is provisioned (fails closed);
+//! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay).
+//! [`WriteScope`] and [`ReadGuard`] answer the CLI's file-tool hooks natively — a clearer reason
+//! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
+//! macOS keeps Claude Code's own Seatbelt sandbox ([`seatbelt_settings`]).
 
 mod available;
-mod branches;
-mod leftovers;
+mod credentials;
+pub mod jail;
 mod proxy;
 mod read_guard;
 mod relay;
-mod settings;
 mod write_scope;
 
-use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
-use crate::error::Result;
+use crate::error::{AdapterError, ErrorCode, Result};
 
 pub use available::{check_available, INSTALL_HINT};
-pub use branches::BranchSnapshot;
-pub use leftovers::{Leftovers, SandboxUse, WORKDIR_MOUNT_POINTS};
+pub use credentials::{credential_stores, is_credential_var, HOME_CREDENTIALS};
+pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::{placeholder, ModelRelay};
-pub use settings::{is_credential_var, SessionScope, WorktreeGit, HOME_CREDENTIALS};
 pub use write_scope::WriteScope;
 
-impl WorktreeGit {
-    /// The git dirs of the worktree at `worktree` (checked out on `branch`).
-    pub fn discover(worktree: &std::path::Path, branch: &str) -> Result<WorktreeGit> {
-        let repo = git2::Repository::open(worktree).map_err(|e| {
-            crate::error::AdapterError::new(
-                crate::error::ErrorCode::Provision,
-                format!("cannot open the worktree {}", worktree.display()),
-            )
-            .with_cause(e)
-        })?;
-        Ok(WorktreeGit {
-            common_dir: repo.commondir().to_path_buf(),
-            admin_dir: repo.path().to_path_buf(),
-            branch: branch.to_string(),
-        })
-    }
+/// The model API's credential variables: replaced by placeholders inside, added back by the
+/// relay outside.
+pub const MODEL_CREDENTIALS: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+];
+/// Where the CLI talks to the model API when `ANTHROPIC_BASE_URL` does not say otherwise.
+const DEFAULT_API: &str = "https://api.anthropic.com";
+/// Loopback ports inside the sandbox (its network namespace is its own, so they never clash).
+const EGRESS_PORT: u16 = 3128;
+const MODEL_PORT: u16 = 3129;
+
+/// Inside the sandbox, before the CLI: the two socat bridges, then wait (bounded) until both
+/// listen — the CLI's first API request must not race them — then exec the CLI (`"$@"`).
+const BRIDGE_SCRIPT: &str = r#"d=/run/claude-runtime-adapter
+socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/egress.sock </dev/null >/dev/null 2>&1 &
+socat TCP-LISTEN:3129,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/model.sock </dev/null >/dev/null 2>&1 &
+n=0
+while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' /proc/net/tcp)" -lt 2 ]; do
+  n=$((n+1))
+  if [ $n -gt 3000 ]; then echo 'claude-runtime-adapter: the sandbox network bridges did not start' >&2; exit 125; fi
+  sleep 0.002
+done
+exec "$@""#;
+
+/// What one session may see and change.
+#[derive(Debug, Clone, Default)]
+pub struct SessionScope {
+    /// Where the CLI starts.
+    pub cwd: PathBuf,
+    /// Read-write: the Implementor's clone.
+    pub writable: Vec<PathBuf>,
+    /// Read-only: the repository (Planner, Reviewer) or its object stores (Implementor), the
+    /// CLI's own directory.
+    pub readable: Vec<PathBuf>,
 }
 
-/// One session's sandbox: its settings and its egress proxy.
+/// One session's sandbox: its mount plan, the CLI's environment inside, and the egress proxy
+/// and model relay it reaches the outside through (stopped, and their sockets removed, when
+/// this is dropped).
 pub struct SessionSandbox {
-    settings: Value,
-    /// Held for its `Drop`: the session's egress proxy runs exactly as long as its sandbox.
+    jail: Jail,
+    env: Vec<(String, String)>,
     _proxy: EgressProxy,
+    _relay: ModelRelay,
+    sockets: SocketDir,
 }
 
 impl SessionSandbox {
-    /// Starts the session's egress proxy and builds its settings. `cli_env` is the environment
-    /// the CLI will get (its credential variables are withheld from agent commands, its `HOME`
-    /// locates the credential stores that are made unreadable).
+    /// Starts the session's proxy and relay and builds its sandbox. `cli_env` is the CLI's
+    /// environment as the adapter built it (credentials included).
     pub async fn start(
         cfg: &SandboxConfig,
         scope: &SessionScope,
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
     ) -> Result<SessionSandbox> {
-        // Interim until the CLI runs inside its own network namespace: a socket path per
-        // session, and settings that no longer name a proxy port.
-        let socket =
-            std::env::temp_dir().join(format!("cra-egress-{}.sock", uuid::Uuid::new_v4().simple()));
-        let proxy =
-            EgressProxy::start(DomainAllowlist::new(&cfg.allowed_domains), sink, &socket).await?;
-        let settings = settings::build(cfg, scope, cli_env, 0);
+        let upstream = credentials::env_value(cli_env, "ANTHROPIC_BASE_URL")
+            .filter(|v| !v.is_empty())
+            .unwrap_or(DEFAULT_API)
+            .to_string();
+        let (env, substitutions) = inside_env(cli_env);
+        let sockets = SocketDir::create()?;
+        let mut allowed = cfg.allowed_domains.clone();
+        allowed.extend(url_host(&upstream));
+        let proxy = EgressProxy::start(
+            DomainAllowlist::new(&allowed),
+            sink,
+            &sockets.0.join("egress.sock"),
+        )
+        .await?;
+        let relay =
+            ModelRelay::start(&sockets.0.join("model.sock"), &upstream, substitutions).await?;
+        let home = credentials::env_value(cli_env, "HOME").map(PathBuf::from);
+        let config_dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
+        let mut writable = scope.writable.clone();
+        // A missing path cannot be mounted; it has nothing to write into yet either.
+        writable.extend(cfg.allow_write.iter().filter(|p| p.exists()).cloned());
+        let mut readable = scope.readable.clone();
+        readable.extend(cfg.allow_read.iter().cloned());
+        let jail = Jail::new(&JailPlan {
+            cwd: scope.cwd.clone(),
+            writable,
+            readable,
+            home,
+            scratch: config_dir.into_iter().collect(),
+            sockets: Some(sockets.0.clone()),
+            path_env: credentials::env_value(cli_env, "PATH").map(OsString::from),
+        });
         Ok(SessionSandbox {
-            settings,
+            jail,
+            env,
             _proxy: proxy,
+            _relay: relay,
+            sockets,
         })
     }
 
-    /// The settings JSON (what the transcript records).
-    pub fn settings(&self) -> &Value {
-        &self.settings
+    /// bwrap's argv and environment for running `program args` as the session's CLI.
+    pub fn command(&self, program: &Path, args: &[String]) -> (Vec<OsString>, &[(String, String)]) {
+        let mut inner: Vec<OsString> = vec![
+            "-c".into(),
+            BRIDGE_SCRIPT.into(),
+            "sh".into(),
+            program.as_os_str().to_os_string(),
+        ];
+        inner.extend(args.iter().map(OsString::from));
+        (self.jail.argv("sh".as_ref(), &inner), &self.env)
     }
 
-    /// The CLI argument that applies them.
-    pub fn settings_arg(&self) -> String {
-        format!("--settings={}", self.settings)
+    /// A one-line summary for the transcript.
+    pub fn describe(&self) -> String {
+        format!(
+            "bubblewrap; sockets {}; network only through the egress proxy",
+            self.sockets.0.display()
+        )
+    }
+}
+
+/// The CLI's environment inside: no credential variable of the adapter's environment, the
+/// model credentials as placeholders (returned with their real values for the relay), the
+/// model API at the relay, every other connection through the egress proxy, `/tmp` private.
+fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Vec<(String, String)>) {
+    let mut env = Vec::new();
+    let mut substitutions = Vec::new();
+    for (k, v) in cli_env {
+        if MODEL_CREDENTIALS.contains(&k.as_str()) {
+            let p = placeholder();
+            substitutions.push((p.clone(), v.clone()));
+            env.push((k.clone(), p));
+        } else if !is_credential_var(k) && !OVERRIDDEN.contains(&k.to_ascii_uppercase().as_str()) {
+            env.push((k.clone(), v.clone()));
+        }
+    }
+    let proxy = format!("http://127.0.0.1:{EGRESS_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{EGRESS_PORT}");
+    for (k, v) in [
+        (
+            "ANTHROPIC_BASE_URL",
+            format!("http://127.0.0.1:{MODEL_PORT}"),
+        ),
+        ("HTTP_PROXY", proxy.clone()),
+        ("HTTPS_PROXY", proxy.clone()),
+        ("http_proxy", proxy.clone()),
+        ("https_proxy", proxy),
+        ("ALL_PROXY", socks.clone()),
+        ("all_proxy", socks),
+        ("NO_PROXY", "localhost,127.0.0.1,::1".into()),
+        ("no_proxy", "localhost,127.0.0.1,::1".into()),
+        ("TMPDIR", "/tmp".into()),
+    ] {
+        env.push((k.to_string(), v));
+    }
+    (env, substitutions)
+}
+
+/// Variables [`inside_env`] sets itself (compared upper-case).
+const OVERRIDDEN: &[&str] = &[
+    "ANTHROPIC_BASE_URL",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+];
+
+/// `host` of `scheme://host[:port]/…`.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => host.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+/// A private directory for one session's sockets, removed with them.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn create() -> Result<SocketDir> {
+        let dir = std::env::temp_dir().join(format!(
+            "claude-runtime-adapter-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let made = std::fs::create_dir(&dir).and_then(|()| {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        });
+        made.map_err(|e| {
+            AdapterError::new(
+                ErrorCode::SandboxUnavailable,
+                format!(
+                    "cannot create the sandbox's socket directory {}",
+                    dir.display()
+                ),
+            )
+            .with_cause(e)
+        })?;
+        Ok(SocketDir(dir))
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// macOS: the CLI's own Seatbelt sandbox for its commands, through `--settings` (bubblewrap
+/// does not exist there). Writes: the working directory and `allowWrite`; reads: not the
+/// credential stores; network: `allowedDomains` through the CLI's proxy.
+#[cfg(target_os = "macos")]
+pub fn seatbelt_settings(cfg: &SandboxConfig, cli_env: &[(String, String)]) -> String {
+    let deny_read: Vec<String> = credential_stores(cli_env)
+        .into_iter()
+        .filter(|p| p.exists())
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let allow_write: Vec<String> = cfg
+        .allow_write
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let settings = serde_json::json!({ "sandbox": {
+        "enabled": true,
+        "failIfUnavailable": true,
+        "allowUnsandboxedCommands": false,
+        "network": { "allowedDomains": cfg.allowed_domains },
+        "filesystem": { "allowWrite": allow_write, "denyRead": deny_read },
+    }});
+    format!("--settings={settings}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inside_the_model_key_is_a_placeholder_and_other_secrets_are_gone() {
+        let cli_env: Vec<(String, String)> = [
+            ("PATH", "/usr/bin"),
+            ("ANTHROPIC_API_KEY", "sk-real"),
+            ("GITHUB_TOKEN", "ghp-real"),
+            ("ANTHROPIC_BASE_URL", "https://api.example"),
+            ("TMPDIR", "/var/tmp/x"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (env, subs) = inside_env(&cli_env);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let key = get("ANTHROPIC_API_KEY").unwrap();
+        assert_ne!(key, "sk-real");
+        assert_eq!(subs, vec![(key, "sk-real".to_string())]);
+        assert_eq!(get("GITHUB_TOKEN"), None);
+        assert_eq!(get("ANTHROPIC_BASE_URL").unwrap(), "http://127.0.0.1:3129");
+        assert_eq!(get("TMPDIR").unwrap(), "/tmp");
+        assert_eq!(get("PATH").unwrap(), "/usr/bin");
+        assert!(!env.iter().any(|(_, v)| v.contains("real")));
+    }
+
+    #[test]
+    fn url_hosts() {
+        assert_eq!(
+            url_host("https://api.anthropic.com").unwrap(),
+            "api.anthropic.com"
+        );
+        assert_eq!(url_host("http://127.0.0.1:8080/x").unwrap(), "127.0.0.1");
+        assert_eq!(url_host("http://u:p@h.example:1/").unwrap(), "h.example");
+        assert_eq!(url_host("http://[::1]:80/").unwrap(), "::1");
+        assert_eq!(url_host("nonsense"), None);
     }
 }

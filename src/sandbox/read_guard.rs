@@ -33,7 +33,7 @@ impl ReadGuard {
 
     /// The credential stores of the CLI's environment, the ones the sandbox makes unreadable.
     pub fn for_cli_env(cli_env: &[(String, String)]) -> Self {
-        Self::new(super::settings::credential_stores(cli_env))
+        Self::new(super::credentials::credential_stores(cli_env))
     }
 
     /// `Ok` when the file `target` (absolute, or relative to `cwd`) may be read.

@@ -3,14 +3,19 @@
 //! puts in process groups of their own — can be found (same session id, or a descendant) and
 //! killed, even after the CLI itself has died and they were re-parented.
 
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 
+use futures::future::BoxFuture;
 use tokio::process::{Child, Command};
 
-pub fn spawn(
-    program: &Path,
-    args: &[String],
+use super::{Exec, ExecControl};
+
+/// Starts `program` with exactly `env`, piped stdio, as the leader of a new process session.
+pub fn spawn<S: AsRef<OsStr>>(
+    program: &OsStr,
+    args: &[S],
     env: &[(String, String)],
     cwd: &Path,
 ) -> std::io::Result<Child> {
@@ -144,6 +149,56 @@ pub const SIGTERM: i32 = 15;
 /// No signals on Windows: stopping goes straight to [`ProcessTree::kill_all`].
 #[cfg(windows)]
 pub fn signal(_pid: u32, _sig: i32) {}
+
+/// [`spawn`], as an [`Exec`] whose control kills the whole process tree.
+pub fn start<S: AsRef<OsStr>>(
+    program: &OsStr,
+    args: &[S],
+    env: &[(String, String)],
+    cwd: &Path,
+) -> std::io::Result<Exec> {
+    let mut child = spawn(program, args, env, cwd)?;
+    let tree = std::sync::Arc::new(ProcessTree::of(&child));
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(std::io::Error::other("the child's stdio is not piped"));
+    };
+    Ok(Exec {
+        stdin: Box::new(stdin),
+        stdout: Box::new(stdout),
+        stderr: Box::new(stderr),
+        control: Box::new(LocalControl { child, tree }),
+    })
+}
+
+struct LocalControl {
+    child: Child,
+    tree: std::sync::Arc<ProcessTree>,
+}
+
+impl ExecControl for LocalControl {
+    fn pid(&self) -> Option<u32> {
+        Some(self.tree.leader)
+    }
+
+    fn terminate(&self) {
+        signal(self.tree.leader, SIGTERM);
+    }
+
+    fn kill_all(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let tree = self.tree.clone();
+            let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Option<ExitStatus>> {
+        Box::pin(async move { self.child.wait().await.ok() })
+    }
+}
 
 /// Everything one session's CLI starts. On Unix the CLI leads a process session of its own and
 /// the tree is found through `/proc` (see [`kill_session`]); on Windows the CLI is put in a job

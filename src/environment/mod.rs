@@ -1,0 +1,98 @@
+//! Where a session runs: one small interface — provision → exec (streamed stdio, exit status,
+//! kill) → extract patch → destroy — so the lifecycle, the CLI protocol and the binding do not
+//! know whether the agent runs in a local clone under bubblewrap ([`local`], the first
+//! implementation) or somewhere else (a Kubernetes pod: the pod is provisioned, the CLI is
+//! exec'd in it with its stdio attached, the patch is read by a command in the pod, the pod is
+//! deleted — the same four steps).
+//!
+//! Paths the lifecycle gets back ([`Environment::workdir`]) are the ones the agent sees, which
+//! the file-tool hooks compare against; the local environment mounts everything at its host
+//! path, so the two coincide.
+
+pub mod local;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::SandboxConfig;
+use crate::error::Result;
+use crate::git::ProvisionRequest;
+use crate::sandbox::EgressSink;
+
+pub use local::LocalBackend;
+
+/// What a session asks of its environment.
+pub struct EnvRequest {
+    /// The engine's repository.
+    pub repo_root: PathBuf,
+    /// `Some` for an Implementor: its own writable checkout on its branch. `None`: the
+    /// repository, read-only (Planner, Reviewer).
+    pub checkout: Option<ProvisionRequest>,
+    /// The OS sandbox (`None` = `sandbox: false`).
+    pub sandbox: Option<SandboxConfig>,
+    /// The CLI's environment as the adapter built it (credentials included: the environment
+    /// decides what of it reaches the processes it runs).
+    pub env: Vec<(String, String)>,
+    /// Where network attempts from inside are reported.
+    pub egress: Option<EgressSink>,
+}
+
+/// A process to run in the environment.
+pub struct ExecCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Its environment, before the environment's own changes (proxy, credential placeholder).
+    pub env: Vec<(String, String)>,
+}
+
+/// A running process: its pipes and its control.
+pub struct Exec {
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
+    pub control: Box<dyn ExecControl>,
+}
+
+/// Stopping and reaping a running process and everything it started.
+pub trait ExecControl: Send + Sync {
+    /// The host pid, where there is one (for `sessions()`).
+    fn pid(&self) -> Option<u32>;
+    /// Ask it to end (SIGTERM); it may take a moment.
+    fn terminate(&self);
+    /// Kill it and everything it started; returns once nothing is left.
+    fn kill_all(&mut self) -> BoxFuture<'_, ()>;
+    /// Its exit status once it has exited (`None` if that cannot be known).
+    fn wait(&mut self) -> BoxFuture<'_, Option<ExitStatus>>;
+}
+
+/// Makes environments.
+pub trait Backend: Send + Sync {
+    /// Everything the session needs before its CLI starts. `stop` reaches every step; a
+    /// failed or stopped provision leaves nothing behind.
+    fn provision<'a>(
+        &'a self,
+        req: EnvRequest,
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<Box<dyn Environment>>>;
+}
+
+/// One session's environment.
+pub trait Environment: Send + Sync {
+    /// Where the agent works (its checkout, or the repository).
+    fn workdir(&self) -> &Path;
+    /// True when the agent has a checkout of its own whose patch is its work.
+    fn has_checkout(&self) -> bool;
+    /// A one-line description for the transcript (what the sandbox holds).
+    fn describe(&self) -> String;
+    /// Starts `cmd` inside.
+    fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
+    /// The agent's work as a patch (empty without a checkout or without changes).
+    fn extract_patch(&self) -> BoxFuture<'_, Result<String>>;
+    /// Removes everything provisioned. Idempotent.
+    fn destroy(&mut self) -> BoxFuture<'_, Result<()>>;
+}
