@@ -184,29 +184,6 @@ async fn an_agent_that_changed_nothing_after_setup_gets_an_empty_patch() {
 }
 
 #[tokio::test]
-async fn empty_sandbox_mount_points_a_killed_cli_left_are_not_in_the_patch_but_real_files_are() {
-    let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
-    let wt = provision_with(&root, "killed", None).await;
-    // What the CLI's sandbox plants in the working directory while a command runs.
-    write(&wt.path, ".bashrc", b"");
-    write(&wt.path, ".mcp.json", b"");
-    write(&wt.path, ".claude/settings.json", b"");
-    // The agent's own files, empty or not, and a dotfile with content.
-    write(&wt.path, "empty.txt", b"");
-    write(&wt.path, ".zshrc", b"alias x=y\n");
-    let patch = wt.extract_patch().await.unwrap();
-    for planted in [".bashrc", ".mcp.json", ".claude/settings.json"] {
-        assert!(
-            !patch.contains(&format!("b/{planted}")),
-            "{planted}: {patch}"
-        );
-    }
-    assert!(patch.contains("b/empty.txt"), "{patch}");
-    assert!(patch.contains("+alias x=y"), "{patch}");
-    wt.cleanup().await.unwrap();
-}
-
-#[tokio::test]
 async fn a_path_both_setup_and_agent_changed_is_in_the_patch_from_the_base_commit() {
     let (_t, root) = repo_with(&[("README.md", b"hello\n")]);
     let wt = provision_with(&root, "both", Some(SETUP)).await;
@@ -578,5 +555,35 @@ proptest! {
     fn random_sessions_round_trip_through_git_apply_index(seed in any::<u64>()) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(random_session(seed));
+    }
+}
+
+/// What the agent wrote into its clone's git config (`core.fsmonitor`, a clean filter, hooks)
+/// runs when git stages the clone, which the adapter does for the patch: sandboxed (the
+/// default), it can touch nothing outside the clone; the same extraction unsandboxed is shown
+/// to run it, so the check can fail.
+#[tokio::test]
+async fn the_agents_git_config_in_its_clone_never_runs_outside_the_sandbox_during_extraction() {
+    for sandboxed in [true, false] {
+        let (t, root) = repo_with(&[("README.md", b"hello\n")]);
+        let marker = t.path().join("pwned");
+        let mut req = request("cfg", None);
+        req.sandboxed = sandboxed;
+        let wt = RepoGit::for_repo(&root)
+            .provision(&req, &CancellationToken::new())
+            .await
+            .unwrap();
+        let touch = format!("touch {}", marker.display());
+        git(&wt.path, &["config", "core.fsmonitor", &touch]);
+        git(
+            &wt.path,
+            &["config", "filter.x.clean", &format!("sh -c '{touch}; cat'")],
+        );
+        write(&wt.path, ".gitattributes", b"*.txt filter=x\n");
+        write(&wt.path, "a.txt", b"work\n");
+        let patch = wt.extract_patch().await.unwrap();
+        assert!(patch.contains("a.txt"), "{patch}");
+        assert_eq!(marker.exists(), !sandboxed, "sandboxed: {sandboxed}");
+        wt.cleanup().await.unwrap();
     }
 }

@@ -125,20 +125,65 @@ async fn cleanup_removes_worktree_and_branch_and_second_call_does_nothing() {
 }
 
 #[tokio::test]
-async fn a_worktree_the_adapter_did_not_make_at_the_path_is_refused_and_kept() {
+async fn another_tools_stale_worktree_at_the_path_is_saved_as_a_patch_then_replaced() {
     let (_t, root) = repo();
-    // Someone's own worktree where the session's would go, with uncommitted work.
+    // What the TypeScript adapter or the v1 agent manager leaves: an unlocked worktree on the
+    // branch, with a commit and uncommitted work.
     add_worktree(&root, "stale", None);
-    std::fs::write(root.join(".worktrees/stale/junk"), "work\n").unwrap();
+    let old = root.join(".worktrees/stale");
+    std::fs::write(old.join("committed.rs"), "one\n").unwrap();
+    git(&old, &["add", "-A"]);
+    git(&old, &["commit", "-q", "-m", "old work"]);
+    std::fs::write(old.join("junk"), "work\n").unwrap();
     let rg = RepoGit::for_repo(&root);
-    let err = provision(&rg, "stale", None).await.unwrap_err();
+    let wt = provision(&rg, "stale", None).await.unwrap();
+    assert!(!wt.path.join("junk").exists() && !wt.path.join("committed.rs").exists());
+    let saved = salvaged(&root);
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let text = std::fs::read_to_string(&saved[0]).unwrap();
+    assert!(
+        text.contains("committed.rs") && text.contains("junk"),
+        "{text}"
+    );
+    // Its branch is the other tool's: kept, with its commit.
+    assert!(branches(&root).contains(&"stale".to_string()));
+    assert_eq!(worktree_paths(&root).len(), 1);
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_locked_worktree_at_the_path_is_refused_and_untouched() {
+    let (_t, root) = repo();
+    add_worktree(&root, "held", Some("a person is using this"));
+    std::fs::write(root.join(".worktrees/held/junk"), "work\n").unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let err = provision(&rg, "held", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Provision);
-    assert!(err.message.contains("did not make"), "{}", err.message);
+    assert!(
+        err.message.contains("git worktree unlock"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains(".worktrees/held"), "{}", err.message);
     assert_eq!(
-        std::fs::read(root.join(".worktrees/stale/junk")).unwrap(),
+        std::fs::read(root.join(".worktrees/held/junk")).unwrap(),
         b"work\n"
     );
-    assert!(branches(&root).contains(&"stale".to_string()));
+    assert_eq!(worktree_paths(&root).len(), 2);
+    assert!(salvaged(&root).is_empty());
+}
+
+#[tokio::test]
+async fn a_directory_at_the_path_that_is_no_worktree_is_refused_and_never_deleted() {
+    let (_t, root) = repo();
+    let dir = root.join(".worktrees/plain");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes"), "mine\n").unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let err = provision(&rg, "plain", None).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Provision);
+    assert!(err.message.contains("is left alone"), "{}", err.message);
+    assert_eq!(std::fs::read(dir.join("notes")).unwrap(), b"mine\n");
 }
 
 #[tokio::test]
@@ -174,7 +219,8 @@ async fn provisioning_a_branch_in_use_by_a_live_session_of_this_process_is_refus
 }
 
 #[tokio::test]
-async fn existing_branch_is_force_reset_to_default_branch() {
+async fn the_sessions_branch_starts_at_the_default_branch_whatever_the_repository_has_of_that_name()
+{
     let (_t, root) = repo();
     let main = head(&root, "main");
     // A leftover branch with a commit of its own.
@@ -183,16 +229,25 @@ async fn existing_branch_is_force_reset_to_default_branch() {
     git(&root, &["add", "-A"]);
     git(&root, &["commit", "-q", "-m", "leftover"]);
     git(&root, &["checkout", "-q", "main"]);
+    let leftover = head(&root, "old");
     let rg = RepoGit::for_repo(&root);
     let wt = provision(&rg, "old", None).await.unwrap();
-    assert_eq!(head(&root, "old"), main);
+    // The session's branch is its clone's, at the default branch; the repository's own
+    // branch of that name is not the adapter's to reset.
+    assert_eq!(head(&wt.path, "old"), main);
+    assert_eq!(git(&wt.path, &["branch", "--show-current"]).trim(), "old");
+    assert_eq!(
+        git(&wt.path, &["branch", "--format=%(refname:short)"]).trim(),
+        "old"
+    );
     assert!(!wt.path.join("leftover").exists());
     assert_eq!(git(&wt.path, &["status", "--porcelain"]), "");
+    assert_eq!(head(&root, "old"), leftover);
     wt.cleanup().await.unwrap();
 }
 
 #[tokio::test]
-async fn branch_checked_out_in_another_worktree_is_refused_and_left_alone() {
+async fn a_branch_checked_out_elsewhere_does_not_block_a_session_of_that_name() {
     let (_t, root) = repo();
     let other = root.parent().unwrap().join("elsewhere");
     git(
@@ -208,19 +263,14 @@ async fn branch_checked_out_in_another_worktree_is_refused_and_left_alone() {
         ],
     );
     let rg = RepoGit::for_repo(&root);
-    let err = provision(&rg, "busy", None).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::Provision);
-    assert!(
-        err.message.contains("checked out in another worktree"),
-        "{}",
-        err.message
-    );
+    let wt = provision(&rg, "busy", None).await.unwrap();
+    assert_eq!(git(&wt.path, &["branch", "--show-current"]).trim(), "busy");
+    wt.cleanup().await.unwrap();
     assert!(other.exists());
     assert!(branches(&root).contains(&"busy".to_string()));
-    assert!(!root.join(".worktrees/busy").exists());
-    // The main checkout's own branch is refused too.
-    let err = provision(&rg, "main", None).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::Provision);
+    let wt = provision(&rg, "main", None).await.unwrap();
+    wt.cleanup().await.unwrap();
+    assert_eq!(branches(&root), ["busy", "main"]);
 }
 
 #[tokio::test]
@@ -341,17 +391,25 @@ async fn sixteen_concurrent_provisions_all_succeed_and_all_clean_up() {
     }))
     .await;
     let wts: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
-    assert_eq!(worktree_paths(&root).len(), 17);
-    for wt in &wts {
+    assert_eq!(clone_records(&root), 16);
+    for (i, wt) in wts.iter().enumerate() {
         assert_eq!(git(&wt.path, &["status", "--porcelain"]), "");
+        let branch = git(&wt.path, &["branch", "--show-current"]);
+        assert_eq!(branch.trim(), format!("par/{i}"));
     }
     futures::future::join_all(wts.iter().map(|w| w.cleanup()))
         .await
         .into_iter()
         .for_each(|r| r.unwrap());
+    assert_eq!(clone_records(&root), 0);
     assert_eq!(worktree_paths(&root).len(), 1);
     assert_eq!(branches(&root), ["main"]);
     assert_eq!(git(&root, &["status", "--porcelain"]), "");
+}
+
+/// How many clones the adapter has on record for `root`.
+fn clone_records(root: &Path) -> usize {
+    std::fs::read_dir(root.join(".git/claude-runtime-adapter/clones")).map_or(0, |d| d.count())
 }
 
 /// Holds `lock` (relative to `.git`) for `hold`, as a competing git process would.
@@ -373,32 +431,6 @@ async fn provisioning_waits_out_an_index_lock_held_by_another_git_process() {
     let wt = provision(&rg, "il", None).await.unwrap();
     holder.join().unwrap();
     wt.cleanup().await.unwrap();
-}
-
-#[tokio::test]
-async fn provisioning_waits_out_a_ref_lock_it_needs() {
-    let (_t, root) = repo();
-    // `worktree add -B rl` must lock refs/heads/rl: git fails at once; we retry.
-    let holder = hold_lock(&root, "refs/heads/rl.lock", Duration::from_secs(1));
-    let rg = RepoGit::for_repo(&root);
-    let started = std::time::Instant::now();
-    let wt = provision(&rg, "rl", None).await.unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(900));
-    holder.join().unwrap();
-    wt.cleanup().await.unwrap();
-    assert_eq!(branches(&root), ["main"]);
-}
-
-#[tokio::test]
-async fn cleanup_waits_out_a_packed_refs_lock() {
-    let (_t, root) = repo();
-    let rg = RepoGit::for_repo(&root);
-    let wt = provision(&rg, "pr", None).await.unwrap();
-    git(&root, &["pack-refs", "--all"]);
-    let holder = hold_lock(&root, "packed-refs.lock", Duration::from_secs(1));
-    wt.cleanup().await.unwrap();
-    holder.join().unwrap();
-    assert_eq!(branches(&root), ["main"]);
 }
 
 /// An owner record for a process that has exited (its pid is then stale).
@@ -433,7 +465,7 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     let leaked = provision(&rg, "leaked", None).await.unwrap();
     drop(leaked);
 
-    let swept = rg.sweep_stale().await.unwrap();
+    let swept = rg.sweep_stale(true).await.unwrap();
     let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
     removed.sort();
     let expect: Vec<PathBuf> = ["dead", "leaked", "reused"]
@@ -444,11 +476,11 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     assert!(swept.iter().all(|s| s.patch.is_none()), "nothing to save");
     assert!(root.join(".worktrees/live").exists());
     assert!(mine.path.exists());
-    assert_eq!(branches(&root), ["live", "main", "mine"]);
+    assert_eq!(branches(&root), ["live", "main"]);
 
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    let swept = rg.sweep_stale().await.unwrap();
+    let swept = rg.sweep_stale(true).await.unwrap();
     assert_eq!(swept.len(), 1);
     assert_eq!(swept[0].path, root.join(".worktrees/live"));
     assert_eq!(swept[0].branch.as_deref(), Some("live"));
@@ -487,7 +519,7 @@ async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
     );
     lock_with(&outside, &dead_owner().to_record());
     let rg = RepoGit::for_repo(&root);
-    let swept = rg.sweep_stale().await.unwrap();
+    let swept = rg.sweep_stale(true).await.unwrap();
     assert_eq!(swept, []);
     assert_eq!(
         std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
@@ -734,11 +766,13 @@ async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
     );
     std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
 
-    let swept = RepoGit::for_repo(root).sweep_stale().await.unwrap();
+    let swept = RepoGit::for_repo(root).sweep_stale(true).await.unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert_eq!(swept[0].path, root.join(".worktrees/crashed"));
-    assert_eq!(swept[0].branch.as_deref(), Some("crashed"));
+    // Its branch lived in its clone.
+    assert_eq!(swept[0].branch, None);
     assert!(!root.join(".worktrees/crashed").exists());
+    assert_eq!(clone_records(root), 0);
     assert_eq!(branches(root), ["main", "manual"]);
     assert_eq!(
         std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
@@ -910,7 +944,7 @@ async fn old_git_works() {
         patch.contains("README.md") && !patch.contains("install-state"),
         "{patch}"
     );
-    let swept = rg.sweep_stale().await.unwrap();
+    let swept = rg.sweep_stale(true).await.unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert!(swept[0].patch.is_some());
     assert!(root.join(".worktrees/my-work").exists() && wt.path.exists());

@@ -50,5 +50,7 @@ pub fn request(
             session_id: format!("session-{}", branch.replace('/', "-")),
             transcript: None,
         },
+        // As sessions run by default: the adapter's git in the clone runs sandboxed.
+        sandboxed: true,
     }
 }
