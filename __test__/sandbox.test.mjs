@@ -1,14 +1,19 @@
-// The mutation boundary, enforced by the operating system (issue 9), tried through the addon:
-// real CLI, real bubblewrap, and every boundary attempted by the agent's own Bash (scripted
+// One sandbox around the whole session (issue 14), tried through the addon: real CLI, real
+// bubblewrap, and every boundary attempted by the agent's own Bash and file tools (scripted
 // through the fake Messages API; what each command printed is read back from the tool results
-// the CLI sends the model). The test's validator hook approves everything, so only the OS
-// sandbox stands between the agent and the engine.
+// the CLI sends the model). The test's validator hook approves everything, so only the sandbox
+// stands between the agent and the engine. The repositories live under /var/tmp here, not /tmp:
+// inside the sandbox /tmp is the session's own private tmpfs, so a write into a host path
+// below /tmp would land there (harmlessly) instead of failing visibly.
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+
+process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
+mkdirSync(process.env.TMPDIR, { recursive: true });
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
@@ -28,7 +33,7 @@ afterEach(async () => {
 // Reviewer even when their definition lets them run commands.
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
 
-/** The model asks for the sandbox to be lifted on every command: the settings must refuse. */
+/** The model asks for the sandbox to be lifted on every command: there is nothing to lift. */
 const unsandboxed = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
 
 async function sandboxSetup({ config = {}, repo = {} } = {}) {
@@ -75,41 +80,88 @@ async function httpServer() {
   return { port: srv.address().port, seen };
 }
 
-describe('Implementor: writes only its worktree and its own branch', () => {
-  it('writes beside the repository, into the engine checkout and into git hooks/config fail; the worktree file and a commit on its branch round-trip in the patch', async () => {
+/** Every path under .git except git's own object store and reflogs, and the ignored/untracked status. */
+function gitSnapshot(root) {
+  const list = [];
+  const walk = (dir) => {
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = join(dir, e.name);
+      const rel = relative(root, p);
+      if (/^\.git\/(objects|logs)\//.test(`${rel}/`) && rel !== '.git/objects' && rel !== '.git/logs') continue;
+      list.push(rel + (e.isDirectory() ? '/' : ''));
+      if (e.isDirectory()) walk(p);
+    }
+  };
+  walk(join(root, '.git'));
+  return { git: list.sort(), status: git(root, 'status', '--porcelain', '--ignored'), config: readFileSync(join(root, '.git/config'), 'utf8') };
+}
+
+describe('Implementor: its clone is its whole writable world', () => {
+  it('everyday git works as in a clone (branch, status with only its changes, add -A, commit, stash, branch, log, diff); the patch has every change; the repository is untouched', async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const before = gitSnapshot(root);
+    const base = git(root, 'rev-parse', 'main').trim();
+    const { result, out, results } = await run('implementor', [
+      'git branch --show-current',
+      'git status --porcelain; echo end',
+      'printf x > a.txt && mkdir -p d && printf y > d/b.txt && git status --porcelain',
+      'git add -A && git commit -q -m "agent commit" && git log -1 --format=%s',
+      'echo stashed > s.txt && git add s.txt && git stash -q && git stash list | wc -l && git stash pop -q && cat s.txt',
+      'git branch topic && git branch --format="%(refname:short)" | sort | tr "\\n" " "',
+      'echo edit >> README.md && git diff --stat | tail -1',
+      'git log --oneline | wc -l',
+    ]);
+    for (const [i, r] of results.entries()) expect(r.is_error, `command ${i}: ${out[i]}`).toBe(false);
+    expect(out[0]).toBe('wi-1');
+    expect(out[1]).toBe('end');
+    expect(out[2]).toBe('?? a.txt\n?? d/');
+    expect(out[3]).toBe('agent commit');
+    expect(out[4]).toBe('1\nstashed');
+    expect(out[5]).toBe('topic wi-1');
+    expect(out[6]).toMatch(/1 file changed, 1 insertion/);
+    expect(Number(out[7])).toBe(2);
+    expect(result.outcome).toBe('completed');
+    for (const f of ['a.txt', 'd/b.txt', 's.txt', 'README.md']) expect(result.patch).toContain(`+++ b/${f}`);
+    const applied = applyOnBase(root, base, result.patch);
+    expect(readFileSync(join(applied, 's.txt'), 'utf8')).toBe('stashed\n');
+    expect(readFileSync(join(applied, 'README.md'), 'utf8')).toBe('# temp repo\nedit\n');
+    expect(gitSnapshot(root)).toEqual(before);
+    expect(branches(root)).toEqual(['main']);
+    expect(existsSync(join(root, '.worktrees', 'wi-1'))).toBe(false);
+  });
+
+  it('writes outside its clone fail and change nothing: beside the repository, the engine checkout and its .git, another session\'s directory; the engine repository is not even visible', async () => {
     await sandboxSetup();
     const root = h.repo.root;
     const beside = `${root}-beside.txt`;
     after.push(() => rmSync(beside, { force: true }));
+    const other = join(root, '.worktrees', 'someone-else');
+    mkdirSync(other, { recursive: true });
+    after.push(() => rmSync(other, { recursive: true, force: true }));
+    const before = gitSnapshot(root);
     const base = git(root, 'rev-parse', 'main').trim();
     const { result, results, out } = await run('implementor', [
       `echo beside > ${beside}`,
       `echo engine >> ${join(root, 'README.md')}`,
-      `touch ${join(root, 'planted.txt')}`,
-      // a hook or a config change in the shared git dir would run code in the engine's next git command
-      `printf '#!/bin/sh\ntouch ${beside}\n' > ${join(root, '.git/hooks/post-checkout')}`,
-      'git config core.hooksPath /tmp',
-      'echo committed > committed.txt && git add committed.txt && git commit -q -m "agent commit" && git log -1 --format=%s',
+      `touch ${join(root, '.git/objects/planted')}`,
+      `git -C ${root} config core.hooksPath /tmp`,
+      `touch ${join(other, 'planted')}`,
+      `ls -A ${root}; ls -A ${join(root, '.git')}; ls -A ${join(root, '.worktrees')}`,
       'echo inside > inside.txt && cat inside.txt',
     ]);
-    for (const i of [0, 1, 2, 3, 4]) expect(results[i].is_error, `command ${i}: ${out[i]}`).toBe(true);
-    for (const i of [0, 1, 2, 3]) expect(out[i], `command ${i}`).toMatch(/Read-only file system|Permission denied/);
-    expect(out[5]).toBe('agent commit');
+    for (const i of [0, 1, 2, 3, 4]) {
+      expect(results[i].is_error, `command ${i}: ${out[i]}`).toBe(true);
+      expect(out[i], `command ${i}`).toMatch(/Read-only file system|No such file or directory|not a git repository|not in a git directory|cannot change to/);
+    }
+    // Only what the session needs: the shared object store and its own clone.
+    expect(out[5].split('\n')).toEqual(['.git', '.worktrees', 'objects', 'wi-1']);
     expect(out[6]).toBe('inside');
-    expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
-    expect(readFileSync(join(root, '.git/config'), 'utf8')).not.toContain('hooksPath');
-    expect(existsSync(beside)).toBe(false);
+    expect(existsSync(beside) || existsSync(join(other, 'planted'))).toBe(false);
     expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
-    expect(existsSync(join(root, 'planted.txt'))).toBe(false);
+    expect(gitSnapshot(root)).toEqual(before);
     expect(git(root, 'rev-parse', 'main').trim()).toBe(base);
-    expect(result.outcome).toBe('completed');
     expect(result.patch).toContain('+++ b/inside.txt');
-    expect(result.patch).toContain('+++ b/committed.txt');
-    expect(result.patch).not.toContain('README.md');
-    const clone = applyOnBase(root, base, result.patch);
-    expect(readFileSync(join(clone, 'inside.txt'), 'utf8')).toBe('inside\n');
-    expect(readFileSync(join(clone, 'committed.txt'), 'utf8')).toBe('committed\n');
-    expect({ worktrees: worktrees(root), branches: branches(root) }).toEqual({ worktrees: 0, branches: ['main'] });
   });
 
   it('a push of a new branch and a forced push of main fail, to a local-path and a file:// origin; the origin is unchanged', async () => {
@@ -118,44 +170,41 @@ describe('Implementor: writes only its worktree and its own branch', () => {
     const origin = join(h.scratch, 'origin.git');
     git(h.scratch, 'init', '-q', '--bare', origin);
     git(root, 'remote', 'add', 'origin', origin);
-    git(root, 'remote', 'add', 'fileorigin', `file://${origin}`);
     git(root, 'push', '-q', 'origin', 'main');
     const originState = () => ({ main: git(origin, 'rev-parse', 'main').trim(), refs: git(origin, 'for-each-ref', '--format=%(refname) %(objectname)') });
     const before = originState();
     const { out, results } = await run('implementor', [
       'echo x > x.txt && git add x.txt && git commit -q -m x && echo committed',
+      `git push ${origin} HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"`,
+      `git push -f ${origin} HEAD:main 2>&1; echo "rc=$?"`,
+      `git push file://${origin} HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"`,
+      // the clone's own origin is the engine repository
       'git push origin HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"',
-      'git push -f origin HEAD:main 2>&1; echo "rc=$?"',
-      'git push fileorigin HEAD:refs/heads/agent-new 2>&1; echo "rc=$?"',
-      `git push -f file://${origin} HEAD:main 2>&1; echo "rc=$?"`,
     ]);
     expect(out[0]).toBe('committed');
     for (const i of [1, 2, 3, 4]) {
       expect(out[i], `push ${i}`).toMatch(/rc=(?!0\b)\d+$/);
       expect(results[i].is_error).toBe(false); // the command ran; git itself failed
     }
-    expect(out.slice(1).join('\n')).toMatch(/Read-only file system|Permission denied|unable to/);
     expect(originState()).toEqual(before);
+    expect(branches(root)).toEqual(['main']);
   });
 
-  it("the worktree's git pointers (.git file, admin commondir) cannot be redirected, so the adapter's own git after the session runs none of the agent's config", async () => {
+  it("git config and hooks the agent plants in its clone never run outside the sandbox (the adapter's own git stages the clone for the patch)", async () => {
     await sandboxSetup();
     const pwned = join(h.scratch, 'pwned');
     const { result, out } = await run('implementor', [
-      // a git dir of the agent's making whose fsmonitor would run outside the sandbox when the adapter stages the patch
-      `git init -q --bare evil && git config -f evil/config core.fsmonitor "touch ${pwned}; false" && echo made`,
-      '(printf "gitdir: %s\\n" "$PWD/evil" > .git) 2>&1; rm -f .git 2>&1; mv .git moved 2>&1; cat .git',
-      'A=$(git rev-parse --git-dir); (echo "$PWD/evil" > "$A/commondir") 2>&1; cat "$A/commondir"',
+      `git config core.fsmonitor "touch ${pwned}; false" && printf '#!/bin/sh\ntouch ${pwned}\n' > .git/hooks/post-commit && chmod +x .git/hooks/post-commit && echo planted`,
+      'echo work > work.txt && git add -A && git commit -q -m w 2>&1; echo "rc=$?"',
     ]);
-    expect(out[0]).toBe('made');
-    expect(out[1]).toMatch(/Read-only file system[\s\S]*Device or resource busy[\s\S]*gitdir: .*\.git\/worktrees\/wi-1$/);
-    expect(out[2]).toMatch(/Read-only file system\n\.\.\/\.\.$/);
-    expect(result.patch).toContain('+++ b/evil/config');
+    expect(out[0]).toBe('planted');
+    expect(out[1]).toMatch(/rc=0$/);
+    expect(result.patch).toContain('+++ b/work.txt');
     expect(existsSync(pwned)).toBe(false);
   });
 
   for (const [label, config] of [['', {}], [' (also with sandbox: false)', { sandbox: false }]]) {
-    it(`branches the agent makes in its worktree are removed at cleanup; the patch carries their work${label}`, async () => {
+    it(`branches the agent makes live and go with its clone; the patch carries their work${label}`, async () => {
       await sandboxSetup({ config });
       const root = h.repo.root;
       const base = git(root, 'rev-parse', 'main').trim();
@@ -166,10 +215,51 @@ describe('Implementor: writes only its worktree and its own branch', () => {
       expect(result.patch).toContain('+++ b/b.txt');
       expect(readFileSync(join(applyOnBase(root, base, result.patch), 'b.txt'), 'utf8')).toBe('b\n');
       expect(branches(root)).toEqual(['main']);
-      const removed = h.logger.entries.find((e) => e.message === 'removed branches the agent made');
-      expect(removed?.data.branches.sort()).toEqual(['agent-x', 'agent-y']);
+      expect(worktrees(root)).toBe(0);
     });
   }
+});
+
+describe('what a session sees', () => {
+  it('Bash and the Read tool cannot read a file beside the repository; HOME is private; /proc shows only the session; no key or token in any environ or cmdline; no capabilities', async () => {
+    await sandboxSetup();
+    const root = h.repo.root;
+    const beside = join(root, '..', '.env');
+    writeFileSync(beside, 'SECRET=beside-the-repository\n');
+    after.push(() => rmSync(beside, { force: true }));
+    writeFileSync(join(h.config.env.HOME, '.bashrc'), '# profile\n');
+    const apiKey = h.config.env.ANTHROPIC_API_KEY;
+    h.config.env.NPM_TOKEN = 'npm_passed_through_config_env';
+    const { result, results, out } = await run('planner', [
+      `cat ${beside}`,
+      toolUse('Read', { file_path: beside }),
+      'ls -A "$HOME"; cat "$HOME/.bashrc"',
+      'ls /proc | grep -E "^[0-9]+$" | wc -l',
+      'cat /proc/$PPID/environ | tr "\\0" "\\n" | cut -d= -f1 | sort | tr "\\n" " "',
+      'cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" "\\n" | sort -u',
+      'grep CapEff /proc/self/status',
+      `touch ${join(root, 'planted')} 2>&1; echo "rc=$?"`,
+    ]);
+    expect(results[0].is_error).toBe(true);
+    expect(out[0]).toMatch(/No such file or directory/);
+    expect(results[1].is_error).toBe(true);
+    expect(out[1]).not.toContain('beside-the-repository');
+    expect(out[2]).toContain('# profile');
+    expect(out[2]).not.toContain('claude-config');
+    expect(Number(out[3])).toBeLessThan(20);
+    expect(out[4]).toContain('ANTHROPIC_API_KEY');
+    for (const o of [out[4], out[5]]) {
+      expect(o).not.toContain(apiKey);
+      expect(o).not.toContain('npm_passed_through_config_env');
+      expect(o).not.toContain('NPM_TOKEN');
+    }
+    expect(out[5]).toContain('sk-ant-sandbox-placeholder-');
+    expect(out[6]).toMatch(/CapEff:\s+0+$/);
+    expect(out[7]).toMatch(/Read-only file system[\s\S]*rc=1$/);
+    expect(result.create).toEqual([]);
+    // the model API still got the real key, added by the relay outside the sandbox
+    expect(h.api.mainRequests().every((r) => r.headers['x-api-key'] === apiKey)).toBe(true);
+  });
 });
 
 describe('Planner and Reviewer write nothing in the repository', () => {
@@ -239,7 +329,7 @@ describe('network: no host unless config.sandbox.allowedDomains names it', () =>
 });
 
 describe('credentials stay out of agent commands', () => {
-  it('env run by the agent shows neither a token in the engine environment, one passed in config.env, nor the model API key; the session works', async () => {
+  it('env run by the agent shows neither a token in the engine environment, one passed in config.env, nor the model API key (a placeholder stands in for it); the session works', async () => {
     await sandboxSetup();
     const planted = 'ghp_planted_in_the_engine_environment';
     const previous = process.env.GITHUB_TOKEN;
@@ -250,11 +340,12 @@ describe('credentials stay out of agent commands', () => {
     const { result, out } = await run('implementor', ['env', 'env | grep -E "TOKEN|API_KEY" | cut -d= -f1; echo done > done.txt']);
     expect(out[0]).toContain('PATH=');
     for (const secret of [planted, 'npm_passed_through_config_env', apiKey]) expect(out[0]).not.toContain(secret);
-    // Not even as names (the CLI's own per-command CLAUDE_CODE_MESSAGING_TOKEN is no secret of the engine's).
+    // Not even as names; the model key is there only as the relay's placeholder.
     const names = out[1].split('\n').filter(Boolean);
-    for (const name of ['GITHUB_TOKEN', 'NPM_TOKEN', 'ANTHROPIC_API_KEY']) expect(names).not.toContain(name);
+    for (const name of ['GITHUB_TOKEN', 'NPM_TOKEN']) expect(names).not.toContain(name);
+    expect(out[0]).toMatch(/^ANTHROPIC_API_KEY=sk-ant-sandbox-placeholder-[0-9a-f]{32}$/m);
     expect(result.outcome).toBe('completed');
-    // the CLI itself still had the key for the model API
+    // the model API still got the real key, added by the relay outside the sandbox
     expect(h.api.mainRequests().every((r) => r.headers['x-api-key'] === apiKey)).toBe(true);
   });
 });
@@ -313,34 +404,16 @@ describe('fail closed / knowingly off', () => {
 });
 
 describe('the sandbox leaves nothing in the engine repository', () => {
-  /** Every path under .git except git's own object store and reflogs, and the ignored/untracked status. */
-  function snapshot(root) {
-    const list = [];
-    const walk = (dir) => {
-      for (const e of readdirSync(dir, { withFileTypes: true })) {
-        const p = join(dir, e.name);
-        const rel = relative(root, p);
-        if (/^\.git\/(objects|logs)\//.test(`${rel}/`) && rel !== '.git/objects' && rel !== '.git/logs') continue;
-        list.push(rel + (e.isDirectory() ? '/' : ''));
-        if (e.isDirectory()) walk(p);
-      }
-    };
-    walk(join(root, '.git'));
-    return { git: list.sort(), status: git(root, 'status', '--porcelain', '--ignored') };
-  }
-
   it('after Implementor, Planner and Reviewer sessions the main checkout and .git are as before', async () => {
     await sandboxSetup();
     const root = h.repo.root;
-    const before = snapshot(root);
+    const before = gitSnapshot(root);
     const adapter = h.adapter();
     const impl = await run('implementor', ['echo a > a.txt && git add a.txt && git commit -q -m a && git checkout -q -b agent-z && echo ok'], { adapter });
     expect(impl.out[0]).toBe('ok');
     await run('planner', ['git status --porcelain; ls -a'], { adapter });
     await run('reviewer', ['git log --oneline -1'], { adapter });
-    const afterAll = snapshot(root);
-    expect(afterAll.status).toBe(before.status);
-    expect(afterAll.git.filter((p) => !before.git.includes(p))).toEqual([]);
+    expect(gitSnapshot(root)).toEqual(before);
     expect(branches(root)).toEqual(['main']);
   });
 });

@@ -89,7 +89,11 @@ impl LocalEnvironment {
         let scope = self.scope(&cmd.program).await;
         let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone()).await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
-        let started = process::start("bwrap".as_ref(), &argv, env, &self.workdir);
+        // The bubblewrap the availability check tried: the one on the CLI's PATH.
+        let path = cmd.env.iter().rev().find(|(k, _)| k == "PATH");
+        let bwrap = crate::sandbox::find_on_path("bwrap", path.map(|(_, v)| v.as_ref()))
+            .unwrap_or_else(|| PathBuf::from("bwrap"));
+        let started = process::start(bwrap.as_os_str(), &argv, env, &self.workdir);
         self.running = Some(sandbox);
         started.map_err(|e| {
             AdapterError::new(

@@ -249,6 +249,14 @@ impl RepoGit {
                     run_git(path, &["update-ref", "-d", r]).await?;
                 }
             }
+            // Commits made in the clone carry the identity the repository's own commits would
+            // (a repository-local `user.*` is not cloned; the global one stays readable).
+            for key in ["user.name", "user.email"] {
+                if let Ok(v) = run_git(&self.root, &["config", "--get", key]).await {
+                    let v = String::from_utf8_lossy(&v.stdout).trim().to_string();
+                    run_git(path, &["config", key, &v]).await?;
+                }
+            }
             let mut reset = git_command(
                 path,
                 &["reset", "--hard", "--no-recurse-submodules", "--quiet"],

@@ -313,9 +313,15 @@ pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
             _ => {}
         }
         match std::fs::remove_dir_all(&r) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
+        // `clones/` and `claude-runtime-adapter/` go once empty: the repository's git dir is
+        // left as it was found (another session's record keeps them, `remove_dir` then fails).
+        for dir in r.ancestors().skip(1).take(2) {
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
     })
     .await
     .unwrap_or_else(|e| Err(std::io::Error::other(e)));

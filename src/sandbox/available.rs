@@ -2,7 +2,7 @@
 //! that a session that cannot be confined fails closed with nothing created.
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{AdapterError, ErrorCode, Result};
 
@@ -11,8 +11,15 @@ pub const INSTALL_HINT: &str = "apt-get install -y bubblewrap socat";
 /// Checks the tools the CLI's sandbox needs, looked up on `path` (the `PATH` the CLI will get):
 /// Linux and WSL2: `bwrap` and `socat`; macOS: `sandbox-exec` (Seatbelt, part of the OS);
 /// native Windows: unsupported.
+/// On Linux bubblewrap is then tried once (per binary, per process): installed is not enough
+/// when the kernel or a container refuses it namespaces.
 pub fn check_available(path: Option<&OsStr>) -> Result<()> {
-    check_for(std::env::consts::OS, path)
+    check_for(std::env::consts::OS, path)?;
+    #[cfg(target_os = "linux")]
+    if let Some(bwrap) = find_on_path("bwrap", path) {
+        super::jail::probe(&bwrap)?;
+    }
+    Ok(())
 }
 
 fn check_for(os: &str, path: Option<&OsStr>) -> Result<()> {
@@ -49,8 +56,14 @@ fn check_for(os: &str, path: Option<&OsStr>) -> Result<()> {
 }
 
 fn on_path(bin: &str, path: Option<&OsStr>) -> bool {
-    let Some(path) = path else { return false };
-    std::env::split_paths(path).any(|dir| is_executable(&dir.join(bin)))
+    find_on_path(bin, path).is_some()
+}
+
+/// The executable `bin` as `path` (a `PATH` value) finds it.
+pub fn find_on_path(bin: &str, path: Option<&OsStr>) -> Option<PathBuf> {
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(bin))
+        .find(|p| is_executable(p))
 }
 
 #[cfg(unix)]

@@ -15,11 +15,12 @@
 //!    `sandbox.allowRead`), then the user's shell profile and git config files;
 //! 5. credential stores that fall inside a read-only tree are covered with empty ones;
 //! 6. read-write: the Implementor's clone and `sandbox.allowWrite`;
-//! 7. the directory holding the sockets of the adapter's egress proxy and model relay.
+//! 7. the directory holding the sockets of the adapter's egress proxy and model relay;
+//! 8. the sandbox's own root read-only.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use crate::error::{AdapterError, ErrorCode, Result};
 
@@ -145,6 +146,9 @@ impl Jail {
         if let Some(s) = &plan.sockets {
             a.pair("--bind", s.as_os_str(), OsStr::new(SOCKET_DIR));
         }
+        // Nothing else is writable: without this the sandbox's root tmpfs would take writes
+        // (private to the sandbox, but an agent would think it wrote somewhere real).
+        a.two("--remount-ro", "/");
         a.one("--chdir", plan.cwd.as_os_str());
         Jail { args: a.0 }
     }
@@ -221,40 +225,42 @@ fn credential_stores_within(readable: &[PathBuf], home: Option<&Path>) -> Vec<Pa
         .collect()
 }
 
-/// bubblewrap's path, and a check that it can build a sandbox here (namespaces allowed, the
-/// kernel cooperating), made once per process: a sandbox that cannot start stops the session
-/// before anything is created.
-pub fn probe() -> Result<()> {
-    static PROBED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    PROBED
-        .get_or_init(|| {
-            let jail = Jail::new(&JailPlan {
-                cwd: PathBuf::from("/"),
-                ..JailPlan::default()
-            });
-            let out = std::process::Command::new("bwrap")
-                .args(jail.argv(OsStr::new("true"), &[]))
-                .env_clear()
-                .env("PATH", "/usr/bin:/bin")
-                .stdin(std::process::Stdio::null())
-                .output();
-            match out {
-                Ok(o) if o.status.success() => Ok(()),
-                Ok(o) => Err(format!(
-                    "bubblewrap cannot create a sandbox here ({}): {}",
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )),
-                Err(e) => Err(format!("bubblewrap (bwrap) could not be started: {e}")),
-            }
-        })
-        .clone()
-        .map_err(|m| {
-            AdapterError::new(
-                ErrorCode::SandboxUnavailable,
-                format!("{m}; set `sandbox: false` to run agents without the OS sandbox"),
-            )
-        })
+/// A check that `bwrap` can build a sandbox here (namespaces allowed, the kernel
+/// cooperating): a sandbox that cannot start stops the session before anything is created.
+/// A success is remembered for the process; a failure is tried again next time.
+pub fn probe(bwrap: &Path) -> Result<()> {
+    static WORKS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let works = || WORKS.lock().unwrap_or_else(|e| e.into_inner());
+    if works().iter().any(|p| p == bwrap) {
+        return Ok(());
+    }
+    let jail = Jail::new(&JailPlan {
+        cwd: PathBuf::from("/"),
+        ..JailPlan::default()
+    });
+    let out = std::process::Command::new(bwrap)
+        .args(jail.argv(OsStr::new("true"), &[]))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let failed = match out {
+        Ok(o) if o.status.success() => {
+            works().push(bwrap.to_path_buf());
+            return Ok(());
+        }
+        Ok(o) => format!(
+            "bubblewrap ({}) cannot create a sandbox here ({}): {}",
+            bwrap.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("bubblewrap ({}) could not be started: {e}", bwrap.display()),
+    };
+    Err(AdapterError::new(
+        ErrorCode::SandboxUnavailable,
+        format!("{failed}; set `sandbox: false` to run agents without the OS sandbox"),
+    ))
 }
 
 #[cfg(test)]

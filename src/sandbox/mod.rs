@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 
-pub use available::{check_available, INSTALL_HINT};
+pub use available::{check_available, find_on_path, INSTALL_HINT};
 pub use credentials::{credential_stores, is_credential_var, HOME_CREDENTIALS};
 pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
@@ -98,14 +98,13 @@ impl SessionSandbox {
             .to_string();
         let (env, substitutions) = inside_env(cli_env);
         let sockets = SocketDir::create()?;
-        let mut allowed = cfg.allowed_domains.clone();
-        allowed.extend(url_host(&upstream));
-        let proxy = EgressProxy::start(
-            DomainAllowlist::new(&allowed),
-            sink,
-            &sockets.0.join("egress.sock"),
-        )
-        .await?;
+        // The model API's host is reachable on its port (the CLI's own API traffic takes the
+        // relay; this is for its other requests there).
+        let mut allow = DomainAllowlist::new(&cfg.allowed_domains);
+        if let Some((host, port)) = url_endpoint(&upstream) {
+            allow = allow.with_endpoint(&host, port);
+        }
+        let proxy = EgressProxy::start(allow, sink, &sockets.0.join("egress.sock")).await?;
         let relay =
             ModelRelay::start(&sockets.0.join("model.sock"), &upstream, substitutions).await?;
         let home = credentials::env_value(cli_env, "HOME").map(PathBuf::from);
@@ -203,16 +202,31 @@ const OVERRIDDEN: &[&str] = &[
     "TEMP",
 ];
 
-/// `host` of `scheme://host[:port]/…`.
-fn url_host(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
+/// `host` and port of `scheme://host[:port]/…` (the scheme's default port when none is given).
+fn url_endpoint(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?', '#']).next()?;
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next()?,
-        None => host.split(':').next()?,
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(v6) => {
+            let (h, rest) = v6.split_once(']')?;
+            (h, rest.strip_prefix(':'))
+        }
+        None => match hostport.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        },
     };
-    (!host.is_empty()).then(|| host.to_string())
+    let default = if scheme.eq_ignore_ascii_case("https") {
+        443
+    } else {
+        80
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default,
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
 }
 
 /// A private directory for one session's sockets, removed with them.
@@ -306,14 +320,17 @@ mod tests {
     }
 
     #[test]
-    fn url_hosts() {
+    fn url_endpoints() {
+        let e = |u: &str| url_endpoint(u).map(|(h, p)| format!("{h} {p}"));
         assert_eq!(
-            url_host("https://api.anthropic.com").unwrap(),
-            "api.anthropic.com"
+            e("https://api.anthropic.com").unwrap(),
+            "api.anthropic.com 443"
         );
-        assert_eq!(url_host("http://127.0.0.1:8080/x").unwrap(), "127.0.0.1");
-        assert_eq!(url_host("http://u:p@h.example:1/").unwrap(), "h.example");
-        assert_eq!(url_host("http://[::1]:80/").unwrap(), "::1");
-        assert_eq!(url_host("nonsense"), None);
+        assert_eq!(e("http://127.0.0.1:8080/x").unwrap(), "127.0.0.1 8080");
+        assert_eq!(e("http://u:p@h.example:1/").unwrap(), "h.example 1");
+        assert_eq!(e("http://[::1]:81/").unwrap(), "::1 81");
+        assert_eq!(e("http://gw.example/anthropic").unwrap(), "gw.example 80");
+        assert_eq!(e("nonsense"), None);
+        assert_eq!(e("http://h:notaport/"), None);
     }
 }

@@ -44,16 +44,34 @@ pub type EgressSink = Arc<dyn Fn(&EgressAttempt) + Send + Sync>;
 
 /// Host patterns as Claude Code documents them for `allowedDomains`: `example.com` is that host
 /// exactly, `*.example.com` any subdomain of it (not `example.com` itself); case-insensitive.
+/// Endpoints (`host`, `port`) are allowed on that port only: the model API's.
 #[derive(Debug, Clone, Default)]
 pub struct DomainAllowlist {
     patterns: Vec<String>,
+    endpoints: Vec<(String, u16)>,
 }
 
 impl DomainAllowlist {
     pub fn new(patterns: &[String]) -> Self {
         DomainAllowlist {
             patterns: patterns.iter().map(|p| p.to_ascii_lowercase()).collect(),
+            endpoints: Vec::new(),
         }
+    }
+
+    /// Also allows `host` on `port` (and nothing else of it).
+    pub fn with_endpoint(mut self, host: &str, port: u16) -> Self {
+        self.endpoints.push((host.to_ascii_lowercase(), port));
+        self
+    }
+
+    /// Whether a connection to `host:port` may go out.
+    pub fn allows_at(&self, host: &str, port: u16) -> bool {
+        self.allows(host)
+            || self
+                .endpoints
+                .iter()
+                .any(|(h, p)| *p == port && h.eq_ignore_ascii_case(host.trim_matches(['[', ']'])))
     }
 
     pub fn allows(&self, host: &str) -> bool {
@@ -154,7 +172,7 @@ impl Ctx {
             protocol,
             host: host.to_string(),
             port,
-            allowed: self.allow.allows(host),
+            allowed: self.allow.allows_at(host, port),
         };
         if attempt.allowed {
             tracing::info!(protocol, host, port, "sandbox egress allowed");
