@@ -153,6 +153,9 @@ pub struct SessionEnd {
     pub stats: RunStats,
     /// How many follow-up user turns were sent after a `result`.
     pub follow_ups: u32,
+    /// The structured output the last follow-up turn asked the agent to correct: what stands
+    /// when the agent ends that turn without a new one.
+    pub sent_back: Option<Value>,
 }
 
 /// What reading the CLI's output has gathered so far.
@@ -364,6 +367,7 @@ impl RunningSession {
     {
         let mut turn = Turn::default();
         let mut follow_ups = 0;
+        let mut sent_back = None;
         loop {
             self.read_turn(&mut turn).await;
             let Some(result) = turn.result.as_ref() else {
@@ -383,9 +387,9 @@ impl RunningSession {
             follow_ups += 1;
             self.observer.on_event(SessionEvent::FollowUp(&text));
             self.send(protocol::user_message(&text));
-            turn.result = None;
+            sent_back = turn.result.take().and_then(|r| r.structured_output);
         }
-        self.end(turn, follow_ups).await
+        self.end(turn, follow_ups, sent_back).await
     }
 
     /// Read until the current turn's `result`, the end of the CLI's output, or the end of
@@ -430,7 +434,7 @@ impl RunningSession {
     }
 
     /// Close stdin, give the CLI its grace to exit, then make sure nothing is left.
-    async fn end(mut self, turn: Turn, follow_ups: u32) -> SessionEnd {
+    async fn end(mut self, turn: Turn, follow_ups: u32, sent_back: Option<Value>) -> SessionEnd {
         let Turn {
             result,
             stopping,
@@ -476,6 +480,7 @@ impl RunningSession {
             pid: self.pid,
             stats,
             follow_ups,
+            sent_back,
         }
     }
 
