@@ -83,11 +83,21 @@ impl StopSignal {
 
 /// What a session reports as it runs (for the output stream, the transcript and the logger).
 pub enum SessionEvent<'a> {
+    /// The CLI's environment, once, before the CLI starts: the transcript learns from it
+    /// which values it must never write.
+    Environment(&'a [(String, String)]),
     Init(&'a Value),
     Text(&'a str),
     ToolUse {
+        id: &'a str,
         name: &'a str,
         input: &'a Value,
+    },
+    /// What a tool call returned to the model (its output, or its error).
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
     },
     Hook {
         tool_name: &'a str,
@@ -203,6 +213,7 @@ pub async fn start(
     observer: Arc<dyn SessionObserver>,
     stop: StopSignal,
 ) -> Result<RunningSession> {
+    observer.on_event(SessionEvent::Environment(&spec.env));
     let mut child =
         process::spawn(&spec.program, &spec.args, &spec.env, &spec.cwd).map_err(|e| {
             AdapterError::new(
@@ -523,9 +534,9 @@ impl RunningSession {
                 for block in protocol::assistant_blocks(&v) {
                     match block {
                         protocol::Block::Text(t) => self.observer.on_event(SessionEvent::Text(t)),
-                        protocol::Block::ToolUse { name, input } => self
+                        protocol::Block::ToolUse { id, name, input } => self
                             .observer
-                            .on_event(SessionEvent::ToolUse { name, input }),
+                            .on_event(SessionEvent::ToolUse { id, name, input }),
                         protocol::Block::Other => {}
                     }
                 }
@@ -539,10 +550,16 @@ impl RunningSession {
                 r.add_to(&mut turn.stats);
                 turn.result = Some(*r);
             }
-            Inbound::ControlResponse { .. }
-            | Inbound::System(_)
-            | Inbound::User(_)
-            | Inbound::Other(_) => {}
+            Inbound::User(v) => {
+                for r in protocol::tool_results(&v) {
+                    self.observer.on_event(SessionEvent::ToolResult {
+                        tool_use_id: r.tool_use_id,
+                        content: &r.content,
+                        is_error: r.is_error,
+                    });
+                }
+            }
+            Inbound::ControlResponse { .. } | Inbound::System(_) | Inbound::Other(_) => {}
         }
     }
 

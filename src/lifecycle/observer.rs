@@ -8,7 +8,7 @@ use crate::claude::session::{Access, SessionEvent, SessionObserver};
 use crate::deps::{HookDecision, LogLevel, Logger};
 use crate::domain::Role;
 use crate::output::OutputBuffer;
-use crate::transcript::Transcript;
+use crate::transcript::{self, Transcript};
 
 /// Fans session events out to the output stream, the transcript and the logger.
 pub struct Observer {
@@ -99,6 +99,11 @@ impl SessionObserver for Observer {
     fn on_event(&self, event: SessionEvent<'_>) {
         let t = self.transcript.as_deref();
         match event {
+            SessionEvent::Environment(env) => {
+                if let Some(t) = t {
+                    t.redact(transcript::secrets_in(env));
+                }
+            }
             SessionEvent::Init(v) => {
                 if let Some(t) = t {
                     t.init(v);
@@ -114,9 +119,18 @@ impl SessionObserver for Observer {
                     t.text(text);
                 }
             }
-            SessionEvent::ToolUse { name, input } => {
+            SessionEvent::ToolUse { id, name, input } => {
                 if let Some(t) = t {
-                    t.tool_use(name, input);
+                    t.tool_use(id, name, input);
+                }
+            }
+            SessionEvent::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                if let Some(t) = t {
+                    t.tool_result(tool_use_id, content, is_error);
                 }
             }
             SessionEvent::Hook {
