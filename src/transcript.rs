@@ -26,12 +26,12 @@ use crate::sandbox::is_credential_var;
 
 /// Bytes of a tool result written to the transcript; its total size is written too. Enough for
 /// a command's error or a test failure's summary, while a `cat` of a large file stays small.
-pub const TOOL_RESULT_SHOWN: usize = 4 * 1024;
+const TOOL_RESULT_SHOWN: usize = 4 * 1024;
 /// Shorter values are not treated as secrets: redacting `1`, `true` or `prod` everywhere would
 /// mangle the log, and no real key or token is that short.
-pub const MIN_SECRET_LEN: usize = 8;
+const MIN_SECRET_LEN: usize = 8;
 /// What a secret is replaced with.
-pub const REDACTED: &str = "[REDACTED]";
+const REDACTED: &str = "[REDACTED]";
 
 pub struct Transcript {
     path: PathBuf,
@@ -97,14 +97,14 @@ pub fn secrets_in(env: &[(String, String)]) -> Vec<String> {
 }
 
 /// `text` with every occurrence of each secret replaced by [`REDACTED`].
-pub fn redact(text: &str, secrets: &[String]) -> String {
+fn redact(text: &str, secrets: &[String]) -> String {
     secrets
         .iter()
         .fold(text.to_string(), |t, s| t.replace(s.as_str(), REDACTED))
 }
 
 /// At most the first `limit` bytes of `text`, cut back to a character boundary.
-pub fn bounded(text: &str, limit: usize) -> &str {
+fn bounded(text: &str, limit: usize) -> &str {
     if text.len() <= limit {
         return text;
     }
