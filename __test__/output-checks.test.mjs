@@ -135,6 +135,24 @@ describe('semantic output checks with self-correction', () => {
     expect(model.log.followUps).toHaveLength(2);
   });
 
+  it('a model that answers a follow-up with text only and no new output is rejected naming the rules its last output breaks', async () => {
+    // After the follow-up the model only talks, also when the CLI itself insists on the
+    // StructuredOutput tool (it does once per turn, then ends the turn without output).
+    let followedUp = false;
+    const script = (body) => {
+      followedUp ||= latestUserText(body).includes(FOLLOW_UP);
+      return followedUp ? reply(text('I believe my plan is fine as it is.')) : structured(badPlan);
+    };
+    h = await setup({ script, state, bodies: { 7: 'Existing body' }, repo: specRepo });
+    const handle = await h.adapter().startAgent(plannerParams);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_OUTPUT_INVALID');
+    expect(err.message).toContain('ended follow-up turn 1 without new structured output');
+    expect(err.message).toContain('close[0] "99" is not a work item in the engine state');
+    expect(err.message).toContain('create[1].tempID "t1" repeats create[0].tempID');
+    expect(err.message).not.toContain('never called the StructuredOutput tool');
+  });
+
   it('a cancel during a follow-up turn stops the session: ERR_CANCELLED, aborted signal, no CLI left', async () => {
     let followedUp;
     const reached = new Promise((resolve) => (followedUp = resolve));

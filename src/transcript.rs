@@ -4,23 +4,43 @@
 //! only once the outcome is known — after validation — so a log never claims success for a run
 //! that failed. A log that cannot be written never affects the session: the first failure is
 //! reported to the caller's warn hook and logging stops.
+//!
+//! Besides the spec's entries it records each tool call's result as the model saw it (bounded),
+//! since a failed run cannot be understood without what its commands printed. Secrets the adapter
+//! knows of are never written: see [`secrets_in`].
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use crate::claude::command;
 use crate::claude::protocol::ResultMessage;
 use crate::deps::HookDecision;
 use crate::domain::StartParams;
+use crate::sandbox::is_credential_var;
+
+/// Bytes of a tool result written to the transcript; its total size is written too. Enough for
+/// a command's error or a test failure's summary, while a `cat` of a large file stays small.
+const TOOL_RESULT_SHOWN: usize = 4 * 1024;
+/// Shorter values are not treated as secrets: redacting `1`, `true` or `prod` everywhere would
+/// mangle the log, and no real key or token is that short.
+const MIN_SECRET_LEN: usize = 8;
+/// What a secret is replaced with.
+const REDACTED: &str = "[REDACTED]";
 
 pub struct Transcript {
     path: PathBuf,
     file: Mutex<Option<File>>,
     on_error: Box<dyn Fn(&str) + Send + Sync>,
+    /// Values never written (longest first), known once the CLI's environment is.
+    secrets: OnceLock<Vec<String>>,
+    /// Tool names by tool-use id, so a result names the tool that produced it.
+    tools: Mutex<HashMap<String, String>>,
 }
 
 pub fn epoch_millis() -> u128 {
@@ -55,6 +75,56 @@ pub fn iso8601(ms: u128) -> String {
 
 fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// The values of the CLI's environment the transcript must not write: every variable that
+/// carries a credential by its name (the model key and auth token, `*_TOKEN`, `*_SECRET`, … —
+/// the values the sandbox withholds from agent commands), and every variable that is not one
+/// of the engine's allowlisted ones, which only `config.env` can add. Values shorter than
+/// [`MIN_SECRET_LEN`] are left out. Longest first, so a secret containing another is replaced
+/// whole.
+pub fn secrets_in(env: &[(String, String)]) -> Vec<String> {
+    let mut secrets: Vec<String> = env
+        .iter()
+        .filter(|(k, v)| {
+            v.len() >= MIN_SECRET_LEN && (is_credential_var(k) || !command::env_allowed(k))
+        })
+        .map(|(_, v)| v.clone())
+        .collect();
+    secrets.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
+    secrets
+}
+
+/// `text` with every occurrence of each secret replaced by [`REDACTED`].
+fn redact(text: &str, secrets: &[String]) -> String {
+    secrets
+        .iter()
+        .fold(text.to_string(), |t, s| t.replace(s.as_str(), REDACTED))
+}
+
+/// At most the first `limit` bytes of `text`, cut back to a character boundary.
+fn bounded(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A tool result's entry: `{tool}: ok|error, {size} bytes[ (first {n} shown)]`, then the
+/// (bounded) text indented on the lines below. `size` is what the model got, before redaction.
+fn tool_result_entry(tool: &str, content: &str, size: usize, is_error: bool) -> String {
+    let shown = bounded(content, TOOL_RESULT_SHOWN);
+    let status = if is_error { "error" } else { "ok" };
+    let mut head = format!("{tool}: {status}, {size} bytes");
+    if shown.len() < content.len() {
+        head += &format!(" (first {} shown)", shown.len());
+    }
+    format!("{head}\n{}", indent(shown))
 }
 
 /// `{ms}-{role}[-{workItemID}]-{sessionID}.log`: the session id makes the name unique even
@@ -99,6 +169,8 @@ impl Transcript {
             path: path.clone(),
             file: Mutex::new(None),
             on_error,
+            secrets: OnceLock::new(),
+            tools: Mutex::new(HashMap::new()),
         };
         match file {
             Ok(f) => *t.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
@@ -133,7 +205,21 @@ impl Transcript {
         &self.path
     }
 
+    /// From now on, `secrets` are replaced by [`REDACTED`] in everything written. Set once,
+    /// before the CLI starts (later calls are ignored: a session runs one CLI).
+    pub fn redact(&self, secrets: Vec<String>) {
+        let _ = self.secrets.set(secrets);
+    }
+
     fn write(&self, text: &str) {
+        let redacted;
+        let text = match self.secrets.get() {
+            Some(secrets) if !secrets.is_empty() => {
+                redacted = redact(text, secrets);
+                redacted.as_str()
+            }
+            _ => text,
+        };
         let mut guard = self.file.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = guard.as_mut() {
             if let Err(e) = f.write_all(text.as_bytes()) {
@@ -180,11 +266,34 @@ impl Transcript {
         self.write(&format!("[{ts}] [assistant]\n{}", indent(text)));
     }
 
-    pub fn tool_use(&self, name: &str, input: &Value) {
+    pub fn tool_use(&self, id: &str, name: &str, input: &Value) {
+        self.tools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), name.to_string());
         match input.get("command").and_then(Value::as_str) {
             Some(cmd) if name == "Bash" => self.entry("tool_use", &format!("{name}: {cmd}")),
             _ => self.entry("tool_use", name),
         }
+    }
+
+    /// What a tool call returned to the model (or its error), bounded to
+    /// [`TOOL_RESULT_SHOWN`] bytes, after the secrets are redacted.
+    pub fn tool_result(&self, tool_use_id: &str, content: &str, is_error: bool) {
+        let name = self
+            .tools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(tool_use_id);
+        let tool = name.unwrap_or_else(|| format!("tool {tool_use_id}"));
+        // Redacted before bounding, so a secret across the cut is not half written.
+        let redacted = match self.secrets.get() {
+            Some(secrets) => redact(content, secrets),
+            None => content.to_string(),
+        };
+        let ts = iso8601(epoch_millis());
+        let entry = tool_result_entry(&tool, &redacted, content.len(), is_error);
+        self.write(&format!("[{ts}] [tool_result] {entry}"));
     }
 
     pub fn hook(
@@ -255,6 +364,7 @@ impl Transcript {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn iso8601_formats_known_instants() {
@@ -272,5 +382,109 @@ mod tests {
         assert_eq!(log_file_name(5, &p, "s/1"), "5-implementor-.._x_1-s_1.log");
         let p = StartParams::Planner { spec_paths: vec![] };
         assert_eq!(log_file_name(5, &p, "abc"), "5-planner-abc.log");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn secrets_are_credential_variables_and_config_only_variables_of_eight_bytes_or_more() {
+        let secrets = secrets_in(&env(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-api-key-1"),
+            ("ANTHROPIC_AUTH_TOKEN", "auth-token-22"),
+            ("CLAUDE_CODE_OAUTH_TOKEN", "oauth-token-333"),
+            ("DEPLOY_PASSWORD", "hunter22"),
+            // Not a credential by name, but not the engine's either: only config.env sets it.
+            ("DATABASE_URL", "postgres://u:p@db/x"),
+            // Too short to count, however named.
+            ("GITHUB_TOKEN", "abc"),
+            ("FLAG", "1"),
+            // The engine's allowlisted, ordinary variables are not secrets.
+            ("PATH", "/usr/local/bin:/usr/bin"),
+            ("HOME", "/home/engine-user"),
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:4000"),
+            ("CLAUDE_CONFIG_DIR", "/tmp/claude-config"),
+        ]));
+        assert_eq!(
+            secrets,
+            [
+                "postgres://u:p@db/x",
+                "sk-ant-api-key-1",
+                "oauth-token-333",
+                "auth-token-22",
+                "hunter22"
+            ]
+        );
+        assert_eq!(MIN_SECRET_LEN, "hunter22".len());
+    }
+
+    #[test]
+    fn redaction_replaces_every_occurrence_and_a_longer_secret_whole() {
+        let secrets = secrets_in(&env(&[
+            ("A_TOKEN", "abcdefgh"),
+            ("B_TOKEN", "abcdefgh-ijk"),
+        ]));
+        assert_eq!(
+            redact("x abcdefgh-ijk y abcdefgh abcdefgh", &secrets),
+            "x [REDACTED] y [REDACTED] [REDACTED]"
+        );
+        assert_eq!(redact("nothing here", &secrets), "nothing here");
+        assert_eq!(redact("abcdefgh", &[]), "abcdefgh");
+    }
+
+    #[test]
+    fn bounding_cuts_at_a_character_boundary() {
+        assert_eq!(bounded("hello", 10), "hello");
+        assert_eq!(bounded("hello", 5), "hello");
+        assert_eq!(bounded("hello", 3), "hel");
+        // 'é' is two bytes: a cut inside it keeps the whole characters before it.
+        assert_eq!(bounded("aé", 2), "a");
+        assert_eq!(bounded("", 0), "");
+    }
+
+    #[test]
+    fn a_tool_result_entry_names_tool_status_and_size_and_bounds_the_text() {
+        assert_eq!(
+            tool_result_entry("Bash", "one\ntwo\n", 8, false),
+            "Bash: ok, 8 bytes\n    one\n    two\n"
+        );
+        assert_eq!(
+            tool_result_entry("Bash", "Exit code 3", 11, true),
+            "Bash: error, 11 bytes\n    Exit code 3\n"
+        );
+        let big = "x".repeat(TOOL_RESULT_SHOWN + 100);
+        let entry = tool_result_entry("Read", &big, big.len(), false);
+        assert!(entry.starts_with(&format!(
+            "Read: ok, {} bytes (first {TOOL_RESULT_SHOWN} shown)\n",
+            big.len()
+        )));
+        assert_eq!(entry.matches('x').count(), TOOL_RESULT_SHOWN);
+    }
+
+    #[test]
+    fn a_transcript_redacts_secrets_in_every_entry_once_it_knows_them() {
+        let dir = std::env::temp_dir().join(format!("transcript-test-{}", std::process::id()));
+        let p = StartParams::Planner { spec_paths: vec![] };
+        let t = Transcript::create(&dir, 1, &p, "redact", Box::new(|_| {}));
+        t.redact(secrets_in(&env(&[("API_TOKEN", "s3cr3t-value")])));
+        t.tool_use("t1", "Bash", &json!({"command": "echo s3cr3t-value"}));
+        t.tool_result("t1", "s3cr3t-value\n", false);
+        t.tool_result("t9", "boom", true);
+        let log = std::fs::read_to_string(t.path()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!log.contains("s3cr3t-value"), "{log}");
+        assert!(log.contains("[tool_use] Bash: echo [REDACTED]\n"), "{log}");
+        assert!(
+            log.contains("[tool_result] Bash: ok, 13 bytes\n    [REDACTED]\n"),
+            "{log}"
+        );
+        assert!(
+            log.contains("[tool_result] tool t9: error, 4 bytes\n    boom\n"),
+            "{log}"
+        );
     }
 }

@@ -133,7 +133,11 @@ fn str_field(v: &Value, key: &str) -> String {
 /// A content block of an assistant message, as far as the adapter cares.
 pub enum Block<'a> {
     Text(&'a str),
-    ToolUse { name: &'a str, input: &'a Value },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
     Other,
 }
 
@@ -149,12 +153,64 @@ pub fn assistant_blocks(message: &Value) -> Vec<Block<'_>> {
         .map(|b| match b.get("type").and_then(Value::as_str) {
             Some("text") => Block::Text(b.get("text").and_then(Value::as_str).unwrap_or("")),
             Some("tool_use") => Block::ToolUse {
+                id: b.get("id").and_then(Value::as_str).unwrap_or(""),
                 name: b.get("name").and_then(Value::as_str).unwrap_or(""),
                 input: b.get("input").unwrap_or(&Value::Null),
             },
             _ => Block::Other,
         })
         .collect()
+}
+
+/// A tool call's result, as the model got it in a `user` message.
+#[derive(Debug, PartialEq)]
+pub struct ToolResult<'a> {
+    pub tool_use_id: &'a str,
+    /// Its text; blocks that are not text (an image, …) as `[type]`.
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// The `tool_result` blocks of a `user` message (the CLI sends one per tool call; its own
+/// `tool_use_result` summary is not what the model saw, so it is not used).
+pub fn tool_results(message: &Value) -> Vec<ToolResult<'_>> {
+    let Some(content) = message
+        .pointer("/message/content")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    content
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+        .map(|b| ToolResult {
+            tool_use_id: b.get("tool_use_id").and_then(Value::as_str).unwrap_or(""),
+            content: tool_result_text(b.get("content").unwrap_or(&Value::Null)),
+            is_error: b.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+        })
+        .collect()
+}
+
+/// A `tool_result`'s content is a string or a list of blocks.
+fn tool_result_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b.get("type").and_then(Value::as_str) {
+                Some("text") => b
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                Some(other) => format!("[{other}]"),
+                None => b.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
 }
 
 pub const BASH_HOOK_ID: &str = "hook_0";
@@ -472,16 +528,48 @@ mod tests {
     }
 
     #[test]
+    fn tool_results_keep_their_id_text_and_error_flag() {
+        let m = json!({"type":"user","message":{"role":"user","content":[
+            {"type":"tool_result","tool_use_id":"t1","content":"out\n","is_error":false},
+            {"type":"tool_result","tool_use_id":"t2","content":[{"type":"text","text":"a"},{"type":"image","source":{}},{"type":"text","text":"b"}],"is_error":true},
+            {"type":"tool_result","tool_use_id":"t3"},
+            {"type":"text","text":"not a result"}
+        ]},"tool_use_result":{"stdout":"ignored"}});
+        let r = tool_results(&m);
+        let expect = |id, content: &str, is_error| ToolResult {
+            tool_use_id: id,
+            content: content.to_string(),
+            is_error,
+        };
+        assert_eq!(
+            r,
+            vec![
+                expect("t1", "out\n", false),
+                expect("t2", "a\n[image]\nb", true),
+                expect("t3", "", false),
+            ]
+        );
+        assert!(tool_results(&json!({"type":"user","message":{"content":"plain"}})).is_empty());
+    }
+
+    #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert!(parse_line(b"not json").is_err());
     }
 
     #[test]
     fn only_text_blocks_are_text() {
-        let m = json!({"type":"assistant","message":{"content":[{"type":"text","text":"hi"},{"type":"tool_use","name":"Bash","input":{"command":"ls"}},{"type":"thinking","thinking":"x"}]}});
+        let m = json!({"type":"assistant","message":{"content":[{"type":"text","text":"hi"},{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}},{"type":"thinking","thinking":"x"}]}});
         let blocks = assistant_blocks(&m);
         assert!(matches!(blocks[0], Block::Text("hi")));
-        assert!(matches!(blocks[1], Block::ToolUse { name: "Bash", .. }));
+        assert!(matches!(
+            blocks[1],
+            Block::ToolUse {
+                id: "t1",
+                name: "Bash",
+                ..
+            }
+        ));
         assert!(matches!(blocks[2], Block::Other));
     }
 }

@@ -85,8 +85,15 @@ pub enum SessionEvent<'a> {
     Init(&'a Value),
     Text(&'a str),
     ToolUse {
+        id: &'a str,
         name: &'a str,
         input: &'a Value,
+    },
+    /// What a tool call returned to the model (its output, or its error).
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
     },
     Hook {
         tool_name: &'a str,
@@ -152,6 +159,9 @@ pub struct SessionEnd {
     pub stats: RunStats,
     /// How many follow-up user turns were sent after a `result`.
     pub follow_ups: u32,
+    /// The structured output the last follow-up turn asked the agent to correct: what stands
+    /// when the agent ends that turn without a new one.
+    pub sent_back: Option<Value>,
 }
 
 /// What reading the CLI's output has gathered so far.
@@ -354,6 +364,7 @@ impl RunningSession {
     {
         let mut turn = Turn::default();
         let mut follow_ups = 0;
+        let mut sent_back = None;
         loop {
             self.read_turn(&mut turn).await;
             let Some(result) = turn.result.as_ref() else {
@@ -373,9 +384,9 @@ impl RunningSession {
             follow_ups += 1;
             self.observer.on_event(SessionEvent::FollowUp(&text));
             self.send(protocol::user_message(&text));
-            turn.result = None;
+            sent_back = turn.result.take().and_then(|r| r.structured_output);
         }
-        self.end(turn, follow_ups).await
+        self.end(turn, follow_ups, sent_back).await
     }
 
     /// Read until the current turn's `result`, the end of the CLI's output, or the end of
@@ -417,7 +428,7 @@ impl RunningSession {
     }
 
     /// Close stdin, give the CLI its grace to exit, then make sure nothing is left.
-    async fn end(mut self, turn: Turn, follow_ups: u32) -> SessionEnd {
+    async fn end(mut self, turn: Turn, follow_ups: u32, sent_back: Option<Value>) -> SessionEnd {
         let Turn {
             result,
             stopping,
@@ -458,6 +469,7 @@ impl RunningSession {
             pid: self.pid,
             stats,
             follow_ups,
+            sent_back,
         }
     }
 
@@ -497,9 +509,9 @@ impl RunningSession {
                 for block in protocol::assistant_blocks(&v) {
                     match block {
                         protocol::Block::Text(t) => self.observer.on_event(SessionEvent::Text(t)),
-                        protocol::Block::ToolUse { name, input } => self
+                        protocol::Block::ToolUse { id, name, input } => self
                             .observer
-                            .on_event(SessionEvent::ToolUse { name, input }),
+                            .on_event(SessionEvent::ToolUse { id, name, input }),
                         protocol::Block::Other => {}
                     }
                 }
@@ -513,10 +525,16 @@ impl RunningSession {
                 r.add_to(&mut turn.stats);
                 turn.result = Some(*r);
             }
-            Inbound::ControlResponse { .. }
-            | Inbound::System(_)
-            | Inbound::User(_)
-            | Inbound::Other(_) => {}
+            Inbound::User(v) => {
+                for r in protocol::tool_results(&v) {
+                    self.observer.on_event(SessionEvent::ToolResult {
+                        tool_use_id: r.tool_use_id,
+                        content: &r.content,
+                        is_error: r.is_error,
+                    });
+                }
+            }
+            Inbound::ControlResponse { .. } | Inbound::System(_) | Inbound::Other(_) => {}
         }
     }
 

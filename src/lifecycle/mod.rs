@@ -342,13 +342,17 @@ impl Session {
     fn create_transcript(&self, dir: &std::path::Path) -> Arc<Transcript> {
         let logger = self.adapter.logger().clone();
         let sid = self.id.clone();
-        Arc::new(Transcript::create(
+        let t = Transcript::create(
             dir,
             transcript::epoch_millis(),
             &self.params,
             &self.id,
             Box::new(move |msg: &str| logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))),
-        ))
+        );
+        // Secrets the adapter knows of are never written, from the first entry on (a setup
+        // command's output in an ERR_PROVISION footer included).
+        t.redact(transcript::secrets_in(&self.env));
+        Arc::new(t)
     }
 
     /// Start the CLI; resolves once it has answered `initialize` and has the prompt.

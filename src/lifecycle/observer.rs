@@ -114,9 +114,18 @@ impl SessionObserver for Observer {
                     t.text(text);
                 }
             }
-            SessionEvent::ToolUse { name, input } => {
+            SessionEvent::ToolUse { id, name, input } => {
                 if let Some(t) = t {
-                    t.tool_use(name, input);
+                    t.tool_use(id, name, input);
+                }
+            }
+            SessionEvent::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                if let Some(t) = t {
+                    t.tool_result(tool_use_id, content, is_error);
                 }
             }
             SessionEvent::Hook {

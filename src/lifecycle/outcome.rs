@@ -77,7 +77,24 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
         ));
     }
     let Some(out) = r.structured_output else {
-        return Err(AdapterError::new(ErrorCode::OutputInvalid, "the agent finished without structured output (it never called the StructuredOutput tool)"));
+        // After a follow-up the agent may answer with text only: its output is then still the
+        // one it was asked to correct, and the rules that one breaks are the reason it failed.
+        let broken = end
+            .sent_back
+            .as_ref()
+            .and_then(|o| semantic::check(facts, o).err());
+        return Err(match broken {
+            Some(violations) => AdapterError::new(
+                ErrorCode::OutputInvalid,
+                format!(
+                    "the agent ended follow-up turn {} without new structured output; its last structured output breaks the {} output rules: {}",
+                    end.follow_ups,
+                    role.as_str(),
+                    violations.join("; ")
+                ),
+            ),
+            None => AdapterError::new(ErrorCode::OutputInvalid, "the agent finished without structured output (it never called the StructuredOutput tool)"),
+        });
     };
     schema::validate(role, &out).map_err(|violations| {
         AdapterError::new(
@@ -187,4 +204,64 @@ pub async fn salvage_patch(
         }
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::RunStats;
+
+    fn planner_facts() -> Facts {
+        Facts::Planner {
+            work_items: ["7".to_string()].into(),
+        }
+    }
+
+    fn end(structured_output: Option<Value>, sent_back: Option<Value>) -> SessionEnd {
+        SessionEnd {
+            result: Some(ResultMessage {
+                subtype: "success".into(),
+                structured_output,
+                ..ResultMessage::default()
+            }),
+            exit: None,
+            stderr_tail: String::new(),
+            stopped: None,
+            pid: 0,
+            stats: RunStats::default(),
+            follow_ups: u32::from(sent_back.is_some()),
+            sent_back,
+        }
+    }
+
+    #[test]
+    fn text_only_after_a_follow_up_names_the_rules_the_last_output_breaks() {
+        let bad = json!({"role": "planner", "create": [], "close": ["99"], "update": []});
+        let err = evaluate(Role::Planner, &planner_facts(), end(None, Some(bad))).unwrap_err();
+        assert_eq!(err.code, ErrorCode::OutputInvalid);
+        assert!(
+            err.message
+                .contains("ended follow-up turn 1 without new structured output"),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message
+                .contains(r#"close[0] "99" is not a work item in the engine state"#),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn no_structured_output_without_a_follow_up_says_it_was_never_given() {
+        let err = evaluate(Role::Planner, &planner_facts(), end(None, None)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::OutputInvalid);
+        assert!(
+            err.message
+                .contains("never called the StructuredOutput tool"),
+            "{}",
+            err.message
+        );
+    }
 }
