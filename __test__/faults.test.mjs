@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { addon, collect, rejection, setup } from './support/harness.mjs';
+import { addon, collect, markedProcesses, rejection, setup } from './support/harness.mjs';
 
 const FAKE_CLI = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url));
 const plan = { role: 'planner', create: [], close: [], update: [] };
@@ -70,20 +70,17 @@ describe('faults the real CLI cannot produce', () => {
   });
 
   it('a CLI that ignores interrupt and SIGTERM is killed with everything it started', async () => {
-    const argvFile = join(tmpdir(), `cra-argv-${process.pid}-${Date.now()}.json`);
-    const { adapter, handle } = await fakeSession('ignore-sigterm', { FAKE_CLI_ARGV_FILE: argvFile });
+    const marker = `ignore-sigterm-${process.pid}-${Date.now()}`;
+    const { adapter, handle } = await fakeSession('ignore-sigterm', { FAKE_CLI_MARKER: marker });
     // wait for the fake to start its stubborn grandchild (in a process session of its own)
-    let childPid;
-    for (let i = 0; i < 100 && !childPid; i++) {
+    let procs = [];
+    for (let i = 0; i < 100 && !procs.some((p) => p.cmdline.includes('setInterval')); i++) {
       await new Promise((r) => setTimeout(r, 50));
-      if (existsSync(argvFile)) {
-        const cli = JSON.parse(readFileSync(argvFile, 'utf8')).pid;
-        const kids = readFileSync(`/proc/${cli}/task/${cli}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
-        childPid = kids.find((k) => readFileSync(`/proc/${k}/cmdline`, 'utf8').includes('setInterval'));
-      }
+      procs = markedProcesses(marker);
     }
-    expect(childPid).toBeTruthy();
-    const cliPid = JSON.parse(readFileSync(argvFile, 'utf8')).pid;
+    const childPid = procs.find((p) => p.cmdline.includes('setInterval'))?.pid;
+    const cliPid = procs.find((p) => p.cmdline.includes('fake-cli'))?.pid;
+    expect(childPid && cliPid).toBeTruthy();
     const t0 = Date.now();
     adapter.cancelAgent(handle.sessionID);
     const err = await rejection(handle.result);
@@ -91,7 +88,7 @@ describe('faults the real CLI cannot produce', () => {
     expect(Date.now() - t0).toBeLessThan(5_000);
     expect(alive(cliPid)).toBe(false);
     expect(alive(childPid)).toBe(false);
-    rmSync(argvFile, { force: true });
+    expect(markedProcesses(marker)).toEqual([]);
   });
 });
 
@@ -109,6 +106,8 @@ describe('how the CLI is started', () => {
         claudeExecutable: FAKE_CLI,
         model: 'opus',
         env: { ...h.config.env, FAKE_CLI_MODE: 'ok', FAKE_CLI_OUTPUT: JSON.stringify(plan), FAKE_CLI_ARGV_FILE: argvFile, FAKE_CLI_ENV_KEYS: 'PROBE,NODE_OPTIONS,DEBUG,CLAUDE_CODE_ENTRYPOINT,FROM_PROCESS', PROBE: 'from-config' },
+        // the fake writes its record from inside the session's sandbox
+        sandbox: { allowWrite: [h.scratch] },
       },
       h.deps,
     );
@@ -136,7 +135,7 @@ describe('how the CLI is started', () => {
     h = await setup({});
     const argvFile = join(h.scratch, 'argv.json');
     const adapter = addon.createClaudeAdapter(
-      { ...h.config, claudeExecutable: FAKE_CLI, env: { ...h.config.env, FAKE_CLI_MODE: 'ok', FAKE_CLI_OUTPUT: JSON.stringify(plan), FAKE_CLI_ARGV_FILE: argvFile } },
+      { ...h.config, claudeExecutable: FAKE_CLI, env: { ...h.config.env, FAKE_CLI_MODE: 'ok', FAKE_CLI_OUTPUT: JSON.stringify(plan), FAKE_CLI_ARGV_FILE: argvFile }, sandbox: { allowWrite: [h.scratch] } },
       h.deps,
     );
     await (await adapter.startAgent({ role: 'planner', specPaths: [] })).result;

@@ -66,11 +66,12 @@ describe('Implementor: its file tools write only inside its worktree', () => {
       (cwd) => write(join(cwd, 'inside.txt'), 'inside\n'),
     ]);
     const root = h.repo.root;
-    for (const i of [0, 5]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false); // reading stays allowed
-    for (const i of [1, 2, 3, 4, 6]) {
-      expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
-      expect(results[i].text, `call ${i}`).toMatch(/may not write there with (Write|Edit|NotebookEdit)/);
-    }
+    // Inside its sandbox the engine checkout is not even there to read.
+    for (const i of [0, 5]) expect(results[i].text, `call ${i}`).toMatch(/File does not exist/);
+    for (const i of [1, 2, 3, 4, 6]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
+    // Writes are refused by the hook, with the reason; an Edit of a file the sandbox does not
+    // show fails before it (the CLI checks that the file exists first).
+    for (const i of [1, 3, 4]) expect(results[i].text, `call ${i}`).toMatch(/may not write there with Write/);
     expect(results[1].text).toContain(`${root}, which this session may not write`);
     expect(results[3].text).toContain('outside every path this session may write');
     expect(results[3].text).toMatch(/may write only inside: .*\.worktrees/);
@@ -78,7 +79,7 @@ describe('Implementor: its file tools write only inside its worktree', () => {
     expect(existsSync(beside)).toBe(false);
     expect(existsSync(join(root, 'planted.txt'))).toBe(false);
     expect(readFileSync(join(root, 'nb.ipynb'), 'utf8')).toBe(NOTEBOOK);
-    expect(blocked().map((e) => e.data.tool)).toEqual(['Write', 'Edit', 'Write', 'Write', 'NotebookEdit']);
+    expect(blocked().map((e) => e.data.tool)).toEqual(['Write', 'Write', 'Write']);
     expect(transcript).toMatch(/file-guard.*blocked Write: \S+README\.md/);
     expect(h.hookCalls).toEqual([]); // the engine's Bash validator is not asked about file tools
     expect(results[7].is_error, results[7].text).toBe(false);
@@ -86,13 +87,13 @@ describe('Implementor: its file tools write only inside its worktree', () => {
     expect(result.patch).not.toContain('README.md');
   });
 
-  it('a Write and an Edit inside its worktree land in the patch; its .git file is refused', async () => {
+  it('a Write and an Edit inside its worktree land in the patch; its .git is refused', async () => {
     const { result, results } = await run('implementor', [
       (cwd) => write(join(cwd, 'inside.txt'), 'inside\n'),
       (cwd) => write(join(cwd, 'src/deep/new.rs'), 'fn main() {}\n'),
       (cwd) => read(join(cwd, 'README.md')),
       (cwd) => edit(join(cwd, 'README.md')),
-      (cwd) => write(join(cwd, '.git'), 'gitdir: /tmp/evil\n'),
+      (cwd) => write(join(cwd, '.git/config'), '[core]\n\tfsmonitor = evil\n'),
     ]);
     for (const i of [0, 1, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
     expect(results[4].is_error).toBe(true);
@@ -115,7 +116,8 @@ describe('Implementor: its file tools write only inside its worktree', () => {
 describe('Planner and Reviewer: their file tools write nothing in the repository', () => {
   for (const role of ['planner', 'reviewer']) {
     it(`${role}: Write and Edit into the repository and its .git are blocked; the temp dir stays writable`, async () => {
-      const scratch = join(tmpdir(), `cra-${role}-scratch-${process.pid}-${Date.now()}.txt`);
+      // The session's temp dir is its sandbox's private /tmp.
+      const scratch = join('/tmp', `cra-${role}-scratch-${process.pid}-${Date.now()}.txt`);
       after.push(() => rmSync(scratch, { force: true }));
       const { results } = await run(role, [
         (cwd) => write(join(cwd, 'planted.txt')),
@@ -123,6 +125,7 @@ describe('Planner and Reviewer: their file tools write nothing in the repository
         (cwd) => edit(join(cwd, 'README.md')),
         (cwd) => write(join(cwd, '.git/hooks/post-checkout'), '#!/bin/sh\n'),
         write(scratch, 'notes\n'),
+        read(scratch),
       ]);
       for (const i of [0, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(true);
       expect(results[0].text).toMatch(/may not write there with Write/);
@@ -131,7 +134,8 @@ describe('Planner and Reviewer: their file tools write nothing in the repository
       expect(existsSync(join(root, 'planted.txt'))).toBe(false);
       expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe(README);
       expect(existsSync(join(root, '.git/hooks/post-checkout'))).toBe(false);
-      expect(readFileSync(scratch, 'utf8')).toBe('notes\n');
+      expect(results[5].text).toContain('notes');
+      expect(existsSync(scratch)).toBe(false);
       expect(blocked()).toHaveLength(3);
     });
   }
@@ -177,12 +181,15 @@ describe('Read tools: credential stores in HOME are not readable', () => {
       }
       expect(results[0].text).toContain('inside the credential store');
       expect(results[2].text).toContain('would reach the credential store');
-      for (const i of [1, 6, 7, 8]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
+      const sandboxed = config.sandbox !== false;
+      for (const i of [1, 7, 8]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
+      // The session's HOME is private in the sandbox: an ordinary file there is not visible.
+      expect(results[6].is_error, results[6].text).toBe(sandboxed);
       expect(results[1].text).toContain('temp repo');
       expect(results[7].text).toContain('temp repo');
       expect(results[8].text).toContain('README.md');
-      // The check below can fail: a file read from HOME does reach the model.
-      expect(sentToModel()).toContain(NOTE);
+      // The check below can fail: a file read from HOME does reach the model (without the sandbox).
+      if (!sandboxed) expect(sentToModel()).toContain(NOTE);
       expect(sentToModel()).not.toContain(SECRET);
       expect(readBlocked().map((e) => e.data.tool)).toEqual(['Read', 'Grep', 'Glob', 'Glob', 'Read']);
       expect(transcript).toMatch(/file-guard.*blocked Read: \S+\.ssh\/id_rsa/);

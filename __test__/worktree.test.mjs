@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, reply, scenario, structured, toolUse } from './support/fake-api.mjs';
-import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
+import { addon, engineState, logEntry, markedProcesses, rejection, setup, SWEPT } from './support/harness.mjs';
 
 const FAKE_CLI = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url));
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
@@ -157,8 +157,8 @@ describe('provisioning', () => {
 
   it('a killed engine process leaves a worktree that the next createClaudeAdapter sweeps; its CLI dies with it', async () => {
     h = await setup({ state: items(1), bodies: bodies(1) });
-    const argvFile = join(h.scratch, 'orphan-argv.json');
-    const cfg = { ...h.config, ...fakeConfig({ FAKE_CLI_MODE: 'hang', FAKE_CLI_ARGV_FILE: argvFile }) };
+    const marker = `orphan-${process.pid}-${Date.now()}`;
+    const cfg = { ...h.config, ...fakeConfig({ FAKE_CLI_MODE: 'hang', FAKE_CLI_MARKER: marker }) };
     const child = spawn(process.execPath, ['-e', `
       const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
       const cfg = ${JSON.stringify({ ...cfg, bashValidatorHook: undefined, logger: undefined })};
@@ -174,11 +174,12 @@ describe('provisioning', () => {
       child.on('exit', (code) => reject(new Error(`child exited ${code}`)));
     });
     expect(existsSync(join(h.repo.root, '.worktrees', 'orphan'))).toBe(true);
-    const cliPid = JSON.parse(readFileSync(argvFile, 'utf8')).pid;
+    // the fake CLI and its sandbox, seen from the host
+    expect(markedProcesses(marker).some((p) => p.cmdline.includes('fake-cli'))).toBe(true);
     child.kill('SIGKILL');
     await new Promise((r) => child.on('exit', r));
-    for (let i = 0; i < 50 && existsSync(`/proc/${cliPid}/cmdline`) && readFileSync(`/proc/${cliPid}/cmdline`, 'utf8').includes('fake-cli'); i++) await new Promise((r) => setTimeout(r, 20));
-    expect(existsSync(`/proc/${cliPid}/cmdline`) && readFileSync(`/proc/${cliPid}/cmdline`, 'utf8').includes('fake-cli')).toBe(false);
+    for (let i = 0; i < 50 && markedProcesses(marker).length > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(markedProcesses(marker)).toEqual([]);
     addon.createClaudeAdapter(h.config, h.deps);
     await logEntry(h.logger, SWEPT);
     expect(existsSync(join(h.repo.root, '.worktrees', 'orphan'))).toBe(false);

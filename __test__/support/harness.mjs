@@ -1,6 +1,6 @@
 // One place that wires the real addon to a temp git repository, the fake Messages API and the
 // real Claude Code CLI, the way the engine wires it: config, deps from providers, a logger.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as addon from '../../index.js';
@@ -141,6 +141,25 @@ export async function rejection(promise) {
   } catch (err) {
     return err;
   }
+}
+
+/**
+ * Host pids of the live processes whose environment carries `FAKE_CLI_MARKER=<marker>`: a fake
+ * CLI and what it started, found from outside its sandbox (inside, it sees its own pid
+ * namespace's numbers), with their command lines.
+ */
+export function markedProcesses(marker) {
+  const found = [];
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0').includes(`FAKE_CLI_MARKER=${marker}`)) continue;
+      if (readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1][0] === 'Z') continue;
+      found.push({ pid: Number(pid), cmdline: readFileSync(`/proc/${pid}/cmdline`, 'utf8') });
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found;
 }
 
 export { addon };
