@@ -156,7 +156,7 @@ impl SessionSandbox {
 /// The CLI's environment inside: no credential variable of the adapter's environment, the
 /// model credentials as placeholders (returned with their real values for the relay), the
 /// model API at the relay, every other connection through the egress proxy, `/tmp` private.
-fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Substitutions) {
     let mut env = Vec::new();
     let mut substitutions = Vec::new();
     for (k, v) in cli_env {
@@ -189,6 +189,9 @@ fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Vec<(Stri
     }
     (env, substitutions)
 }
+
+/// (placeholder, real secret) pairs for the model relay.
+type Substitutions = Vec<(String, String)>;
 
 /// Variables [`inside_env`] sets itself (compared upper-case).
 const OVERRIDDEN: &[&str] = &[
