@@ -155,6 +155,40 @@ describe('provisioning', () => {
     await rejection(handle.result);
   });
 
+  it("a stale worktree another tool left at the session's path is saved as a patch (path logged at warn), then replaced; the session runs", async () => {
+    h = await setup({ state: items(1), bodies: bodies(1), script: scenario.steps([bash('echo new > new.txt'), structured({ role: 'implementor', outcome: 'completed', summary: 's' })]) });
+    const root = h.repo.root;
+    // What the TypeScript adapter or the v1 agent manager leaves after a crash: an unlocked
+    // worktree on the session's branch, with a commit and uncommitted work.
+    git(root, 'worktree', 'add', '-q', '-b', 'wi-0', join(root, '.worktrees', 'wi-0'), 'main');
+    execFileSync('sh', ['-c', 'echo one > committed.txt && git add -A && git commit -q -m old && echo old > old.txt'], { cwd: join(root, '.worktrees', 'wi-0') });
+    const handle = await h.adapter().startAgent({ role: 'implementor', workItemID: '0', branchName: 'wi-0' });
+    const result = await handle.result;
+    expect(result.patch).toContain('+++ b/new.txt');
+    expect(result.patch).not.toContain('old.txt');
+    const warned = h.logger.entries.find((e) => e.level === 'warn' && /stale worktree was in the way/.test(e.message));
+    expect(warned, JSON.stringify(h.logger.entries.map((e) => e.message))).toBeTruthy();
+    const saved = readFileSync(warned.data.patch, 'utf8');
+    expect(saved).toContain('+++ b/old.txt');
+    expect(saved).toContain('+++ b/committed.txt');
+    // The other tool's branch (with its commit) is not this adapter's to delete.
+    expect(worktreesAndBranches(root)).toEqual({ worktrees: 0, branches: ['main', 'wi-0'] });
+  });
+
+  it("a locked worktree at the session's path is ERR_PROVISION naming the path and what to do; it is untouched", async () => {
+    h = await setup({ state: items(1), bodies: bodies(1) });
+    const root = h.repo.root;
+    const path = join(root, '.worktrees', 'wi-0');
+    git(root, 'worktree', 'add', '-q', '--lock', '-b', 'wi-0', path, 'main');
+    execFileSync('sh', ['-c', 'echo mine > mine.txt'], { cwd: path });
+    const err = await rejection(h.adapter().startAgent({ role: 'implementor', workItemID: '0', branchName: 'wi-0' }));
+    expect(err.code).toBe('ERR_PROVISION');
+    expect(err.message).toContain(path);
+    expect(err.message).toContain('git worktree unlock');
+    expect(readFileSync(join(path, 'mine.txt'), 'utf8')).toBe('mine\n');
+    expect(worktreesAndBranches(root)).toEqual({ worktrees: 1, branches: ['main', 'wi-0'] });
+  });
+
   it('a killed engine process leaves a worktree that the next createClaudeAdapter sweeps; its CLI dies with it', async () => {
     h = await setup({ state: items(1), bodies: bodies(1) });
     const marker = `orphan-${process.pid}-${Date.now()}`;
