@@ -149,6 +149,8 @@ describe('Read tools: credential stores in HOME are not readable', () => {
   const NOTE = 'ORDINARY-NOTE-1717';
   const home = () => h.config.env.HOME;
   const plant = () => {
+    // A HOME of the test's own, whatever HOME the suite runs with (CRA_TEST_REAL_HOME).
+    h.config.env.HOME = join(h.scratch, 'home');
     mkdirSync(join(home(), '.ssh'), { recursive: true });
     writeFileSync(join(home(), '.ssh/id_rsa'), `-----BEGIN KEY-----\n${SECRET}\n`);
     writeFileSync(join(home(), '.netrc'), `machine example.com login me password ${SECRET}\n`);

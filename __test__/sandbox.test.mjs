@@ -227,6 +227,9 @@ describe('what a session sees', () => {
     const beside = join(root, '..', '.env');
     writeFileSync(beside, 'SECRET=beside-the-repository\n');
     after.push(() => rmSync(beside, { force: true }));
+    // A HOME of the test's own, whatever HOME the suite runs with (CRA_TEST_REAL_HOME).
+    h.config.env.HOME = join(h.scratch, 'home');
+    mkdirSync(h.config.env.HOME);
     writeFileSync(join(h.config.env.HOME, '.bashrc'), '# profile\n');
     const apiKey = h.config.env.ANTHROPIC_API_KEY;
     h.config.env.NPM_TOKEN = 'npm_passed_through_config_env';

@@ -3,14 +3,11 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
 import { apiError, bash, latestToolResultText, reply, scenario, structured, text, toolNames } from './support/fake-api.mjs';
 import { collect, engineState, rejection, setup } from './support/harness.mjs';
 
-const implementorState = engineState({
-  workItems: [{ id: '7', title: 'Add a file', status: 'in-progress', linkedRevision: null }],
-});
-const implementorParams = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
-const done = (summary = 'done') => structured({ role: 'implementor', outcome: 'completed', summary });
+const done = implementorDone;
 
 let h;
 afterEach(async () => {

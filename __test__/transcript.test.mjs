@@ -4,14 +4,11 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
-import { bash, reply, scenario, structured, text } from './support/fake-api.mjs';
-import { engineState, setup } from './support/harness.mjs';
+import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
+import { bash, reply, scenario, text } from './support/fake-api.mjs';
+import { setup } from './support/harness.mjs';
 
-const implementorState = engineState({
-  workItems: [{ id: '7', title: 'Add a file', status: 'in-progress', linkedRevision: null }],
-});
-const implementorParams = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
-const done = (summary = 'done') => structured({ role: 'implementor', outcome: 'completed', summary });
+const done = implementorDone;
 
 let h;
 afterEach(async () => {

@@ -69,7 +69,8 @@ export function offlineCliEnv({ apiUrl, configDir, maxRetries = 0, extra = {} } 
     CLAUDE_CONFIG_DIR: config,
     // The CLI runs Bash as a login shell: a scratch HOME keeps the machine's own profile
     // (e.g. pyenv's rehash, which waits on a lock file a killed shell can leave) out of tests.
-    HOME: config,
+    // CRA_TEST_REAL_HOME=1 runs the suite with the real HOME and its login profile instead.
+    HOME: process.env.CRA_TEST_REAL_HOME === '1' ? process.env.HOME : config,
     IS_SANDBOX: '1',
   });
   if (maxRetries != null) env.CLAUDE_CODE_MAX_RETRIES = String(maxRetries);

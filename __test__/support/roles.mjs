@@ -19,3 +19,10 @@ export const ROLES = {
   planner: { params: () => ({ role: 'planner', specPaths: [] }), done: structured({ role: 'planner', create: [], close: [], update: [] }) },
   reviewer: { params: () => ({ role: 'reviewer', workItemID: '7', revisionID: 'r1' }), done: structured({ role: 'reviewer', review: { verdict: 'approve', summary: 'ok', comments: [] } }) },
 };
+
+/** One in-progress work item 7 for Implementor suites (session, transcript): state, params, answer. */
+export const implementorState = engineState({
+  workItems: [{ id: '7', title: 'Add a file', status: 'in-progress', linkedRevision: null }],
+});
+export const implementorParams = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
+export const implementorDone = (summary = 'done') => structured({ role: 'implementor', outcome: 'completed', summary });

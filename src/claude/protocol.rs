@@ -141,14 +141,16 @@ pub enum Block<'a> {
     Other,
 }
 
-pub fn assistant_blocks(message: &Value) -> Vec<Block<'_>> {
-    let Some(content) = message
+/// The content blocks of an `assistant` or `user` message (none when it has no array).
+fn content_blocks(message: &Value) -> &[Value] {
+    message
         .pointer("/message/content")
         .and_then(Value::as_array)
-    else {
-        return Vec::new();
-    };
-    content
+        .map_or(&[], Vec::as_slice)
+}
+
+pub fn assistant_blocks(message: &Value) -> Vec<Block<'_>> {
+    content_blocks(message)
         .iter()
         .map(|b| match b.get("type").and_then(Value::as_str) {
             Some("text") => Block::Text(b.get("text").and_then(Value::as_str).unwrap_or("")),
@@ -174,13 +176,7 @@ pub struct ToolResult<'a> {
 /// The `tool_result` blocks of a `user` message (the CLI sends one per tool call; its own
 /// `tool_use_result` summary is not what the model saw, so it is not used).
 pub fn tool_results(message: &Value) -> Vec<ToolResult<'_>> {
-    let Some(content) = message
-        .pointer("/message/content")
-        .and_then(Value::as_array)
-    else {
-        return Vec::new();
-    };
-    content
+    content_blocks(message)
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
         .map(|b| ToolResult {

@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 use super::{Exec, ExecControl};
 
 /// Starts `program` with exactly `env`, piped stdio, as the leader of a new process session.
-pub fn spawn<S: AsRef<OsStr>>(
+fn spawn<S: AsRef<OsStr>>(
     program: &OsStr,
     args: &[S],
     env: &[(String, String)],
