@@ -242,6 +242,7 @@ describe('what a session sees', () => {
       'cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" "\\n" | sort -u',
       'grep CapEff /proc/self/status',
       `touch ${join(root, 'planted')} 2>&1; echo "rc=$?"`,
+      'echo more >> "$HOME/.bashrc" 2>&1; echo "rc=$?"',
     ]);
     expect(results[0].is_error).toBe(true);
     expect(out[0]).toMatch(/No such file or directory/);
@@ -257,11 +258,35 @@ describe('what a session sees', () => {
       expect(o).not.toContain('NPM_TOKEN');
     }
     expect(out[5]).toContain('sk-ant-sandbox-placeholder-');
+    expect(out[5]).not.toContain('vitest'); // the engine's own processes are not in its /proc
     expect(out[6]).toMatch(/CapEff:\s+0+$/);
     expect(out[7]).toMatch(/Read-only file system[\s\S]*rc=1$/);
+    expect(out[8]).toMatch(/Read-only file system[\s\S]*rc=1$/);
     expect(result.create).toEqual([]);
     // the model API still got the real key, added by the relay outside the sandbox
     expect(h.api.mainRequests().every((r) => r.headers['x-api-key'] === apiKey)).toBe(true);
+  });
+});
+
+describe('sandbox.allowRead and sandbox.allowWrite', () => {
+  it('a directory beside the repository is readable with allowRead (and still not writable), writable with allowWrite', async () => {
+    const shared = mkdtempSync(join(tmpdir(), 'cra-shared-'));
+    const out_ = mkdtempSync(join(tmpdir(), 'cra-out-'));
+    after.push(() => rmSync(shared, { recursive: true, force: true }));
+    after.push(() => rmSync(out_, { recursive: true, force: true }));
+    writeFileSync(join(shared, 'spec.md'), 'shared spec\n');
+    await sandboxSetup({ config: { sandbox: { allowRead: [shared], allowWrite: [out_] } } });
+    const { out } = await run('implementor', [
+      `cat ${join(shared, 'spec.md')}`,
+      `echo x >> ${join(shared, 'spec.md')} 2>&1; echo "rc=$?"`,
+      `echo report > ${join(out_, 'report.txt')} && echo wrote`,
+      'echo w > w.txt',
+    ]);
+    expect(out[0]).toBe('shared spec');
+    expect(out[1]).toMatch(/Read-only file system[\s\S]*rc=1$/);
+    expect(out[2]).toBe('wrote');
+    expect(readFileSync(join(out_, 'report.txt'), 'utf8')).toBe('report\n');
+    expect(readFileSync(join(shared, 'spec.md'), 'utf8')).toBe('shared spec\n');
   });
 });
 
@@ -377,6 +402,19 @@ describe('fail closed / knowingly off', () => {
     expect({ worktrees: worktrees(h.repo.root), branches: branches(h.repo.root) }).toEqual({ worktrees: 0, branches: ['main'] });
     expect(existsSync(join(h.repo.root, '.worktrees', 'wi-nosandbox'))).toBe(false);
     expect(existsSync(logsDir) ? readdirSync(logsDir) : []).toEqual([]);
+    expect(h.api.requests).toEqual([]);
+  });
+
+  it('a bubblewrap that cannot build a sandbox here (no user namespaces): ERR_SANDBOX_UNAVAILABLE quoting it; nothing is created', async () => {
+    await sandboxSetup();
+    const bin = pathWithout(['bwrap']);
+    writeFileSync(join(bin, 'bwrap'), '#!/bin/sh\necho "bwrap: setting up uid map: Permission denied" >&2\nexit 1\n', { mode: 0o755 });
+    h.config.env.PATH = bin;
+    const err = await rejection(h.adapter().startAgent(ROLES.implementor.params('wi-nobwrap')));
+    expect(err.code).toBe('ERR_SANDBOX_UNAVAILABLE');
+    expect(err.message).toContain('cannot create a sandbox here');
+    expect(err.message).toContain('setting up uid map: Permission denied');
+    expect(existsSync(join(h.repo.root, '.worktrees', 'wi-nobwrap'))).toBe(false);
     expect(h.api.requests).toEqual([]);
   });
 

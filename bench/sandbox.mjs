@@ -111,6 +111,8 @@ try {
   for (const m of Object.values(modes)) await m.h.cleanup();
 }
 
+/** `a − b` in ms, signed. */
+const delta = (a, b) => `${a >= b ? '+' : '−'}${fmtMs(Math.abs(a - b))}`;
 const rows = [];
 for (const [role, lat] of Object.entries(results.latency)) {
   for (const [key, label] of [
@@ -120,13 +122,14 @@ for (const [role, lat] of Object.entries(results.latency)) {
     const off = summary(lat.none.map((x) => x[key]));
     const on = summary(lat.sandbox.map((x) => x[key]));
     results.latency[`${role}.${key}`] = { none: off, sandbox: on };
-    rows.push([`${role}: ${label}, median (n=${N})`, fmtMs(off.median), fmtMs(on.median), ratio(on.median, off.median)]);
-    rows.push([`${role}: ${label}, p95`, fmtMs(off.p95), fmtMs(on.p95), ratio(on.p95, off.p95)]);
+    rows.push([`${role}: ${label}, median (n=${N})`, fmtMs(off.median), fmtMs(on.median), ratio(on.median, off.median), delta(on.median, off.median)]);
+    rows.push([`${role}: ${label}, p95`, fmtMs(off.p95), fmtMs(on.p95), ratio(on.p95, off.p95), delta(on.p95, off.p95)]);
   }
 }
 const { none, sandbox } = results.bulk;
-rows.push([`${COMMANDS} trivial Bash commands, one session (total)`, fmtMs(none), fmtMs(sandbox), ratio(sandbox, none)]);
-rows.push(['  per command', fmtMs(none / COMMANDS), fmtMs(sandbox / COMMANDS), ratio(sandbox, none)]);
+rows.push([`${COMMANDS} trivial Bash commands, one session (total)`, fmtMs(none), fmtMs(sandbox), ratio(sandbox, none), delta(sandbox, none)]);
+rows.push(['  per command', fmtMs(none / COMMANDS), fmtMs(sandbox / COMMANDS), ratio(sandbox, none), delta(sandbox / COMMANDS, none / COMMANDS)]);
 console.log(`addon build: ${results.build}; CLI ${results.cli}; ${PER_TURN} Bash calls per model turn`);
-printTable(['measure (through the addon)', 'sandbox: false', 'sandbox (default)', 'ratio (sandbox / none)'], rows);
+printTable(['measure (through the addon)', 'sandbox: false', 'sandbox (default)', 'ratio (sandbox / none)', 'difference'], rows);
+console.log('targets (issue 14): per command ≤ 1.2×; start → result ≤ +150 ms');
 saveResults('sandbox', results);

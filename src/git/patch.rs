@@ -65,12 +65,13 @@ pub(crate) async fn agent_patch(
     diff(worktree, base, &target).await
 }
 
-/// `git add -A` into `index`, then `git write-tree`: the tree's hex oid.
+/// `git add -A` into `index`, then `git write-tree`: the tree's hex oid. The only step that
+/// reads the working tree, so the only one that can run what the agent configured in its clone
+/// (`core.fsmonitor`, clean filters): it runs in the clone's sandbox.
 async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     git_with_index(
-        worktree,
+        worktree.git(&["add", "-A"]),
         index,
-        &["add", "-A"],
         "git add -A (temporary index)",
     )
     .await
@@ -79,19 +80,17 @@ async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
 }
 
 async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
-    let out = git_with_index(worktree, index, &["write-tree"], "git write-tree")
+    let out = git_with_index(worktree.plumbing(&["write-tree"]), index, "git write-tree")
         .await
         .map_err(|e| patch_error("cannot write the staged tree").with_cause(e))?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
 async fn git_with_index(
-    worktree: At<'_>,
+    mut cmd: tokio::process::Command,
     index: &Path,
-    args: &[&str],
     shown: &str,
 ) -> Result<Vec<u8>, CommandError> {
-    let mut cmd = worktree.git(args);
     cmd.env("GIT_INDEX_FILE", index);
     Ok(run(cmd, shown.to_string()).await?.stdout)
 }
@@ -108,7 +107,7 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
         final_tree,
     ];
     let out = run(
-        worktree.git(&args),
+        worktree.plumbing(&args),
         "git diff-tree -r -z (snapshot..final)".into(),
     )
     .await
@@ -141,9 +140,8 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
     let temp = TempIndex::empty_beside(index);
     let fail = |what: &str, e: CommandError| patch_error(what.to_string()).with_cause(e);
     git_with_index(
-        worktree,
+        worktree.plumbing(&["read-tree", base]),
         &temp.path,
-        &["read-tree", base],
         "git read-tree <base>",
     )
     .await
@@ -156,7 +154,7 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
         "--replace",
         "--index-info",
     ];
-    let mut cmd = worktree.git(&args);
+    let mut cmd = worktree.plumbing(&args);
     cmd.env("GIT_INDEX_FILE", &temp.path);
     run_with_input(cmd, "git update-index -z --index-info".into(), changes)
         .await
@@ -180,7 +178,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
         target,
     ];
     let out = run(
-        worktree.git(&args),
+        worktree.plumbing(&args),
         format!("git diff-tree -r --binary -M {base_tree} {target}"),
     )
     .await

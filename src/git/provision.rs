@@ -83,17 +83,13 @@ impl RepoGit {
             repo: Some(self.arc()),
             path: path.clone(),
         };
-        let jail = if req.sandboxed {
-            Some(self.extraction_jail(&path).await?)
-        } else {
-            None
-        };
-        let at = At {
-            dir: &path,
-            jail: jail.as_ref(),
-        };
-        match self.prepare(req, at, &base_commit, stop).await {
+        match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot_tree) => {
+                let jail = if req.sandboxed {
+                    Some(self.extraction_jail(&path).await?)
+                } else {
+                    None
+                };
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
@@ -210,11 +206,10 @@ impl RepoGit {
     async fn prepare(
         &self,
         req: &ProvisionRequest,
-        at: At<'_>,
+        path: &Path,
         base: &str,
         stop: &CancellationToken,
     ) -> Result<String> {
-        let path = at.dir;
         let checkout_failed = |e| {
             provision_error(format!(
                 "cannot check out the worktree at {}",
@@ -284,7 +279,8 @@ impl RepoGit {
                 .map_err(|e| bounded_error("setup command", path, req.setup_timeout, e))?;
         }
         let snapshot = tokio::select! {
-            s = patch::snapshot(at) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message)))?,
+            // Before the agent ran, the clone's config is what clone and setup made of it.
+            s = patch::snapshot(At { dir: path, jail: None }) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message)))?,
             _ = stop.cancelled() => return Err(cancelled()),
         };
         let record_dir = self.record_dir(path).await?;
