@@ -85,7 +85,12 @@ impl LocalEnvironment {
         scope
     }
 
-    async fn exec_sandboxed(&mut self, cfg: &SandboxConfig, cmd: ExecCommand) -> Result<Exec> {
+    async fn exec_sandboxed(&mut self, cfg: &SandboxConfig, mut cmd: ExecCommand) -> Result<Exec> {
+        // The CLI's own directory is mounted: follow a symlink (`node_modules/.bin/claude`) to
+        // where the binary and its files really are.
+        if let Ok(real) = cmd.program.canonicalize() {
+            cmd.program = real;
+        }
         let scope = self.scope(&cmd.program).await;
         let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone()).await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
