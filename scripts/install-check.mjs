@@ -38,7 +38,7 @@ const fail = (msg) => {
   console.error(`install-check: FAILED: ${msg}`);
   process.exit(1);
 };
-const mib = (n) => `${(n / 1048576).toFixed(2)} MiB`;
+const mib = (n) => (n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(2)} MiB`);
 
 // ------------------------------------------------------------------------------ arguments
 
