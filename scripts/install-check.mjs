@@ -18,7 +18,7 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { delimiter, dirname, join, resolve } from 'node:path';
+import { delimiter, dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -147,13 +147,16 @@ try {
   }
   const pathKey = Object.keys(env).find((k) => k.toUpperCase() === 'PATH') ?? 'PATH';
   const dirs = (env[pathKey] ?? '').split(delimiter).filter(Boolean);
-  // Node and npm themselves stay reachable (they may share a directory with a toolchain).
-  const keptDirs = dirs.filter((d) => !RUST_BINS.some((b) => existsSync(join(d, b + exe))));
+  // Nor the checkout's node_modules/.bin, which `npm run` puts first. Node and npm themselves
+  // stay reachable (they may share a directory with a toolchain).
+  const insideCheckout = (d) => resolve(d) === root || resolve(d).startsWith(root + sep);
+  const keptDirs = dirs.filter((d) => !insideCheckout(d) && !RUST_BINS.some((b) => existsSync(join(d, b + exe))));
   if (!keptDirs.some((d) => existsSync(join(d, `node${exe}`)))) keptDirs.push(dirname(process.execPath));
   env[pathKey] = keptDirs.join(delimiter);
   const found = RUST_BINS.filter((b) => keptDirs.some((d) => existsSync(join(d, b + exe))));
   if (found.length) fail(`${found.join(', ')} still on PATH`);
-  console.log(`install-check: the project's PATH has no Rust toolchain (dropped: ${dirs.filter((d) => !keptDirs.includes(d)).join(', ') || 'none'})`);
+  if (keptDirs.some(insideCheckout)) fail('the checkout is still on PATH');
+  console.log(`install-check: the project's PATH has no Rust toolchain and nothing of the checkout (dropped: ${[...new Set(dirs.filter((d) => !keptDirs.includes(d)))].join(', ') || 'none'})`);
   const inProject = (args, opts = {}) =>
     spawnSync(args[0], args.slice(1), { cwd: project, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], shell: process.platform === 'win32' && args[0] === npm, ...opts });
 
