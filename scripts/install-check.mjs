@@ -1,12 +1,13 @@
 #!/usr/bin/env node
 // `npm run test:install`: the package as a user installs it. Packs the main package and this
 // platform's binary package with `npm pack` (the main package's optionalDependencies completed
-// by `napi prepublish`, exactly as the publish job does), installs both tarballs into a fresh
-// project in the temp dir, with no Rust toolchain on PATH and nothing of the checkout reachable
-// by module resolution, and runs real sessions there: the demo's full cycle through `import`
-// (ESM) and one session through `require` (CJS), both against the demo's scripted model server,
-// both with the OS sandbox. Checks that the addon and the Claude Code CLI were loaded from the
-// project's node_modules. Prints the tarballs' file lists and sizes and the time of each step.
+// by `napi prepublish` as the publish job does, here for this platform's target only), installs
+// both tarballs into a fresh project in the temp dir, with no Rust toolchain on PATH and nothing
+// of the checkout reachable by module resolution, and runs real sessions there: the demo's full
+// cycle through `import` (ESM) and one session through `require` (CJS,
+// scripts/install-session.cjs), both against the demo's scripted model server, both with the OS
+// sandbox. Checks that the addon and the Claude Code CLI were loaded from the project's
+// node_modules. Prints the tarballs' file lists and sizes and the time of each step.
 //
 //   node scripts/install-check.mjs [--binary <file.node>] [--keep]
 //
@@ -34,8 +35,10 @@ const step = (name, fn) => {
   console.log(`install-check: ${name}: ${(ms / 1000).toFixed(1)} s`);
   return out;
 };
+let tmp = null;
 const fail = (msg) => {
   console.error(`install-check: FAILED: ${msg}`);
+  if (tmp) console.error(`install-check: the temp dir is kept for a look: ${tmp}`);
   process.exit(1);
 };
 const mib = (n) => (n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(2)} MiB`);
@@ -79,7 +82,7 @@ const binary = resolve(binaryArg ?? join(root, nodeFile));
 if (!existsSync(binary)) fail(`${binary} does not exist: build it first (npm run build), or pass --binary <file.node>`);
 console.log(`install-check: ${pkg.name}@${pkg.version} for ${abi} (${triple}), addon ${binary} (${mib(statSync(binary).size)})`);
 
-const tmp = mkdtempSync(join(tmpdir(), 'cra-install-'));
+tmp = mkdtempSync(join(tmpdir(), 'cra-install-'));
 const stage = join(tmp, 'stage');
 const tarballs = join(tmp, 'tarballs');
 const project = join(tmp, 'project');
