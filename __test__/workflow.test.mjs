@@ -39,20 +39,36 @@ describe('ci.yml', () => {
     expect(runs).toContain('cargo clippy --all-targets -- -D warnings');
   });
 
-  it('build matrix covers every napi target, each on a fitting runner, and uploads the .node', () => {
+  it('build matrix covers every napi target, each on a fitting runner, with the local build:cross command, and uploads the .node', () => {
     const settings = wf.jobs.build.strategy.matrix.settings;
     expect(settings.map((s) => s.target).sort()).toEqual([...pkg.napi.targets].sort());
     for (const s of settings) {
-      expect(s.build).toContain(`--target ${s.target}`);
-      if (s.target.includes('linux-gnu')) expect(s.build).toContain('--use-napi-cross');
-      if (s.target.includes('linux-musl')) expect(s.build).toMatch(/ (-x|--cross-compile)\b/);
+      // The same command a developer runs (it builds, then checks machine, libc, entry, deps).
+      expect(s.build).toBe(`npm run build:cross -- ${s.target}`);
+      if (s.target.includes('linux')) expect(s.host).toMatch(/^ubuntu/);
       if (s.target.includes('apple')) expect(s.host).toMatch(/^macos/);
       if (s.target.includes('windows')) expect(s.host).toMatch(/^windows/);
     }
+    expect(pkg.scripts['build:cross']).toBe('node scripts/cross-build.mjs');
     const upload = wf.jobs.build.steps.find((s) => String(s.uses).startsWith('actions/upload-artifact@'));
     expect(upload.with.name).toBe('bindings-${{ matrix.settings.target }}');
     expect(upload.with.path).toBe('${{ env.APP_NAME }}.*.node');
     expect(wf.env.APP_NAME).toBe(pkg.napi.binaryName);
+  });
+
+  it('build:cross: Linux targets through cargo-zigbuild (-x), glibc pinned; zig and cargo-zigbuild from PyPI as in the README', async () => {
+    const { buildArgs, GLIBC_PIN, LINUX_TARGETS } = await import('../scripts/cross-build.mjs');
+    for (const t of pkg.napi.targets) {
+      const args = buildArgs(t).join(' ');
+      if (t.includes('-linux-gnu')) expect(args).toBe(`--target ${t}.${GLIBC_PIN} -x`);
+      else if (t.includes('-linux-musl')) expect(args).toBe(`--target ${t} -x`);
+      else expect(args).toBe(`--target ${t}`);
+    }
+    expect(LINUX_TARGETS.sort()).toEqual(pkg.napi.targets.filter((t) => t.includes('linux')).sort());
+    const install = wf.jobs.build.steps.find((s) => s.name === 'Install zig and cargo-zigbuild');
+    expect(install.if).toContain("contains(matrix.settings.target, 'linux')");
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    expect(readme).toContain(install.run);
   });
 
   it('tests run the downloaded binaries on Linux, macOS and Windows with Node 20, 22, 24', () => {
@@ -70,6 +86,12 @@ describe('ci.yml', () => {
     }
     // The pretest rebuild is skipped so the downloaded binary is what gets tested.
     expect(native.steps.find((s) => s.name === 'Test').run).toBe('npm test --ignore-scripts');
+    // Then the packed packages, installed as a user does, on each Linux host (x64 and arm64).
+    const steps = native.steps.map((s) => s.name);
+    const install = native.steps.find((s) => s.name === 'Install as a user');
+    expect(install.run).toBe('npm run test:install');
+    expect(install.if).toBe("runner.os == 'Linux'");
+    expect(steps.indexOf('Install as a user')).toBeGreaterThan(steps.indexOf('Test'));
     // Alpine containers run as root.
     expect(musl.steps.find((s) => s.name === 'Test in Alpine').run).toContain('-e IS_SANDBOX=1');
   });
@@ -84,5 +106,13 @@ describe('ci.yml', () => {
     expect(order.map((r) => runs.indexOf(r))).toEqual([...order.map((r) => runs.indexOf(r))].sort((a, b) => a - b));
     expect(order.every((r) => runs.includes(r))).toBe(true);
     expect(text).toContain('NODE_AUTH_TOKEN: ${{ secrets.NPM_TOKEN }}');
+  });
+
+  it('.ci/run runs the install-as-a-user check after npm test (not inside it)', () => {
+    const lines = readFileSync(join(root, '.ci', 'run'), 'utf8').split('\n').map((l) => l.trim());
+    expect(lines.indexOf('npm run test:install')).toBeGreaterThan(lines.indexOf('npm test'));
+    expect(lines.indexOf('npm test')).toBeGreaterThan(-1);
+    expect(pkg.scripts.test).not.toContain('install-check');
+    expect(pkg.scripts['test:install']).toBe('node scripts/install-check.mjs');
   });
 });

@@ -16,7 +16,9 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import api from '../index.js';
+// By package name (Node resolves a package's own name through its `exports`): the same line runs
+// in a user's project, where `npm run test:install` runs this demo against the installed package.
+import api from 'claude-runtime-adapter';
 import { offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { latestToolResultText, reply, scenario, startFakeApi, structured, systemText, text, toolUse, bash, userText } from '../__test__/support/fake-api.mjs';
 
