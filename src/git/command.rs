@@ -138,14 +138,6 @@ impl std::ops::Deref for At<'_> {
 }
 
 impl At<'_> {
-    /// Plumbing that reads only objects and the given index — never the working tree, hooks or
-    /// a configured program (`write-tree`, `read-tree` without `-u`, `update-index
-    /// --index-info`, `diff-tree`) — so it runs without the sandbox, saving a bubblewrap start
-    /// per command.
-    pub(crate) fn plumbing<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
-        git_command(self.dir, args)
-    }
-
     /// `git args` in this directory (inside the sandbox, with only a system `PATH` and a
     /// throwaway `HOME`, when there is one).
     pub(crate) fn git<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {

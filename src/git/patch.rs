@@ -65,9 +65,9 @@ pub(crate) async fn agent_patch(
     diff(worktree, base, &target).await
 }
 
-/// `git add -A` into `index`, then `git write-tree`: the tree's hex oid. The only step that
-/// reads the working tree, so the only one that can run what the agent configured in its clone
-/// (`core.fsmonitor`, clean filters): it runs in the clone's sandbox.
+/// `git add -A` into `index`, then `git write-tree`: the tree's hex oid. Every git step here
+/// runs in the clone's sandbox when it has one: not only staging (clean filters) but any
+/// command that reads an index runs the clone's `core.fsmonitor` (measured: `write-tree` does).
 async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     git_with_index(
         worktree.git(&["add", "-A"]),
@@ -80,7 +80,7 @@ async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
 }
 
 async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
-    let out = git_with_index(worktree.plumbing(&["write-tree"]), index, "git write-tree")
+    let out = git_with_index(worktree.git(&["write-tree"]), index, "git write-tree")
         .await
         .map_err(|e| patch_error("cannot write the staged tree").with_cause(e))?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
@@ -107,7 +107,7 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
         final_tree,
     ];
     let out = run(
-        worktree.plumbing(&args),
+        worktree.git(&args),
         "git diff-tree -r -z (snapshot..final)".into(),
     )
     .await
@@ -140,7 +140,7 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
     let temp = TempIndex::empty_beside(index);
     let fail = |what: &str, e: CommandError| patch_error(what.to_string()).with_cause(e);
     git_with_index(
-        worktree.plumbing(&["read-tree", base]),
+        worktree.git(&["read-tree", base]),
         &temp.path,
         "git read-tree <base>",
     )
@@ -154,7 +154,7 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
         "--replace",
         "--index-info",
     ];
-    let mut cmd = worktree.plumbing(&args);
+    let mut cmd = worktree.git(&args);
     cmd.env("GIT_INDEX_FILE", &temp.path);
     run_with_input(cmd, "git update-index -z --index-info".into(), changes)
         .await
@@ -178,7 +178,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
         target,
     ];
     let out = run(
-        worktree.plumbing(&args),
+        worktree.git(&args),
         format!("git diff-tree -r --binary -M {base_tree} {target}"),
     )
     .await
