@@ -32,7 +32,7 @@ it('npm run demo: a full planner → implementor → reviewer cycle offline, exi
   const r = await runDemo();
   console.log(`demo wall time: ${(r.ms / 1000).toFixed(1)} s`);
   if (r.code !== 0) console.log(r.stdout, r.stderr);
-  expect(r.code).toBe(0);
+  expect(r.code, r.stdout + r.stderr).toBe(0);
   const out = r.stdout;
   // offline, and says so
   expect(out).toMatch(/Offline: the real Claude Code CLI against a scripted model server on http:\/\/127\.0\.0\.1:\d+/);
@@ -74,7 +74,7 @@ it('npm run demo: a full planner → implementor → reviewer cycle offline, exi
 
 it('--keep keeps the repository and the transcripts, and says where', async () => {
   const r = await runDemo(['--keep']);
-  expect(r.code).toBe(0);
+  expect(r.code, r.stdout + r.stderr).toBe(0);
   const [, repo, logs] = r.stdout.match(/^Kept: repository (\S+), transcripts (\S+)$/m) ?? [];
   expect(repo).toBeTruthy();
   try {
