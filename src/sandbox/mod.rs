@@ -107,7 +107,10 @@ impl SessionSandbox {
         let proxy = EgressProxy::start(allow, sink, &sockets.0.join("egress.sock")).await?;
         let relay =
             ModelRelay::start(&sockets.0.join("model.sock"), &upstream, substitutions).await?;
-        let home = credentials::env_value(cli_env, "HOME").map(PathBuf::from);
+        // A HOME of `/` (or relative) would put the private tmpfs over everything.
+        let home = credentials::env_value(cli_env, "HOME")
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute() && h.parent().is_some());
         let config_dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
         let mut writable = scope.writable.clone();
         // A missing path cannot be mounted; it has nothing to write into yet either.
