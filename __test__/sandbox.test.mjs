@@ -359,6 +359,19 @@ describe('network: no host unless config.sandbox.allowedDomains names it', () =>
   });
 });
 
+describe("the CLI's own web tools go through the egress proxy too", () => {
+  it('a WebFetch of a host outside allowedDomains fails for the model and its attempt is logged as blocked', async () => {
+    await sandboxSetup({ repo: { agents: agentsWithTools(['Bash', 'Read', 'WebFetch']) } });
+    const { handle, results } = await run('planner', [toolUse('WebFetch', { url: 'http://example.com/page', prompt: 'summarize' })]);
+    expect(results[0].is_error, results[0].text).toBe(true);
+    // The CLI asks api.anthropic.com whether the domain is safe first: that request, made by the
+    // CLI process itself (not a Bash command), reached the proxy and was refused.
+    const blocked = h.logger.entries.filter((e) => e.message === 'network access blocked by the sandbox' && e.data.role === 'planner');
+    expect(blocked.map((e) => `${e.data.host}:${e.data.port}`)).toContain('api.anthropic.com:443');
+    expect(readFileSync(handle.logFilePath, 'utf8')).toMatch(/\[network\] blocked \w+ api\.anthropic\.com:443/);
+  });
+});
+
 describe('credentials stay out of agent commands', () => {
   it('env run by the agent shows neither a token in the engine environment, one passed in config.env, nor the model API key (a placeholder stands in for it); the session works', async () => {
     await sandboxSetup();
