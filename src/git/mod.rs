@@ -1,17 +1,19 @@
 //! Git for Implementor sessions, one concern per module:
 //!
 //! - [`repo`]: the per-repository state shared process-wide ([`RepoGit`]: its lock, the live
-//!   worktrees, the small metadata operations);
-//! - [`provision`]: making a session's worktree (spec "Worktree Management"), obeying the stop
-//!   signal; [`setup`] runs the setup command and [`hooks`] the `post-checkout` hook, both
-//!   bounded and killable as a process tree;
-//! - [`worktree`]: the [`Worktree`] a session holds, its patch and its cleanup;
+//!   checkouts, the small metadata operations, the records of the adapter's clones);
+//! - [`provision`]: making a session's checkout — a private `git clone --shared` at
+//!   `.worktrees/<branch>` (spec "Worktree Management"; why a clone: see its docs) — obeying
+//!   the stop signal, and replacing a stale one at that path; [`setup`] runs the setup command
+//!   and [`hooks`] the `post-checkout` hook, both bounded and killable as a process tree;
+//! - [`worktree`]: the [`Worktree`] (the checkout) a session holds, its patch and its cleanup;
 //! - [`patch`] (+ [`binary`] for non-UTF-8 content): the agent's work as a patch, measured from
-//!   the post-setup snapshot (spec "Patch Extraction");
-//! - [`sweep`]: removing worktrees this adapter made for sessions that are gone, after saving
+//!   the post-setup snapshot (spec "Patch Extraction"); in a clone the agent worked in, its git
+//!   runs sandboxed ([`command::At`]);
+//! - [`sweep`]: removing checkouts this adapter made for sessions that are gone, after saving
 //!   their work; it never touches anything else;
-//! - [`owner`] and [`record`]: the records in a worktree's admin dir that say it is ours, whose
-//!   it is, and how to save its work; [`list`]: reading the worktrees from git's own files;
+//! - [`owner`] and [`record`]: the records that say a checkout is ours, whose it is, and how to
+//!   save its work; [`list`]: reading worktrees from git's own files and clones from our records;
 //! - [`command`]: the hygiene every git invocation needs; [`version`]: the git 2.30 minimum.
 //!
 //! Everything here works with git 2.30 (Debian 11). napi-free.

@@ -1,11 +1,10 @@
-//! Which process owns a worktree. The record is the worktree's git lock reason: the content of
-//! `<common>/worktrees/<id>/locked`, the file `git worktree lock --reason` writes. The adapter
-//! creates the worktree with `git worktree add --lock` (git 2.30 has `--lock` but not
-//! `--reason`, and writes its own placeholder reason) and then replaces the file's content with
-//! this record under the repository lock. The record lives outside the worktree's content,
-//! disappears with the worktree's metadata, and also protects the worktree from a user's
-//! `git worktree prune`. Until it is written the lock reason is git's own text, which no sweep
-//! takes for ours: a worktree is never swept by mistake, at worst kept.
+//! Which process owns a checkout. The record is a `locked` file: in a clone's record dir
+//! (`<common>/claude-runtime-adapter/clones/<id>/locked`, written when the path is claimed,
+//! under the repository lock), or, for a worktree an earlier version of the adapter made, the
+//! worktree's git lock reason (`<common>/worktrees/<id>/locked`, the file `git worktree lock
+//! --reason` writes). Either lives outside the checkout's content, where no session's sandbox
+//! can write. A lock reason that is not this record (a person's `git worktree lock`, git's own
+//! placeholder) is never taken for ours: a checkout is never swept by mistake, at worst kept.
 //!
 //! A pid alone is not enough: pids are reused, so the record also carries the process start time
 //! (field 22 of `/proc/<pid>/stat`, clock ticks since boot) and the host name (a repository on a

@@ -1,6 +1,7 @@
-//! A provisioned worktree as a session holds it: where it is, what its patch is measured
-//! against, and its cleanup (spec "Worktree Management", Cleanup). While a [`Worktree`] value
-//! exists the worktree is live in this process, so no sweep or provision removes it.
+//! A provisioned checkout (the Implementor's private clone) as a session holds it: where it is,
+//! what its patch is measured against, and its cleanup (spec "Worktree Management", Cleanup).
+//! While a [`Worktree`] value exists the checkout is live in this process, so no sweep or
+//! provision removes it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
