@@ -480,6 +480,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sandbox_paths_must_be_absolute_and_each_bad_one_is_named() {
+        let mut problems = Problems::default();
+        let v = serde_json::json!({ "allowRead": ["/opt/specs", "rel/x"], "allowWrite": ["/tmp/out", "../y"] });
+        let cfg = sandbox(Some(&v), &mut problems).unwrap();
+        assert_eq!(cfg.allow_read, vec![PathBuf::from("/opt/specs")]);
+        assert_eq!(cfg.allow_write, vec![PathBuf::from("/tmp/out")]);
+        let msg = problems.into_error().message;
+        assert!(
+            msg.contains("config.sandbox.allowRead[1] must be an absolute path"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("config.sandbox.allowWrite[1] must be an absolute path"),
+            "{msg}"
+        );
+        let mut none = Problems::default();
+        let cfg = sandbox(Some(&serde_json::json!({})), &mut none).unwrap();
+        assert!(none.is_empty() && cfg.allow_read.is_empty() && cfg.allow_write.is_empty());
+    }
+
+    #[test]
     fn contained_relative_paths() {
         assert!(is_contained_relative(".claude/CLAUDE.md"));
         assert!(is_contained_relative("a/../b"));

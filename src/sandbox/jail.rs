@@ -304,6 +304,55 @@ mod tests {
         );
     }
 
+    /// Later mounts cover earlier ones: the private /tmp and HOME first (a repository below
+    /// either is mounted into them), read-only trees before the writable clone inside them,
+    /// the root made read-only last, then where to start.
+    #[test]
+    fn mounts_are_ordered_so_that_the_writable_clone_and_the_sockets_come_last() {
+        let t = tempfile::tempdir().unwrap();
+        let repo = t.path().join("repo");
+        let clone = repo.join(".worktrees/wi");
+        std::fs::create_dir_all(&clone).unwrap();
+        let jail = Jail::new(&JailPlan {
+            cwd: clone.clone(),
+            writable: vec![clone.clone()],
+            readable: vec![repo.join(".git/objects")],
+            home: Some(t.path().join("home")),
+            sockets: Some(t.path().join("sock")),
+            ..JailPlan::default()
+        });
+        let args: Vec<String> = jail
+            .argv(OsStr::new("true"), &[])
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let at = |flag: &str, path: &str| {
+            args.windows(2)
+                .position(|w| w[0] == flag && w[1] == path)
+                .unwrap_or_else(|| panic!("{flag} {path} in {args:?}"))
+        };
+        let s = |p: &Path| p.display().to_string();
+        let tmp = at("--tmpfs", "/tmp");
+        let home = at("--tmpfs", &s(&t.path().join("home")));
+        let objects = args
+            .iter()
+            .position(|a| *a == s(&repo.join(".git/objects")))
+            .unwrap();
+        let rw = args.iter().position(|a| *a == "--bind").unwrap();
+        let ro_root = at("--remount-ro", "/");
+        let chdir = at("--chdir", &s(&clone));
+        assert!(tmp < home && home < objects && objects < rw && rw < ro_root && ro_root < chdir);
+        for flag in [
+            "--unshare-pid",
+            "--unshare-net",
+            "--die-with-parent",
+            "--new-session",
+        ] {
+            assert!(args.iter().any(|a| a == flag), "{flag}");
+        }
+        assert_eq!(&args[args.len() - 2..], ["--", "true"]);
+    }
+
     #[test]
     fn credential_stores_inside_a_readable_toolchain_are_covered() {
         let t = tempfile::tempdir().unwrap();
