@@ -44,6 +44,8 @@ impl Backend for LocalBackend {
     }
 }
 
+// Only Linux builds its sandbox from the repository and the egress sink.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct LocalEnvironment {
     workdir: PathBuf,
     repo_root: PathBuf,
