@@ -308,7 +308,8 @@ mod tests {
     /// either is mounted into them), read-only trees before the writable clone inside them,
     /// the root made read-only last, then where to start.
     #[test]
-    fn mounts_are_ordered_private_dirs_first_then_read_only_trees_then_the_clone_and_the_root_read_only_last() {
+    fn mounts_are_ordered_private_dirs_first_then_read_only_trees_then_the_clone_and_the_root_read_only_last(
+    ) {
         let t = tempfile::tempdir().unwrap();
         let repo = t.path().join("repo");
         let clone = repo.join(".worktrees/wi");

@@ -96,7 +96,7 @@ impl SessionSandbox {
             .filter(|v| !v.is_empty())
             .unwrap_or(DEFAULT_API)
             .to_string();
-        let (env, substitutions) = inside_env(cli_env);
+        let (env, substitutions) = inside_env(&with_login_token(cli_env));
         let sockets = SocketDir::create()?;
         // The model API's host is reachable on its port (the CLI's own API traffic takes the
         // relay; this is for its other requests there).
@@ -191,6 +191,37 @@ fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Substitut
         env.push((k.to_string(), v));
     }
     (env, substitutions)
+}
+
+/// The CLI's environment, plus the OAuth token of a `claude login` as `CLAUDE_CODE_OAUTH_TOKEN`
+/// when no model credential variable is set: the login's file (`.credentials.json` in the CLI's
+/// config dir, else `~/.claude`) is not visible inside, so its token goes through the relay like
+/// any other credential. The token is read when the session starts (a login's refresh happens
+/// in the user's own CLI, not here).
+fn with_login_token(cli_env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env = cli_env.to_vec();
+    if MODEL_CREDENTIALS
+        .iter()
+        .any(|k| credentials::env_value(cli_env, k).is_some_and(|v| !v.is_empty()))
+    {
+        return env;
+    }
+    let dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR")
+        .map(PathBuf::from)
+        .or_else(|| credentials::env_value(cli_env, "HOME").map(|h| Path::new(h).join(".claude")));
+    let token = dir
+        .and_then(|d| std::fs::read(d.join(".credentials.json")).ok())
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v.pointer("/claudeAiOauth/accessToken")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        })
+        .filter(|t| !t.is_empty());
+    if let Some(t) = token {
+        env.push(("CLAUDE_CODE_OAUTH_TOKEN".into(), t));
+    }
+    env
 }
 
 /// (placeholder, real secret) pairs for the model relay.
@@ -323,6 +354,37 @@ mod tests {
         assert_eq!(get("TMPDIR").unwrap(), "/tmp");
         assert_eq!(get("PATH").unwrap(), "/usr/bin");
         assert!(!env.iter().any(|(_, v)| v.contains("real")));
+    }
+
+    #[test]
+    fn a_claude_login_token_goes_through_the_relay_when_no_credential_variable_is_set() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(".credentials.json"),
+            r#"{"claudeAiOauth":{"accessToken":"sk-ant-oat-login","refreshToken":"r"}}"#,
+        )
+        .unwrap();
+        let base = vec![(
+            "CLAUDE_CONFIG_DIR".to_string(),
+            dir.path().display().to_string(),
+        )];
+        let (env, subs) = inside_env(&with_login_token(&base));
+        let token = env
+            .iter()
+            .find(|(k, _)| k == "CLAUDE_CODE_OAUTH_TOKEN")
+            .unwrap();
+        assert!(token.1.starts_with("sk-ant-sandbox-placeholder-"));
+        assert_eq!(
+            subs,
+            vec![(token.1.clone(), "sk-ant-oat-login".to_string())]
+        );
+        // A key in the environment wins; the login is not read.
+        let mut with_key = base.clone();
+        with_key.push(("ANTHROPIC_API_KEY".into(), "sk-key".into()));
+        let (env, subs) = inside_env(&with_login_token(&with_key));
+        assert!(!env.iter().any(|(k, _)| k == "CLAUDE_CODE_OAUTH_TOKEN"));
+        assert_eq!(subs.len(), 1);
+        assert_eq!(subs[0].1, "sk-key");
     }
 
     #[test]
