@@ -394,6 +394,20 @@ describe('credentials stay out of agent commands', () => {
   });
 });
 
+describe('a claude login instead of a key', () => {
+  it("with no credential variable, the login's OAuth token reaches the model API through the relay; inside there is only a placeholder and no login file", async () => {
+    await sandboxSetup();
+    delete h.config.env.ANTHROPIC_API_KEY;
+    const token = 'sk-ant-oat01-token-of-the-login';
+    writeFileSync(join(h.config.env.CLAUDE_CONFIG_DIR, '.credentials.json'), JSON.stringify({ claudeAiOauth: { accessToken: token, refreshToken: 'r' } }));
+    // The CLI's own environment (the command's parent); the CLI does not pass the token on.
+    const { result, out } = await run('planner', ['tr "\\0" "\\n" < /proc/$PPID/environ | grep -E "^CLAUDE_CODE_OAUTH_TOKEN="; ls -A "$CLAUDE_CONFIG_DIR" | grep -c credentials']);
+    expect(out[0]).toMatch(/^CLAUDE_CODE_OAUTH_TOKEN=sk-ant-sandbox-placeholder-[0-9a-f]{32}\n0$/);
+    expect(result.create).toEqual([]);
+    expect(h.api.mainRequests().every((r) => r.headers.authorization === `Bearer ${token}`)).toBe(true);
+  });
+});
+
 describe('fail closed / knowingly off', () => {
   /** A bin dir with git, node, sh and socat but no bwrap: the PATH the CLI would get. */
   function pathWithout(missing) {
