@@ -111,8 +111,8 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     Ok(RuntimeAdapter { inner })
 }
 
-const SANDBOX_OFF: &str = "the OS sandbox is off (config.sandbox: false): agent commands can \
-    write anywhere the engine can and reach any host";
+const SANDBOX_OFF: &str = "the OS sandbox is off (config.sandbox: false): agent sessions can \
+    read and (through Bash) write anywhere the engine can and reach any host";
 
 /// Logs a warning through the engine's logger before `createClaudeAdapter` returns (the core's
 /// logger is asynchronous): `warn` when the logger has it, else `info`. A throwing logger is

@@ -1,5 +1,6 @@
-//! Whether Claude Code's OS sandbox can run here, checked before anything is provisioned so
-//! that a session that cannot be confined fails closed with nothing created.
+//! Whether a session's sandbox can run here (Linux: the adapter's bubblewrap sandbox and its
+//! socat bridges; macOS: Claude Code's Seatbelt sandbox), checked before anything is
+//! provisioned so that a session that cannot be confined fails closed with nothing created.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 
 pub const INSTALL_HINT: &str = "apt-get install -y bubblewrap socat";
 
-/// Checks the tools the CLI's sandbox needs, looked up on `path` (the `PATH` the CLI will get):
+/// Checks the tools the session's sandbox needs, looked up on `path` (the `PATH` the CLI gets):
 /// Linux and WSL2: `bwrap` and `socat`; macOS: `sandbox-exec` (Seatbelt, part of the OS);
 /// native Windows: unsupported.
 /// On Linux bubblewrap is then tried once (per binary, per process): installed is not enough

@@ -1,8 +1,8 @@
-//! What a session's read tools may not read. The OS sandbox's `denyRead` keeps Bash out of the
-//! credential stores, but the CLI's own Read, Glob and Grep run inside the CLI's process, under
-//! `bypassPermissions`, and could read `~/.ssh/id_rsa`. The session answers their PreToolUse
-//! hook with [`ReadGuard`], so they meet the same stores (the same list, under the same `HOME`)
-//! as Bash. Everything else stays readable: agents must read their repository freely.
+//! What a session's read tools may not read: the home directory's credential stores. Inside
+//! the session sandbox they are absent anyway (a private HOME); the CLI's Read, Glob and Grep
+//! still get their PreToolUse hook answered with [`ReadGuard`], which names the reason, and
+//! which is what keeps `~/.ssh/id_rsa` from them with `sandbox: false`. Everything else stays
+//! readable: agents must read their repository freely.
 //!
 //! Paths are seen as [`super::WriteScope`] sees them (absolute, `..`-normalized, the symlinks of
 //! their longest existing ancestor resolved), so neither `..` nor a symlink reaches a store. A

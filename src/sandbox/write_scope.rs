@@ -1,7 +1,9 @@
-//! Where a session's file tools may write. The OS sandbox confines only Bash: the CLI's own
-//! file tools (Write, Edit, MultiEdit, NotebookEdit) run inside the CLI's process, under
-//! `bypassPermissions`, and could write anywhere the engine can. The session answers their
-//! PreToolUse hook with [`WriteScope::check`], so they obey the same boundary as Bash.
+//! Where a session's file tools may write. The CLI's own file tools (Write, Edit, MultiEdit,
+//! NotebookEdit) run inside the CLI's process, under `bypassPermissions`. Inside the session
+//! sandbox the kernel already refuses what is outside it, with "Read-only file system"; the
+//! session still answers their PreToolUse hook with [`WriteScope::check`], to tell the model
+//! which paths it may write and why, and because with `sandbox: false` this hook is the only
+//! boundary the file tools meet.
 //!
 //! A scope is a set of rules, each a directory tree that is writable or not; the most specific
 //! tree containing the target decides (a denied tree wins a tie), and a path under no tree is
