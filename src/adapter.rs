@@ -92,8 +92,7 @@ impl Adapter {
     /// delay `createClaudeAdapter`; logs what it did.
     pub async fn sweep_stale_worktrees(&self) {
         let repo = RepoGit::for_repo(&self.config.repo_root);
-        let sandboxed = self.config.sandbox.is_some() && cfg!(target_os = "linux");
-        match repo.sweep_stale(sandboxed).instrument(self.log_span()).await {
+        match repo.sweep_stale(self.config.sandbox.is_some()).instrument(self.log_span()).await {
             Ok(removed) => self.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },
                 "swept worktrees left by processes that are gone",

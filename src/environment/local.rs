@@ -36,6 +36,7 @@ impl Backend for LocalBackend {
                 repo_root: req.repo_root,
                 checkout,
                 sandbox: req.sandbox,
+                env: req.env,
                 egress: req.egress,
                 running: None,
             });
@@ -51,6 +52,8 @@ pub struct LocalEnvironment {
     repo_root: PathBuf,
     checkout: Option<Worktree>,
     sandbox: Option<SandboxConfig>,
+    /// The CLI's environment (its `TMPDIR` is the temp dir without the sandbox).
+    env: Vec<(String, String)>,
     egress: Option<EgressSink>,
     /// The sandbox of the running CLI (its proxy and relay live as long as this does).
     running: Option<SessionSandbox>,
@@ -119,6 +122,19 @@ impl Environment for LocalEnvironment {
 
     fn has_checkout(&self) -> bool {
         self.checkout.is_some()
+    }
+
+    fn temp_dir(&self) -> PathBuf {
+        // Inside the bubblewrap sandbox it is the session's private /tmp.
+        if cfg!(target_os = "linux") && self.sandbox.is_some() {
+            return PathBuf::from("/tmp");
+        }
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
+            .map(|(_, v)| PathBuf::from(v))
+            .unwrap_or_else(std::env::temp_dir)
     }
 
     fn describe(&self) -> String {

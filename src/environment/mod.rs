@@ -87,6 +87,8 @@ pub trait Environment: Send + Sync {
     fn workdir(&self) -> &Path;
     /// True when the agent has a checkout of its own whose patch is its work.
     fn has_checkout(&self) -> bool;
+    /// The temp dir processes inside see (the Planner's and Reviewer's file tools may write it).
+    fn temp_dir(&self) -> PathBuf;
     /// A one-line description for the transcript (what the sandbox holds).
     fn describe(&self) -> String;
     /// Starts `cmd` inside.

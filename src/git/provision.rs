@@ -53,7 +53,8 @@ pub struct ProvisionRequest {
     pub setup_timeout: Duration,
     /// Who the checkout is for: recorded so a sweep can save the work if this process dies.
     pub session: SessionRecord,
-    /// Whether the adapter's own git runs sandboxed in agents' clones (`config.sandbox`).
+    /// Whether sessions run sandboxed (`config.sandbox`), so the adapter's own git runs
+    /// sandboxed in agents' clones.
     pub sandboxed: bool,
 }
 
@@ -86,7 +87,7 @@ impl RepoGit {
         match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot_tree) => {
                 let jail = if req.sandboxed {
-                    Some(self.extraction_jail(&path).await?)
+                    self.extraction_jail(&path).await?
                 } else {
                     None
                 };

@@ -240,18 +240,22 @@ impl RepoGit {
 
     /// The sandbox the adapter's own git runs in inside an agent's clone: the clone writable,
     /// the repository's object stores readable, nothing else of the host (see
-    /// [`super::command::At`]).
-    pub(crate) async fn extraction_jail(&self, clone: &Path) -> Result<Jail> {
+    /// [`super::command::At`]). `None` where sessions are not in bubblewrap (other systems:
+    /// the agent's commands ran under the CLI's own sandbox, which left its git config alone).
+    pub(crate) async fn extraction_jail(&self, clone: &Path) -> Result<Option<Jail>> {
+        if !cfg!(target_os = "linux") {
+            return Ok(None);
+        }
         let common = self
             .common_dir()
             .await
             .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
-        Ok(Jail::new(&JailPlan {
+        Ok(Some(Jail::new(&JailPlan {
             cwd: clone.to_path_buf(),
             writable: vec![clone.to_path_buf()],
             readable: object_dirs(&common),
             ..JailPlan::default()
-        }))
+        })))
     }
 
     /// Removes the clone at `path` and its records (a session's cleanup, a rollback).

@@ -46,8 +46,8 @@ impl RepoGit {
     /// Sweeps stale checkouts (see the module docs), serialized with every other change this
     /// process makes to the repository. One that cannot be saved or removed is kept and
     /// logged; the others are still swept. Meant to run in the background: it holds the
-    /// repository lock while it saves patches. `sandboxed`: the adapter's git runs in a sandbox
-    /// inside agents' clones (`config.sandbox`).
+    /// repository lock while it saves patches. `sandboxed`: sessions run sandboxed
+    /// (`config.sandbox`), so the adapter's git runs in a sandbox inside agents' clones.
     pub async fn sweep_stale(&self, sandboxed: bool) -> Result<Vec<Swept>> {
         let _guard = self.lock.lock().await;
         let dir = self.root.join(WORKTREES_DIR);
@@ -168,7 +168,7 @@ impl RepoGit {
             }
         };
         let jail = match (wt.clone, sandboxed) {
-            (true, true) => Some(self.extraction_jail(&wt.path).await?),
+            (true, true) => self.extraction_jail(&wt.path).await?,
             _ => None,
         };
         let at = At {

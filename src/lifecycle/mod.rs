@@ -178,7 +178,7 @@ impl Session {
                     session_id: self.id.clone(),
                     transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
                 },
-                sandboxed: sandboxes_git(cfg),
+                sandboxed: cfg.sandbox.is_some(),
             }),
             _ => None,
         };
@@ -236,7 +236,7 @@ impl Session {
         }
         let cwd = self.workdir();
         let env = self.env.clone();
-        let write_scope = self.write_scope(&env);
+        let write_scope = self.write_scope();
         // The stores Bash may not read (`denyRead`), under the same HOME; with `sandbox: false`
         // too, like the write scope.
         let read_guard = ReadGuard::for_cli_env(&env);
@@ -269,24 +269,14 @@ impl Session {
     /// role may write `sandbox.allowWrite`, and none the rest of the repository, its git dir
     /// or the transcripts. It holds with `sandbox: false` too: it needs no OS support, and that
     /// switch is for hosts without bubblewrap, not for letting agents write anywhere.
-    fn write_scope(&self, env: &[(String, String)]) -> WriteScope {
+    fn write_scope(&self) -> WriteScope {
         let cfg = self.adapter.config();
         let mut scope = WriteScope::default();
         for extra in cfg.sandbox.iter().flat_map(|s| &s.allow_write) {
             scope = scope.allow(extra);
         }
-        if !self.has_checkout() {
-            // Inside the session sandbox the temp dir is its private /tmp.
-            let temp = if sandboxes_git(cfg) {
-                PathBuf::from("/tmp")
-            } else {
-                env.iter()
-                    .rev()
-                    .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
-                    .map(|(_, v)| PathBuf::from(v))
-                    .unwrap_or_else(std::env::temp_dir)
-            };
-            scope = scope.allow(&temp);
+        if let Some(env) = self.environment.as_deref().filter(|e| !e.has_checkout()) {
+            scope = scope.allow(&env.temp_dir());
         }
         scope = scope.deny(&cfg.repo_root);
         if let Ok(repo) = git2::Repository::open(&cfg.repo_root) {
@@ -511,12 +501,6 @@ impl Session {
             }
         }
     }
-}
-
-/// Whether the session sandbox is bubblewrap (and so the adapter's git runs sandboxed in
-/// agents' clones): Linux with `sandbox` on.
-fn sandboxes_git(cfg: &crate::config::AdapterConfig) -> bool {
-    cfg.sandbox.is_some() && cfg!(target_os = "linux")
 }
 
 /// `startAgent`: the steps up to a running agent, then supervision in the background.
