@@ -12,7 +12,10 @@ import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
 
 let h;
+/** Engine processes a test spawned: killed after it whatever happened, so none outlives it. */
+const engines = [];
 afterEach(async () => {
+  for (const e of engines.splice(0)) e.kill('SIGKILL');
   await h?.cleanup();
   h = undefined;
 });
@@ -72,6 +75,7 @@ describe('a crash loses no work', () => {
       adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
       setInterval(noop, 1000);
     `], { stdio: ['ignore', 'pipe', 'inherit'] });
+    engines.push(engine);
     const log = await new Promise((resolve, reject) => {
       engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString()).log));
       engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
@@ -89,7 +93,7 @@ describe('a crash loses no work', () => {
     expect(swept.data.patches).toEqual([log.replace(/\.log$/, '.patch')]);
     const patch = readFileSync(swept.data.patches[0], 'utf8');
     expect(patch).toContain('+++ b/unsaved.txt');
-    // The sandbox's mount points a killed CLI may leave (.bashrc, .mcp.json, …) are not work.
+    // Only the agent's file: nothing of the killed session's sandbox is in the checkout.
     expect(patch.match(/^diff --git .*$/gm)).toEqual(['diff --git a/unsaved.txt b/unsaved.txt']);
     // the saved work applies on the base commit
     git(root, 'apply', '--check', '--index', swept.data.patches[0]);

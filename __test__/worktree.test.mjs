@@ -13,7 +13,10 @@ const FAKE_CLI = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
 
 let h;
+/** Engine processes a test spawned: killed after it whatever happened, so none outlives it. */
+const engines = [];
 afterEach(async () => {
+  for (const e of engines.splice(0)) e.kill('SIGKILL');
   await h?.cleanup();
   h = undefined;
 });
@@ -203,6 +206,7 @@ describe('provisioning', () => {
         getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
       adapter.startAgent({ role: 'implementor', workItemID: '0', branchName: 'orphan' }).then(() => console.log('started'));
     `], { stdio: ['ignore', 'pipe', 'inherit'] });
+    engines.push(child);
     await new Promise((resolve, reject) => {
       child.stdout.on('data', (d) => d.toString().includes('started') && resolve());
       child.on('exit', (code) => reject(new Error(`child exited ${code}`)));
