@@ -3,6 +3,7 @@
 //! CLI runs inside one bubblewrap sandbox per session ([`crate::sandbox`]), elsewhere directly
 //! (macOS: under Claude Code's own Seatbelt sandbox for its commands).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
@@ -12,7 +13,7 @@ use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{RepoGit, Worktree};
-use crate::sandbox::{EgressSink, SessionSandbox, SessionScope};
+use crate::sandbox::{env_value, find_on_path, EgressSink, SessionSandbox, SessionScope};
 
 /// Makes [`LocalEnvironment`]s.
 #[derive(Debug, Default, Clone, Copy)]
@@ -100,9 +101,8 @@ impl LocalEnvironment {
         let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone()).await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
-        let path = cmd.env.iter().rev().find(|(k, _)| k == "PATH");
-        let bwrap = crate::sandbox::find_on_path("bwrap", path.map(|(_, v)| v.as_ref()))
-            .unwrap_or_else(|| PathBuf::from("bwrap"));
+        let path = env_value(&cmd.env, "PATH").map(OsStr::new);
+        let bwrap = find_on_path("bwrap", path).unwrap_or_else(|| PathBuf::from("bwrap"));
         let started = process::start(bwrap.as_os_str(), &argv, env, &self.workdir);
         self.running = Some(sandbox);
         started.map_err(|e| {
@@ -129,12 +129,9 @@ impl Environment for LocalEnvironment {
         if cfg!(target_os = "linux") && self.sandbox.is_some() {
             return PathBuf::from("/tmp");
         }
-        self.env
-            .iter()
-            .rev()
-            .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
-            .map(|(_, v)| PathBuf::from(v))
-            .unwrap_or_else(std::env::temp_dir)
+        env_value(&self.env, "TMPDIR")
+            .filter(|v| !v.is_empty())
+            .map_or_else(std::env::temp_dir, PathBuf::from)
     }
 
     fn describe(&self) -> String {

@@ -113,13 +113,17 @@ impl RepoGit {
             .cloned()
     }
 
+    /// [`RepoGit::common_dir`] as a provision error, for the steps that cannot go on without it.
+    pub(crate) async fn git_dir(&self) -> Result<PathBuf> {
+        self.common_dir()
+            .await
+            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))
+    }
+
     /// Every worktree of the repository, the main checkout first (read from the metadata files
     /// git 2.30 already writes: see [`super::list`]).
     pub(crate) async fn list_worktrees(&self) -> Result<Vec<ListedWorktree>> {
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         list::worktrees(&common)
             .map_err(|e| provision_error("cannot list the repository's worktrees").with_cause(e))
     }
@@ -130,10 +134,7 @@ impl RepoGit {
         let err = |e: std::io::Error| {
             provision_error("cannot add .worktrees/ to .git/info/exclude").with_cause(e)
         };
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         append_exclude(&common.join("info")).map_err(err)
     }
 
@@ -208,10 +209,7 @@ impl RepoGit {
     /// Where this adapter records a clone at `path` (inside the repository's git dir, which
     /// no sandbox can write, so an agent cannot forge or remove the record of its own clone).
     pub(crate) async fn record_dir(&self, path: &Path) -> Result<PathBuf> {
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         let id = uuid::Uuid::new_v5(
             &uuid::Uuid::NAMESPACE_URL,
             path.as_os_str().as_encoded_bytes(),
@@ -221,10 +219,7 @@ impl RepoGit {
 
     /// Every linked worktree and every clone this adapter recorded (not the main checkout).
     pub(crate) async fn list_all(&self) -> Result<Vec<ListedWorktree>> {
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         let mut all: Vec<ListedWorktree> = self
             .list_worktrees()
             .await?
@@ -246,10 +241,7 @@ impl RepoGit {
         if !cfg!(target_os = "linux") {
             return Ok(None);
         }
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         Ok(Some(Jail::new(&JailPlan {
             cwd: clone.to_path_buf(),
             writable: vec![clone.to_path_buf()],

@@ -179,10 +179,7 @@ impl RepoGit {
         if patch.is_empty() {
             return Ok(None);
         }
-        let common = self
-            .common_dir()
-            .await
-            .map_err(|e| provision_error("cannot locate the repository's git dir").with_cause(e))?;
+        let common = self.git_dir().await?;
         let transcript = record.and_then(|r| r.transcript.as_deref()).map(Path::new);
         write_salvaged(&patch, transcript, &common, label)
             .map(Some)

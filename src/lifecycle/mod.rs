@@ -205,8 +205,13 @@ impl Session {
             .unwrap_or_else(|| self.adapter.config().repo_root.clone())
     }
 
+    /// The environment when it holds the Implementor's checkout (whose patch is the work).
+    fn checkout(&self) -> Option<&dyn Environment> {
+        self.environment.as_deref().filter(|e| e.has_checkout())
+    }
+
     fn has_checkout(&self) -> bool {
-        self.environment.as_ref().is_some_and(|e| e.has_checkout())
+        self.checkout().is_some()
     }
 
     /// Prompt, agent definition, CLI location, argv, environment and transcript.
@@ -321,11 +326,7 @@ impl Session {
         if cfg.sandbox.is_none() {
             return Ok(());
         }
-        let path = self
-            .env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| std::ffi::OsStr::new(v.as_str()));
+        let path = sandbox::env_value(&self.env, "PATH").map(std::ffi::OsStr::new);
         sandbox::check_available(path)
     }
 
@@ -413,7 +414,7 @@ impl Session {
     /// blocked), what the worktree holds, which is also kept beside the transcript so an
     /// operator can recover the agent's work before the worktree goes.
     async fn changes(&self, outcome: &Result<Value>) -> Option<String> {
-        let env = self.environment.as_deref().filter(|e| e.has_checkout())?;
+        let env = self.checkout()?;
         let reported = outcome.as_ref().ok().and_then(|v| v.get("patch"));
         if let Some(patch) = reported.and_then(Value::as_str) {
             return Some(patch.to_string());
@@ -424,7 +425,7 @@ impl Session {
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
         let output = evaluate(self.role(), &self.facts, end)?;
-        match self.environment.as_deref().filter(|e| e.has_checkout()) {
+        match self.checkout() {
             Some(env) => {
                 outcome::with_patch(output, env, self.transcript.as_deref(), |m, d| {
                     self.log(LogLevel::Warn, m, d)

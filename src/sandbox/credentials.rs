@@ -58,7 +58,7 @@ pub fn credential_stores(cli_env: &[(String, String)]) -> Vec<PathBuf> {
         .collect()
 }
 
-pub(crate) fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
     env.iter()
         .rev()
         .find(|(k, _)| k == key)

@@ -27,7 +27,7 @@ use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 
 pub use available::{check_available, find_on_path, INSTALL_HINT};
-pub use credentials::{credential_stores, is_credential_var, HOME_CREDENTIALS};
+pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
 pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
