@@ -181,7 +181,8 @@ pub struct RunningSession {
     reader: BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     writer: Option<mpsc::UnboundedSender<Value>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
-    stderr_done: tokio::task::JoinHandle<()>,
+    /// Taken when awaited: a finished JoinHandle must not be polled again.
+    stderr_done: Option<tokio::task::JoinHandle<()>>,
     hook: Arc<dyn BashHook>,
     observer: Arc<dyn SessionObserver>,
     stop: StopSignal,
@@ -254,7 +255,7 @@ pub async fn start(
         reader: BufReader::with_capacity(64 * 1024, stdout),
         writer: Some(tx),
         stderr: tail,
-        stderr_done,
+        stderr_done: Some(stderr_done),
         hook,
         observer,
         stop,
@@ -316,7 +317,7 @@ impl RunningSession {
             match read {
                 Ok(0) | Err(_) => {
                     let status = self.control.wait().await;
-                    let _ = (&mut self.stderr_done).await;
+                    self.drain_stderr().await;
                     return Err(AdapterError::new(
                         ErrorCode::AgentFailed,
                         format!(
@@ -477,8 +478,15 @@ impl RunningSession {
     async fn kill_all(&mut self) {
         self.writer = None;
         self.control.kill_all().await;
-        // stderr closes once every holder of the pipe is dead; bounded in case one escaped.
-        let _ = timeout(Duration::from_secs(2), &mut self.stderr_done).await;
+        self.drain_stderr().await;
+    }
+
+    /// Waits until stderr is read to its end: it closes once every holder of the pipe is dead;
+    /// bounded in case one escaped.
+    async fn drain_stderr(&mut self) {
+        if let Some(done) = self.stderr_done.take() {
+            let _ = timeout(Duration::from_secs(2), done).await;
+        }
     }
 
     fn handle_line(&mut self, line: &[u8], turn: &mut Turn) {

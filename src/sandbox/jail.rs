@@ -4,18 +4,23 @@
 //! `.git`), so concurrent sessions cannot break each other's sandbox.
 //!
 //! What is inside, in mount order (later mounts cover earlier ones):
-//! 1. fresh namespaces for pids, network, IPC and hostname; a fresh `/proc` (only the session's
+//! 1. fresh namespaces for users, pids, network, IPC and hostname, and no further user
+//!    namespaces (`--disable-userns`: `unshare -Ur` inside would hand back every capability of
+//!    a nested namespace, kernel attack surface); a fresh `/proc` (only the session's
 //!    processes); a minimal `/dev`; `--die-with-parent`, `--new-session`, every capability
 //!    dropped (bwrap run as root keeps them otherwise); an empty `/tmp`;
 //! 2. the system read-only (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc` without its shadow files);
-//! 3. a private, empty home directory (tmpfs) and CLI config dir;
-//! 4. read-only: the toolchains on the CLI's `PATH` (a `…/bin` entry brings its prefix, so
-//!    `npm`'s `../lib/node_modules` resolves), what the session must read (the repository for a
-//!    Planner or Reviewer, the shared object store for an Implementor, the CLI itself,
-//!    `sandbox.allowRead`), then the user's shell profile and git config files;
+//! 3. a private, empty home directory (tmpfs) and CLI config dir; none of the user's dotfiles
+//!    (a profile re-exports tokens, a global git config carries url rewrites with tokens): the
+//!    adapter's generated files go there instead ([`JailPlan::home_files`], the git identity);
+//! 4. read-only: what the toolchains on the CLI's `PATH` run from, without their neighbours
+//!    ([`super::toolchains`]), what the session must read (the repository view for a Planner or
+//!    Reviewer, the shared object store for an Implementor, the CLI itself,
+//!    `sandbox.allowRead`);
 //! 5. credential stores that fall inside a read-only tree are covered with empty ones;
 //! 6. read-write: the Implementor's clone and `sandbox.allowWrite`;
-//! 7. the directory holding the sockets of the adapter's egress proxy and model relay;
+//! 7. read-only: the directory holding the sockets of the adapter's egress proxy and model
+//!    relay (connecting needs no write access; nobody inside may plant or replace a socket);
 //! 8. the sandbox's own root read-only.
 
 use std::ffi::{OsStr, OsString};
@@ -24,6 +29,7 @@ use std::sync::Mutex;
 
 use crate::error::{AdapterError, ErrorCode, Result};
 
+use super::toolchains::{toolchain_mounts, RoMount};
 use super::HOME_CREDENTIALS;
 
 /// Where the relay sockets appear inside the sandbox.
@@ -42,23 +48,6 @@ const HIDDEN_SYSTEM_FILES: &[&str] = &[
     "/etc/gshadow-",
 ];
 
-/// The user's shell profile and git identity, visible read-only in the private home so the
-/// agent's shell and commits behave as the user's own.
-pub const PROFILE_FILES: &[&str] = &[
-    ".profile",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".zshrc",
-    ".zprofile",
-    ".zshenv",
-    ".inputrc",
-    ".gitconfig",
-    ".config/git/config",
-    ".config/git/ignore",
-];
-
 /// What one sandbox contains.
 #[derive(Debug, Clone, Default)]
 pub struct JailPlan {
@@ -68,8 +57,10 @@ pub struct JailPlan {
     pub writable: Vec<PathBuf>,
     /// Read-only (skipped when missing).
     pub readable: Vec<PathBuf>,
-    /// The home directory processes see: empty, private, with [`PROFILE_FILES`].
+    /// The home directory processes see: empty and private.
     pub home: Option<PathBuf>,
+    /// Files the adapter made for the session, shown read-only: (host file, path inside).
+    pub home_files: Vec<(PathBuf, PathBuf)>,
     /// Further private, empty, writable directories (the CLI's config dir).
     pub scratch: Vec<PathBuf>,
     /// Host directory shown at [`SOCKET_DIR`].
@@ -90,6 +81,8 @@ impl Jail {
         a.flags(&[
             "--die-with-parent",
             "--new-session",
+            "--unshare-user",
+            "--disable-userns",
             "--unshare-pid",
             "--unshare-net",
             "--unshare-ipc",
@@ -122,16 +115,19 @@ impl Jail {
                 a.one("--tmpfs", dir.as_os_str());
             }
         }
-        let mut readable = toolchain_dirs(plan.path_env.as_deref(), plan.home.as_deref());
-        readable.extend(plan.readable.iter().cloned());
-        for p in &readable {
-            a.pair("--ro-bind-try", p.as_os_str(), p.as_os_str());
+        let mut readable: Vec<PathBuf> = Vec::new();
+        for RoMount { src, dest } in
+            toolchain_mounts(plan.path_env.as_deref(), plan.home.as_deref(), SYSTEM_DIRS)
+        {
+            a.pair("--ro-bind-try", src.as_os_str(), dest.as_os_str());
+            readable.push(dest);
         }
-        if let Some(home) = &plan.home {
-            for f in PROFILE_FILES {
-                let p = home.join(f);
-                a.pair("--ro-bind-try", p.as_os_str(), p.as_os_str());
-            }
+        for p in &plan.readable {
+            a.pair("--ro-bind-try", p.as_os_str(), p.as_os_str());
+            readable.push(p.clone());
+        }
+        for (src, dest) in &plan.home_files {
+            a.pair("--ro-bind", src.as_os_str(), dest.as_os_str());
         }
         for store in credential_stores_within(&readable, plan.home.as_deref()) {
             if store.is_dir() {
@@ -144,7 +140,7 @@ impl Jail {
             a.pair("--bind", p.as_os_str(), p.as_os_str());
         }
         if let Some(s) = &plan.sockets {
-            a.pair("--bind", s.as_os_str(), OsStr::new(SOCKET_DIR));
+            a.pair("--ro-bind", s.as_os_str(), OsStr::new(SOCKET_DIR));
         }
         // Nothing else is writable: without this the sandbox's root tmpfs would take writes
         // (private to the sandbox, but an agent would think it wrote somewhere real).
@@ -183,38 +179,6 @@ impl Args {
     }
 }
 
-/// Directories of `PATH` worth making readable: an absolute entry, or its prefix when it is a
-/// `bin` directory. Never `/`, the home directory or anything above it (that would expose every
-/// file the session must not read), nor what the system mounts already cover.
-pub(crate) fn toolchain_dirs(path_env: Option<&OsStr>, home: Option<&Path>) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    let Some(path_env) = path_env else {
-        return out;
-    };
-    for entry in std::env::split_paths(path_env) {
-        if !entry.is_absolute() || !entry.is_dir() {
-            continue;
-        }
-        let dir = match (entry.file_name(), entry.parent()) {
-            (Some(n), Some(parent)) if n == "bin" => parent.to_path_buf(),
-            _ => entry.clone(),
-        };
-        let too_wide = dir.parent().is_none() || home.is_some_and(|h| h.starts_with(&dir));
-        let system = SYSTEM_DIRS.iter().any(|s| dir.starts_with(s));
-        if too_wide || system || out.contains(&dir) {
-            continue;
-        }
-        // rustup's proxies in ~/.cargo/bin run the toolchains kept in ~/.rustup.
-        if let Some(h) = home {
-            if dir == h.join(".cargo") {
-                out.push(h.join(".rustup"));
-            }
-        }
-        out.push(dir);
-    }
-    out
-}
-
 /// The home directory's credential stores that lie inside a read-only tree of the plan.
 fn credential_stores_within(readable: &[PathBuf], home: Option<&Path>) -> Vec<PathBuf> {
     let Some(home) = home else { return Vec::new() };
@@ -249,12 +213,22 @@ pub fn probe(bwrap: &Path) -> Result<()> {
             works().push(bwrap.to_path_buf());
             return Ok(());
         }
-        Ok(o) => format!(
-            "bubblewrap ({}) cannot create a sandbox here ({}): {}",
-            bwrap.display(),
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
+        Ok(o) => {
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            // bwrap before 0.8 has no --disable-userns: without it the sandbox cannot keep a
+            // command from making user namespaces, so it does not start.
+            let old = if stderr.contains("disable-userns") {
+                " (bubblewrap 0.8 or later is needed, for --disable-userns)"
+            } else {
+                ""
+            };
+            format!(
+                "bubblewrap ({}) cannot create a sandbox here{old} ({}): {}",
+                bwrap.display(),
+                o.status,
+                stderr.trim()
+            )
+        }
         Err(e) => format!("bubblewrap ({}) could not be started: {e}", bwrap.display()),
     };
     Err(AdapterError::new(
@@ -266,43 +240,6 @@ pub fn probe(bwrap: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn toolchains_bring_their_prefix_but_never_home_or_root() {
-        let t = tempfile::tempdir().unwrap();
-        let home = t.path().join("home");
-        for d in [
-            "home/.cargo/bin",
-            "home/.nvm/v20/bin",
-            "opt/tool/bin",
-            "shims",
-        ] {
-            std::fs::create_dir_all(t.path().join(d)).unwrap();
-        }
-        let path = std::env::join_paths([
-            t.path().join("home/.cargo/bin"),
-            t.path().join("home/.nvm/v20/bin"),
-            t.path().join("opt/tool/bin"),
-            t.path().join("shims"),
-            home.clone(),
-            t.path().to_path_buf(),
-            PathBuf::from("/usr/bin"),
-            PathBuf::from("/"),
-            PathBuf::from("relative/bin"),
-        ])
-        .unwrap();
-        let dirs = toolchain_dirs(Some(&path), Some(&home));
-        assert_eq!(
-            dirs,
-            vec![
-                home.join(".rustup"),
-                home.join(".cargo"),
-                home.join(".nvm/v20"),
-                t.path().join("opt/tool"),
-                t.path().join("shims"),
-            ]
-        );
-    }
 
     /// Later mounts cover earlier ones: the private /tmp and HOME first (a repository below
     /// either is mounted into them), read-only trees before the writable clone inside them,
@@ -355,24 +292,34 @@ mod tests {
     }
 
     #[test]
-    fn credential_stores_inside_a_readable_toolchain_are_covered() {
+    fn credential_stores_inside_a_readable_tree_are_covered_and_a_toolchain_brings_none() {
         let t = tempfile::tempdir().unwrap();
-        let home = t.path().to_path_buf();
+        let home = t.path().canonicalize().unwrap();
         std::fs::create_dir_all(home.join(".cargo/bin")).unwrap();
         std::fs::write(home.join(".cargo/credentials.toml"), "token").unwrap();
+        std::fs::write(home.join(".cargo/config.toml"), "[registry]\ntoken = 't'").unwrap();
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
-        let jail = Jail::new(&JailPlan {
-            cwd: home.clone(),
-            home: Some(home.clone()),
-            path_env: Some(home.join(".cargo/bin").into_os_string()),
-            ..JailPlan::default()
-        });
-        let args: Vec<String> = jail
+        let args_of = |readable: Vec<PathBuf>| -> Vec<String> {
+            Jail::new(&JailPlan {
+                cwd: home.clone(),
+                home: Some(home.clone()),
+                readable,
+                path_env: Some(home.join(".cargo/bin").into_os_string()),
+                ..JailPlan::default()
+            })
             .args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+            .collect()
+        };
         let cred = home.join(".cargo/credentials.toml").display().to_string();
+        let cargo = home.join(".cargo").display().to_string();
+        // On PATH, ~/.cargo/bin brings neither ~/.cargo nor its credentials or config.
+        let args = args_of(Vec::new());
+        assert!(args.contains(&home.join(".cargo/bin").display().to_string()));
+        assert!(!args.contains(&cargo) && !args.contains(&cred));
+        // Made readable as a whole (sandbox.allowRead), its credential store is covered.
+        let args = args_of(vec![home.join(".cargo")]);
         let at = args
             .iter()
             .position(|a| *a == cred)

@@ -14,10 +14,12 @@
 
 mod available;
 mod credentials;
+mod home;
 pub mod jail;
 mod proxy;
 mod read_guard;
 mod relay;
+mod toolchains;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -96,8 +98,25 @@ impl SessionSandbox {
             .filter(|v| !v.is_empty())
             .unwrap_or(DEFAULT_API)
             .to_string();
-        let (env, substitutions) = inside_env(&with_login_token(cli_env));
+        let (mut env, substitutions) = inside_env(&with_login_token(cli_env));
+        let cli_path = credentials::env_value(cli_env, "PATH");
+        let (profile_path, git_config) =
+            tokio::join!(home::profile_path(cli_env), home::git_config(cli_env));
+        let path = home::merged_path(cli_path, profile_path.as_deref());
+        env.retain(|(k, _)| k != "PATH");
+        env.extend(path.clone().map(|p| ("PATH".to_string(), p)));
         let sockets = SocketDir::create()?;
+        let git_config_file = sockets.0.join("gitconfig");
+        std::fs::write(&git_config_file, git_config).map_err(|e| {
+            AdapterError::new(
+                ErrorCode::SandboxUnavailable,
+                format!(
+                    "cannot write the session's git config {}",
+                    git_config_file.display()
+                ),
+            )
+            .with_cause(e)
+        })?;
         // The model API's host is reachable on its port (the CLI's own API traffic takes the
         // relay; this is for its other requests there).
         let mut allow = DomainAllowlist::new(&cfg.allowed_domains);
@@ -117,14 +136,19 @@ impl SessionSandbox {
         writable.extend(cfg.allow_write.iter().filter(|p| p.exists()).cloned());
         let mut readable = scope.readable.clone();
         readable.extend(cfg.allow_read.iter().cloned());
+        let home_files = home
+            .iter()
+            .map(|h| (git_config_file.clone(), h.join(".gitconfig")))
+            .collect();
         let jail = Jail::new(&JailPlan {
             cwd: scope.cwd.clone(),
             writable,
             readable,
             home,
+            home_files,
             scratch: config_dir.into_iter().collect(),
             sockets: Some(sockets.0.clone()),
-            path_env: credentials::env_value(cli_env, "PATH").map(OsString::from),
+            path_env: path.map(OsString::from),
         });
         Ok(SessionSandbox {
             jail,
@@ -187,6 +211,9 @@ fn inside_env(cli_env: &[(String, String)]) -> (Vec<(String, String)>, Substitut
         ("NO_PROXY", "localhost,127.0.0.1,::1".into()),
         ("no_proxy", "localhost,127.0.0.1,::1".into()),
         ("TMPDIR", "/tmp".into()),
+        // The system git config is the host's (`/etc` is visible read-only): git inside
+        // reads only the generated global one and the repository's own.
+        ("GIT_CONFIG_NOSYSTEM", "1".into()),
     ] {
         env.push((k.to_string(), v));
     }
@@ -237,6 +264,7 @@ const OVERRIDDEN: &[&str] = &[
     "TMPDIR",
     "TMP",
     "TEMP",
+    "GIT_CONFIG_NOSYSTEM",
 ];
 
 /// `host` and port of `scheme://host[:port]/…` (the scheme's default port when none is given).
