@@ -5,7 +5,7 @@
 // behind, open nothing of the host through the clone, and run none of the clone's programs on
 // the host, not even when a `sandbox: false` adapter sweeps it later.
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
@@ -161,47 +161,51 @@ describe('nothing the agent controls is opened on the host', () => {
   });
 });
 
+/**
+ * An engine process runs a sandboxed Implementor whose agent runs `plant` in its clone (then
+ * keeps a command running), and is SIGKILLed once the agent's `unsaved.txt` is written: its
+ * clone is left for the next adapter's sweep. Returns the clone's path.
+ */
+async function crashedSession(plant) {
+  const hold = `30.${Date.now() % 1000}`;
+  h.api.setScript(scenario.steps([bash(`${plant} && echo "agent work" > unsaved.txt; sleep ${hold}`), { hang: true }]));
+  const engine = spawn(process.execPath, ['-e', `
+    const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
+    const noop = () => {};
+    const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
+      bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
+    const adapter = createClaudeAdapter(config, {
+      workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
+      getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
+      getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
+    adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
+    setInterval(noop, 1000);
+  `], { stdio: ['ignore', 'pipe', 'inherit'] });
+  engines.push(engine);
+  await new Promise((resolve, reject) => {
+    engine.stdout.on('data', resolve);
+    engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
+  });
+  const clone = join(h.repo.root, '.worktrees', 'wi-7');
+  const planted = () => existsSync(join(clone, 'unsaved.txt')) && statSync(join(clone, 'unsaved.txt')).size > 0;
+  await waitFor(planted, 30_000);
+  expect(planted()).toBe(true);
+  engine.kill('SIGKILL');
+  await new Promise((r) => engine.on('exit', r));
+  return clone;
+}
+
 describe("the clone's programs never run on the host", () => {
   it('a crashed sandboxed session whose clone plants core.fsmonitor and a clean filter: a sandbox: false adapter sweeps it, saves the work, and neither runs on the host', async () => {
     h = await setup({ state, bodies: { 7: 'x' } });
-    const root = h.repo.root;
     const pwned = join(h.scratch, 'pwned');
-    const hold = `30.${Date.now() % 1000}`;
-    h.api.setScript(
-      scenario.steps([
-        bash(
-          `git config core.fsmonitor "touch ${pwned}.fsmonitor; false" && git config filter.x.clean "sh -c 'touch ${pwned}.filter; cat'" && echo '*.txt filter=x' > .gitattributes && echo "agent work" > unsaved.txt; sleep ${hold}`,
-        ),
-        { hang: true },
-      ]),
+    const clone = await crashedSession(
+      `git config core.fsmonitor "touch ${pwned}.fsmonitor; false" && git config filter.x.clean "sh -c 'touch ${pwned}.filter; cat'" && echo '*.txt filter=x' > .gitattributes`,
     );
-    const engine = spawn(process.execPath, ['-e', `
-      const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
-      const noop = () => {};
-      const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
-        bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
-      const adapter = createClaudeAdapter(config, {
-        workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
-        getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
-        getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-      adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
-      setInterval(noop, 1000);
-    `], { stdio: ['ignore', 'pipe', 'inherit'] });
-    engines.push(engine);
-    await new Promise((resolve, reject) => {
-      engine.stdout.on('data', resolve);
-      engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
-    });
-    const clone = join(root, '.worktrees', 'wi-7');
-    const planted = () => existsSync(join(clone, 'unsaved.txt')) && statSync(join(clone, 'unsaved.txt')).size > 0;
-    await waitFor(planted, 30_000);
-    expect(planted()).toBe(true);
-    engine.kill('SIGKILL');
-    await new Promise((r) => engine.on('exit', r));
     // What the agent planted really runs when git runs on the host in that clone.
     spawnSync('git', ['diff-files', '--quiet'], { cwd: clone, stdio: 'ignore' });
     expect(existsSync(`${pwned}.fsmonitor`)).toBe(true);
-    execFileSync('rm', ['-f', `${pwned}.fsmonitor`]);
+    rmSync(`${pwned}.fsmonitor`);
 
     addon.createClaudeAdapter({ ...h.config, sandbox: false }, h.deps);
     const swept = await logEntry(h.logger, SWEPT, 30_000);
@@ -210,5 +214,36 @@ describe("the clone's programs never run on the host", () => {
     expect(readFileSync(swept.data.patches[0], 'utf8')).toContain('+++ b/unsaved.txt');
     expect(existsSync(`${pwned}.fsmonitor`)).toBe(false);
     expect(existsSync(`${pwned}.filter`)).toBe(false);
+  });
+});
+
+describe('the sweep of a wedged clone is bounded and ends with shutdown()', () => {
+  it('a clean filter that never returns: the sweep gives up past extractionTimeout, kills it, keeps the clone and says why', async () => {
+    h = await setup({ state, bodies: { 7: 'x' } });
+    const marker = uniqueMarker();
+    const clone = await crashedSession(`git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes`);
+    addon.createClaudeAdapter({ ...h.config, extractionTimeout: 2 }, h.deps);
+    const swept = await logEntry(h.logger, SWEPT, 30_000);
+    expect(swept.data.paths).toEqual([]);
+    const kept = h.logger.entries.find((e) => e.message.includes("kept a dead session's worktree"));
+    expect(kept?.data.worktree).toBe(clone);
+    expect(kept?.data.error).toContain('did not finish within 2 s (config.extractionTimeout)');
+    expect(processesWith(`sleep ${marker}`)).toEqual([]);
+    expect(processesIn(clone)).toEqual([]);
+    expect(readFileSync(join(clone, 'unsaved.txt'), 'utf8')).toBe('agent work\n');
+  });
+
+  it('shutdown() while the sweep is wedged on a clean filter: the filter and its sandbox are killed at once; the clone is kept', async () => {
+    h = await setup({ state, bodies: { 7: 'x' } });
+    const marker = uniqueMarker();
+    const clone = await crashedSession(`git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes`);
+    const adapter = addon.createClaudeAdapter(h.config, h.deps);
+    await waitFor(() => processesWith(`sleep ${marker}`).length > 0, 30_000);
+    expect(processesWith(`sleep ${marker}`).length).toBeGreaterThan(0); // the sweep is wedged
+    await adapter.shutdown();
+    await logEntry(h.logger, SWEPT, 10_000);
+    expect(processesWith(`sleep ${marker}`)).toEqual([]);
+    expect(processesIn(clone)).toEqual([]);
+    expect(readFileSync(join(clone, 'unsaved.txt'), 'utf8')).toBe('agent work\n');
   });
 });
