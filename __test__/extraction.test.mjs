@@ -195,6 +195,16 @@ async function crashedSession(plant) {
   return clone;
 }
 
+describe('an index too big to be one is refused, not copied', () => {
+  it('a sparse index of 600 MiB: ERR_EXTRACT naming its size; no copy of it is written', async () => {
+    const { handle, clone } = await implementor(['echo work > work.txt && rm .git/index && truncate -s 600M .git/index && echo sparse']);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_EXTRACT');
+    expect(err.message).toContain(`.git/index is ${600 * 1024 * 1024} bytes, more than the ${512 * 1024 * 1024}`);
+    expect(readdirSync(join(clone, '.git')).filter((f) => f.startsWith('index.'))).toEqual([]);
+  });
+});
+
 describe("the clone's programs never run on the host", () => {
   it('a crashed sandboxed session whose clone plants core.fsmonitor and a clean filter: a sandbox: false adapter sweeps it, saves the work, and neither runs on the host', async () => {
     h = await setup({ state, bodies: { 7: 'x' } });
