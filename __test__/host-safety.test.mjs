@@ -34,7 +34,7 @@ function inChild(h, body, env = {}) {
 }
 
 describe('no number in the config crashes the host', () => {
-  const fields = ['maxAgentDuration', 'worktreeSetupTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries'];
+  const fields = ['maxAgentDuration', 'worktreeSetupTimeout', 'extractionTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries'];
   const bad = [1e20, Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, -1, '12'];
   it('maxAgentDuration: 1e20 is ERR_INVALID_PARAMS naming the field and its range; the process lives on', async () => {
     h = await setup({});

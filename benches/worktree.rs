@@ -116,7 +116,7 @@ fn main() {
         env: env.clone(),
         setup_timeout: Duration::from_secs(600),
         session: SessionRecord::default(),
-        sandboxed: true,
+        extraction_timeout: Duration::from_secs(300),
     };
     let go = CancellationToken::new();
     let (mut plain, mut ours) = (Vec::new(), Vec::new());

@@ -2,11 +2,11 @@
 //! engine's callbacks and the session registry. Each session's lifecycle is
 //! [`crate::lifecycle::Session`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::claude::session::StopSignal;
@@ -29,7 +29,8 @@ pub struct Adapter {
     registry: Arc<Registry>,
     /// Where sessions run.
     backend: Arc<dyn Backend>,
-    shut_down: AtomicBool,
+    /// Fired by `shutdown()`: later starts are refused and a sweep still running stops.
+    shut_down: CancellationToken,
     /// Routes the core modules' `tracing` diagnostics to this adapter's logger.
     log_route: LogRoute,
 }
@@ -49,7 +50,7 @@ impl Adapter {
             logger,
             registry: Arc::default(),
             backend: Arc::new(LocalBackend),
-            shut_down: AtomicBool::new(false),
+            shut_down: CancellationToken::new(),
             log_route,
         })
     }
@@ -89,10 +90,12 @@ impl Adapter {
 
     /// Remove worktrees that a dead engine process left under `.worktrees/`. Runs in the
     /// background (serialized with provisioning by the repository's git lock), so it does not
-    /// delay `createClaudeAdapter`; logs what it did.
+    /// delay `createClaudeAdapter`; logs what it did. Each checkout's saving is bounded by
+    /// `config.extractionTimeout`; `shutdown()` ends the sweep.
     pub async fn sweep_stale_worktrees(&self) {
         let repo = RepoGit::for_repo(&self.config.repo_root);
-        match repo.sweep_stale(self.config.sandbox.is_some()).instrument(self.log_span()).await {
+        let swept = repo.sweep_stale(self.config.extraction_timeout, &self.shut_down);
+        match swept.instrument(self.log_span()).await {
             Ok(removed) => self.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },
                 "swept worktrees left by processes that are gone",
@@ -133,7 +136,7 @@ impl Adapter {
     /// Later starts are refused; running sessions get up to `grace` to finish, then are
     /// cancelled; resolves once each one has settled and been cleaned up.
     pub async fn shutdown(&self, grace: Duration) {
-        self.shut_down.store(true, Ordering::SeqCst);
+        self.shut_down.cancel();
         self.registry.stop_all(grace).await;
     }
 
@@ -142,7 +145,7 @@ impl Adapter {
         params: StartParams,
         options: StartOptions,
     ) -> Result<StartedSession> {
-        if self.shut_down.load(Ordering::SeqCst) {
+        if self.shut_down.is_cancelled() {
             return Err(AdapterError::new(
                 ErrorCode::Cancelled,
                 "the adapter has been shut down",

@@ -10,6 +10,7 @@ use crate::error::AdapterError;
 
 const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;
 const DEFAULT_SETUP_TIMEOUT_S: f64 = 600.0;
+const DEFAULT_EXTRACTION_TIMEOUT_S: f64 = 300.0;
 const DEFAULT_OUTPUT_RETRIES: f64 = 2.0;
 const DEFAULT_CALL_TIMEOUT_S: f64 = 30.0;
 /// The longest any configurable wait may be (365 days): far beyond a real session, and far
@@ -35,6 +36,9 @@ pub struct AdapterConfig {
     pub worktree_setup_command: Option<Vec<String>>,
     /// Bound on the setup command (`ERR_PROVISION` past it).
     pub worktree_setup_timeout: Duration,
+    /// Bound on reading an Implementor's work out of its checkout, and on saving a dead
+    /// session's (`ERR_EXTRACT` past it).
+    pub extraction_timeout: Duration,
     pub context_concurrency: usize,
     /// Where to look for `node_modules/@anthropic-ai/claude-agent-sdk-<platform>`.
     pub cli_search_roots: Vec<PathBuf>,
@@ -244,6 +248,7 @@ pub fn parse_config(
     let logs_dir = logging(obj.get("logging"), r.problems);
     let worktree_setup_command = setup_command(&mut r, setup_given);
     let setup_timeout = r.seconds("worktreeSetupTimeout", DEFAULT_SETUP_TIMEOUT_S);
+    let extraction_timeout = r.seconds("extractionTimeout", DEFAULT_EXTRACTION_TIMEOUT_S);
     let concurrency = r.count(
         "contextConcurrency",
         DEFAULT_CONTEXT_CONCURRENCY,
@@ -276,6 +281,7 @@ pub fn parse_config(
         model,
         worktree_setup_command,
         worktree_setup_timeout: seconds(setup_timeout),
+        extraction_timeout: seconds(extraction_timeout),
         context_concurrency: concurrency as usize,
         cli_search_roots,
         context_call_timeout: env_override(CONTEXT_TIMEOUT_ENV)

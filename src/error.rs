@@ -18,6 +18,7 @@ pub enum ErrorCode {
     AgentFailed,
     OutputInvalid,
     EmptyPatch,
+    Extract,
     SandboxUnavailable,
     Internal,
 }
@@ -36,6 +37,7 @@ impl ErrorCode {
             ErrorCode::AgentFailed => "ERR_AGENT_FAILED",
             ErrorCode::OutputInvalid => "ERR_OUTPUT_INVALID",
             ErrorCode::EmptyPatch => "ERR_EMPTY_PATCH",
+            ErrorCode::Extract => "ERR_EXTRACT",
             ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
             ErrorCode::Internal => "ERR_INTERNAL",
         }

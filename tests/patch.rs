@@ -559,31 +559,36 @@ proptest! {
 }
 
 /// What the agent wrote into its clone's git config (`core.fsmonitor`, a clean filter, hooks)
-/// runs when git stages the clone, which the adapter does for the patch: sandboxed (the
-/// default), it can touch nothing outside the clone; the same extraction unsandboxed is shown
-/// to run it, so the check can fail.
+/// runs when git stages the clone, which the adapter does for the patch: it can touch nothing
+/// outside the clone, whatever the provision's settings (the clone may be swept later by a
+/// `sandbox: false` adapter). Plain git on the host in the same clone is shown to run it, so
+/// the check can fail.
 #[tokio::test]
 async fn the_agents_git_config_in_its_clone_never_runs_outside_the_sandbox_during_extraction() {
-    for sandboxed in [true, false] {
-        let (t, root) = repo_with(&[("README.md", b"hello\n")]);
-        let marker = t.path().join("pwned");
-        let mut req = request("cfg", None);
-        req.sandboxed = sandboxed;
-        let wt = RepoGit::for_repo(&root)
-            .provision(&req, &CancellationToken::new())
-            .await
-            .unwrap();
-        let touch = format!("touch {}", marker.display());
-        git(&wt.path, &["config", "core.fsmonitor", &touch]);
-        git(
-            &wt.path,
-            &["config", "filter.x.clean", &format!("sh -c '{touch}; cat'")],
-        );
-        write(&wt.path, ".gitattributes", b"*.txt filter=x\n");
-        write(&wt.path, "a.txt", b"work\n");
-        let patch = wt.extract_patch().await.unwrap();
-        assert!(patch.contains("a.txt"), "{patch}");
-        assert_eq!(marker.exists(), !sandboxed, "sandboxed: {sandboxed}");
-        wt.cleanup().await.unwrap();
-    }
+    let (t, root) = repo_with(&[("README.md", b"hello\n")]);
+    let marker = t.path().join("pwned");
+    let wt = RepoGit::for_repo(&root)
+        .provision(&request("cfg", None), &CancellationToken::new())
+        .await
+        .unwrap();
+    let touch = format!("touch {}", marker.display());
+    git(&wt.path, &["config", "core.fsmonitor", &touch]);
+    git(
+        &wt.path,
+        &["config", "filter.x.clean", &format!("sh -c '{touch}; cat'")],
+    );
+    write(&wt.path, ".gitattributes", b"*.txt filter=x\n");
+    write(&wt.path, "a.txt", b"work\n");
+    let control = std::process::Command::new("git")
+        .args(["diff-files", "--quiet"])
+        .current_dir(&wt.path)
+        .status()
+        .unwrap();
+    assert!(control.code().is_some());
+    assert!(marker.exists(), "host git in the clone runs its config");
+    std::fs::remove_file(&marker).unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(patch.contains("a.txt"), "{patch}");
+    assert!(!marker.exists());
+    wt.cleanup().await.unwrap();
 }

@@ -9,7 +9,7 @@ use claude_runtime_adapter::git::{Owner, RepoGit, Worktree};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{configure, git, request};
+use common::{configure, git, request, EXTRACTION_TIMEOUT};
 
 /// A repository with a few files committed on `main`.
 fn repo() -> (tempfile::TempDir, PathBuf) {
@@ -465,7 +465,10 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     let leaked = provision(&rg, "leaked", None).await.unwrap();
     drop(leaked);
 
-    let swept = rg.sweep_stale(true).await.unwrap();
+    let swept = rg
+        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
     removed.sort();
     let expect: Vec<PathBuf> = ["dead", "leaked", "reused"]
@@ -480,7 +483,10 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
 
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    let swept = rg.sweep_stale(true).await.unwrap();
+    let swept = rg
+        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(swept.len(), 1);
     assert_eq!(swept[0].path, root.join(".worktrees/live"));
     assert_eq!(swept[0].branch.as_deref(), Some("live"));
@@ -519,7 +525,10 @@ async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
     );
     lock_with(&outside, &dead_owner().to_record());
     let rg = RepoGit::for_repo(&root);
-    let swept = rg.sweep_stale(true).await.unwrap();
+    let swept = rg
+        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(swept, []);
     assert_eq!(
         std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
@@ -766,7 +775,10 @@ async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
     );
     std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
 
-    let swept = RepoGit::for_repo(root).sweep_stale(true).await.unwrap();
+    let swept = RepoGit::for_repo(root)
+        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert_eq!(swept[0].path, root.join(".worktrees/crashed"));
     // Its branch lived in its clone.
@@ -944,7 +956,10 @@ async fn old_git_works() {
         patch.contains("README.md") && !patch.contains("install-state"),
         "{patch}"
     );
-    let swept = rg.sweep_stale(true).await.unwrap();
+    let swept = rg
+        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert!(swept[0].patch.is_some());
     assert!(root.join(".worktrees/my-work").exists() && wt.path.exists());

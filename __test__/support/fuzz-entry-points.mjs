@@ -38,7 +38,7 @@ const note = (kind, err, input) => {
 
 const number = fc.oneof(fc.double(), fc.integer(), fc.constantFrom(Number.NaN, Infinity, -Infinity, 1e20, -0, 2 ** 53, 0));
 const value = fc.oneof(number, fc.string(), fc.boolean(), fc.constant(null), fc.constant(undefined), fc.array(fc.string()), fc.object(), fc.func(fc.anything()));
-const configField = fc.constantFrom(...Object.keys(validConfig), 'env', 'model', 'sandbox', 'worktreeSetupTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries');
+const configField = fc.constantFrom(...Object.keys(validConfig), 'env', 'model', 'sandbox', 'worktreeSetupTimeout', 'extractionTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries');
 // `sandbox` as an object of random fields too, not only as a random value.
 const paths = fc.oneof(value, fc.array(fc.oneof(fc.string(), fc.constantFrom('/', '/tmp', 'relative', '', '/no/such/dir'))));
 const sandboxShape = fc.record({ allowedDomains: paths, allowWrite: paths, allowRead: paths }, { requiredKeys: [] });

@@ -180,6 +180,7 @@ export async function engineMain(): Promise<void> {
 const fullConfig: ClaudeAdapterConfig = {
   ...config,
   worktreeSetupTimeout: 600,
+  extractionTimeout: 300,
   contextCallbackTimeout: 0.2,
   hookTimeout: 30,
   outputRetries: 2,

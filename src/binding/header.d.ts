@@ -56,6 +56,8 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   worktreeSetupCommand?: string[] | null
   /** seconds; default 600; past it ERR_PROVISION */
   worktreeSetupTimeout?: number
+  /** seconds to read an Implementor's work out of its checkout (and to save a dead session's); default 300; past it ERR_EXTRACT */
+  extractionTimeout?: number
   /** max provider calls in flight during context assembly; integer 1..1024; default 16 */
   contextConcurrency?: number
   /** seconds per deps callback; default 30; past it ERR_CONTEXT */

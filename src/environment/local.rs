@@ -178,10 +178,14 @@ impl Environment for LocalEnvironment {
         })
     }
 
-    fn destroy(&mut self) -> BoxFuture<'_, Result<()>> {
+    fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             // The CLI has exited: its proxy and relay go.
             self.running = None;
+            if keep_checkout {
+                // Released: no longer live in this process, so a sweep may save and remove it.
+                self.checkout = None;
+            }
             match &self.checkout {
                 Some(w) => w.cleanup().await,
                 None => Ok(()),

@@ -93,8 +93,11 @@ pub trait Environment: Send + Sync {
     fn describe(&self) -> String;
     /// Starts `cmd` inside.
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
-    /// The agent's work as a patch (empty without a checkout or without changes).
+    /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:
+    /// the lifecycle bounds it, and dropping the future ends whatever it runs.
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>>;
-    /// Removes everything provisioned. Idempotent.
-    fn destroy(&mut self) -> BoxFuture<'_, Result<()>>;
+    /// Removes everything provisioned. Idempotent. `keep_checkout`: the agent's work could not
+    /// be read out of its checkout, which is then left where it is (no longer held by this
+    /// session) for an operator or the next sweep, instead of being removed with its work.
+    fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>>;
 }

@@ -137,14 +137,38 @@ impl std::ops::Deref for At<'_> {
     }
 }
 
+/// Settings of the clone's config that the adapter's git never honours, jailed or not: the
+/// agent's `core.fsmonitor` (a program git runs on every index read: `sleep 100000` would wedge
+/// the extraction), hooks, and any transport (a partial clone's lazy fetch would run
+/// `core.sshCommand` or an `ext::` helper). Passed as `-c`, which outranks the clone's config
+/// and reaches the git processes git itself starts (`GIT_CONFIG_PARAMETERS`).
+const NEUTRALISED: &[&str] = &[
+    "-c",
+    "core.fsmonitor=",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "protocol.allow=never",
+];
+
 impl At<'_> {
-    /// `git args` in this directory (inside the sandbox, with only a system `PATH` and a
-    /// throwaway `HOME`, when there is one).
+    /// `git args` in this directory with the clone's own programs neutralised
+    /// ([`NEUTRALISED`]); inside the sandbox, with only a system `PATH` and a throwaway `HOME`,
+    /// when there is one, else in a process group of its own. Either way dropping the run (a
+    /// time limit, a cancel) kills git and everything it started ([`run`]).
     pub(crate) fn git<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
+        let args: Vec<std::ffi::OsString> = NEUTRALISED
+            .iter()
+            .map(OsStr::new)
+            .chain(args.iter().map(AsRef::as_ref))
+            .map(Into::into)
+            .collect();
         let Some(jail) = self.jail else {
-            return git_command(self.dir, args);
+            let mut cmd = git_command(self.dir, &args);
+            #[cfg(unix)]
+            cmd.process_group(0);
+            return cmd;
         };
-        let args: Vec<std::ffi::OsString> = args.iter().map(|a| a.as_ref().into()).collect();
         let mut cmd = Command::new("bwrap");
         cmd.args(jail.argv(OsStr::new("git"), &args))
             .env_clear()
@@ -156,6 +180,7 @@ impl At<'_> {
 
 fn hygiene(mut cmd: Command, cwd: &Path) -> Command {
     cmd.current_dir(cwd)
+        .kill_on_drop(true)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -170,6 +195,28 @@ fn hygiene(mut cmd: Command, cwd: &Path) -> Command {
     cmd
 }
 
+/// While armed (`Some(pid)`), dropping it SIGKILLs the process `pid`, every descendant of it
+/// and its process group: a run whose future is dropped (a time limit, a cancel) leaves
+/// nothing behind: no git, no filter or hook it started, no sandbox. Disarmed once the process
+/// has been reaped (its pid may then be reused).
+pub(crate) struct KillTree(pub Option<u32>);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(pid) = self.0.take() {
+            // The /proc walk first, while every parent link is intact (a killed parent's
+            // setsid'd children are re-parented at once), then the group as a safety net
+            // (there is none unless the process leads one).
+            crate::environment::process::kill_session(pid);
+            // SAFETY: signalling a process group; failure (none, already gone) is fine.
+            unsafe {
+                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+            }
+        }
+    }
+}
+
 /// Output of a successful git run (its stderr only matters when it fails).
 pub(crate) struct GitOutput {
     pub stdout: Vec<u8>,
@@ -181,6 +228,7 @@ pub(crate) async fn run(mut cmd: Command, display: String) -> Result<GitOutput, 
     let mut child = cmd
         .spawn()
         .map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    let mut tree = KillTree(child.id());
     let mut stdout = child.stdout.take().expect("stdout piped");
     let mut stderr = child.stderr.take().expect("stderr piped");
     let mut out = Vec::new();
@@ -190,6 +238,7 @@ pub(crate) async fn run(mut cmd: Command, display: String) -> Result<GitOutput, 
         stderr.read_to_end(&mut err),
         child.wait()
     );
+    tree.0 = None;
     let status = status.map_err(|e| CommandError::spawn(display.clone(), &e))?;
     if let Err(e) = r1.and(r2) {
         return Err(CommandError::spawn(display, &e));
@@ -277,6 +326,7 @@ pub(crate) async fn run_with_input(
     let mut child = cmd
         .spawn()
         .map_err(|e| CommandError::spawn(display.clone(), &e))?;
+    let mut tree = KillTree(child.id());
     let mut stdin = child.stdin.take().expect("stdin piped");
     let mut stdout = child.stdout.take().expect("stdout piped");
     let mut stderr = child.stderr.take().expect("stderr piped");
@@ -292,6 +342,7 @@ pub(crate) async fn run_with_input(
         stderr.read_to_end(&mut err),
         child.wait()
     );
+    tree.0 = None;
     let status = status.map_err(|e| CommandError::spawn(display.clone(), &e))?;
     if let Err(e) = w.and(r1.map(drop)).and(r2.map(drop)) {
         return Err(CommandError::spawn(display, &e));

@@ -9,7 +9,9 @@
 //! again; an agent that changed nothing relative to the snapshot gets an empty patch.
 //!
 //! How: the worktree's index is copied to a temporary index file (keeping its stat cache, so only
-//! files that changed are re-hashed), `git add -A` stages everything into that copy
+//! files that changed are re-hashed; the agent wrote that file, so it is opened without following
+//! a symlink or blocking on a FIFO, and copied only when it is a regular file of bounded size:
+//! [`TempIndex::copy_of`]), `git add -A` stages everything into that copy
 //! (`GIT_INDEX_FILE`; the agent's own index is never touched) and `git write-tree` names the
 //! final tree. `git diff-tree` between snapshot and final lists the agent's paths; a second
 //! temporary index is the base tree with exactly those entries replaced
@@ -21,16 +23,35 @@
 //! [`super::binary`].
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::binary::binarize_non_utf8;
 use super::command::{run, run_with_input, At, CommandError};
 use super::list::admin_dir_of;
+use super::setup::seconds;
 use crate::error::{AdapterError, ErrorCode, Result};
 
 const NULL_OID: &str = "0000000000000000000000000000000000000000";
 
+/// The largest index file extraction copies. An index takes about 100 bytes per tracked file
+/// (a checkout of a million files: ~100 MB); a bigger file is refused rather than copied (a
+/// sparse file of terabytes would otherwise be written out densely).
+pub(crate) const MAX_INDEX_BYTES: u64 = 512 << 20;
+
+/// `ERR_EXTRACT`: the work in a checkout could not be read out as a patch.
 pub(crate) fn patch_error(message: impl Into<String>) -> AdapterError {
-    AdapterError::new(ErrorCode::AgentFailed, message)
+    AdapterError::new(ErrorCode::Extract, message)
+}
+
+/// The `ERR_EXTRACT` for an extraction that ran past `config.extractionTimeout` (its git and
+/// everything that git started have been killed by then: dropping a run kills its tree).
+pub(crate) fn timed_out(worktree: &Path, limit: Duration) -> AdapterError {
+    patch_error(format!(
+        "reading the work out of {} did not finish within {} (config.extractionTimeout); git \
+         and everything it started were killed",
+        worktree.display(),
+        seconds(limit)
+    ))
 }
 
 /// The tree object of everything in `worktree` now (what `git add -A` would stage), as hex.
@@ -41,7 +62,8 @@ pub(crate) async fn snapshot(worktree: At<'_>) -> Result<String> {
 
 /// The patch from `base` (a commit) to the worktree's files now, limited to the paths that
 /// differ from the `since` snapshot tree when one is given (see the module docs). Empty when
-/// nothing counts. Failures carry `ERR_AGENT_FAILED` with git's error as cause.
+/// nothing counts. Failures carry `ERR_EXTRACT` with git's error as cause. Unbounded: callers
+/// bound it (dropping the future kills the git it runs).
 pub(crate) async fn agent_patch(
     worktree: At<'_>,
     base: &str,
@@ -196,13 +218,91 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
 }
 
 /// The worktree's own index file (`<admin dir>/index` for a linked worktree), found from its
-/// `.git` file.
+/// `.git` file. A clone's `.git` must be a directory of its own: through a symlink the
+/// temporary index would be written wherever it points.
 fn index_path(worktree: At<'_>) -> Result<PathBuf> {
-    admin_dir_of(&worktree)
-        .map(|a| a.join("index"))
-        .map_err(|e| {
-            patch_error(format!("{} is not a git worktree", worktree.display())).with_cause(e)
-        })
+    let admin = admin_dir_of(&worktree).map_err(|e| {
+        patch_error(format!("{} is not a git worktree", worktree.display())).with_cause(e)
+    })?;
+    match std::fs::symlink_metadata(&admin) {
+        Ok(m) if m.is_dir() => Ok(admin.join("index")),
+        Ok(m) => Err(patch_error(format!(
+            "the git dir {} is {}, not a directory; its work is not read through it",
+            admin.display(),
+            file_kind(&m)
+        ))),
+        Err(e) => {
+            Err(patch_error(format!("cannot read the git dir {}", admin.display())).with_cause(e))
+        }
+    }
+}
+
+/// "a symbolic link", "a FIFO", …: what a file that should be a regular one is instead.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    let t = m.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device";
+        }
+    }
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens the agent's index for reading as what it is: never through a symlink (`O_NOFOLLOW`:
+/// `ln -sf ~/.ssh/id_rsa .git/index` must not copy a host file into the checkout) and never
+/// waiting on a FIFO's writer (`O_NONBLOCK`); then checks that it is a regular file of at
+/// most [`MAX_INDEX_BYTES`]. `None`: there is no index (git treats that as empty).
+fn open_index(index: &Path) -> Result<Option<(std::fs::File, u64)>> {
+    let refused = |why: String| {
+        Err(patch_error(format!(
+            "the checkout's index {} {why}; it is not read",
+            index.display()
+        )))
+    };
+    match std::fs::symlink_metadata(index) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(patch_error("cannot read the worktree's index").with_cause(e)),
+        Ok(m) if !m.is_file() => {
+            return refused(format!("is {}, not a regular file", file_kind(&m)))
+        }
+        Ok(_) => {}
+    }
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let file = open
+        .open(index)
+        .map_err(|e| patch_error("cannot open the worktree's index").with_cause(e))?;
+    let m = file
+        .metadata()
+        .map_err(|e| patch_error("cannot read the worktree's index").with_cause(e))?;
+    if !m.is_file() {
+        return refused(format!("is {}, not a regular file", file_kind(&m)));
+    }
+    if m.len() > MAX_INDEX_BYTES {
+        return refused(format!(
+            "is {} bytes, more than the {MAX_INDEX_BYTES} an index of any real checkout takes",
+            m.len()
+        ));
+    }
+    Ok(Some((file, m.len())))
 }
 
 /// A temporary index next to the real one (same file system, and split-index shared files
@@ -219,14 +319,23 @@ impl TempIndex {
         }
     }
 
+    /// A copy of the index (see [`open_index`] for what is refused), at most the size it had
+    /// when it was checked.
     fn copy_of(index: &Path) -> Result<TempIndex> {
         let temp = TempIndex::empty_beside(index);
-        match std::fs::copy(index, &temp.path) {
-            Ok(_) => Ok(temp),
+        let Some((file, len)) = open_index(index)? else {
             // No index yet: git treats a missing index file as empty.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(temp),
-            Err(e) => Err(patch_error("cannot copy the worktree's index").with_cause(e)),
-        }
+            return Ok(temp);
+        };
+        let mut create = std::fs::OpenOptions::new();
+        create.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut create, libc::O_NOFOLLOW);
+        create
+            .open(&temp.path)
+            .and_then(|mut out| std::io::copy(&mut std::io::Read::take(file, len), &mut out))
+            .map_err(|e| patch_error("cannot copy the worktree's index").with_cause(e))?;
+        Ok(temp)
     }
 }
 

@@ -53,9 +53,8 @@ pub struct ProvisionRequest {
     pub setup_timeout: Duration,
     /// Who the checkout is for: recorded so a sweep can save the work if this process dies.
     pub session: SessionRecord,
-    /// Whether sessions run sandboxed (`config.sandbox`), so the adapter's own git runs
-    /// sandboxed in agents' clones.
-    pub sandboxed: bool,
+    /// Bound on saving the work of a stale checkout in the way (`config.extractionTimeout`).
+    pub extraction_timeout: Duration,
 }
 
 fn cancelled() -> AdapterError {
@@ -86,11 +85,7 @@ impl RepoGit {
         };
         match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot_tree) => {
-                let jail = if req.sandboxed {
-                    self.extraction_jail(&path).await?
-                } else {
-                    None
-                };
+                let jail = self.extraction_jail(&path).await?;
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
@@ -125,7 +120,8 @@ impl RepoGit {
         };
         self.ensure_excluded().await?;
         let base = self.resolve_commit(&req.default_branch).await?;
-        self.clear_path(path, &base, req.sandboxed).await?;
+        self.clear_path(path, &base, req.extraction_timeout, stop)
+            .await?;
         let record_dir = self.record_dir(path).await?;
         let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
             let mut record = AdminRecord::new(&req.session, &req.branch, &base);
@@ -150,7 +146,13 @@ impl RepoGit {
     /// TypeScript adapter, the v1 agent manager) left — has its work saved, then is removed.
     /// Refused, each naming the path and what to do: a checkout a live session uses, a worktree
     /// a person locked, anything that is not a git worktree (never deleted).
-    async fn clear_path(&self, path: &Path, base: &str, sandboxed: bool) -> Result<()> {
+    async fn clear_path(
+        &self,
+        path: &Path,
+        base: &str,
+        limit: Duration,
+        stop: &CancellationToken,
+    ) -> Result<()> {
         let at = path.display();
         if self.is_live(path) {
             return Err(provision_error(format!(
@@ -184,7 +186,7 @@ impl RepoGit {
             ))),
             _ => {
                 let swept = self
-                    .retire(stale, Some(base), sandboxed)
+                    .retire(stale, Some(base), limit, stop)
                     .await
                     .map_err(|e| {
                         provision_error(format!(

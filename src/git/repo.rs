@@ -235,10 +235,13 @@ impl RepoGit {
 
     /// The sandbox the adapter's own git runs in inside an agent's clone: the clone writable,
     /// the repository's object stores readable, nothing else of the host (see
-    /// [`super::command::At`]). `None` where sessions are not in bubblewrap (other systems:
-    /// the agent's commands ran under the CLI's own sandbox, which left its git config alone).
+    /// [`super::command::At`]). Whenever bubblewrap runs here, whatever `config.sandbox` says
+    /// now: a clone made by a sandboxed session may be swept by a `sandbox: false` adapter,
+    /// and its config, attributes and filters are the agent's. `None` only where bubblewrap
+    /// cannot run (other systems; a Linux host without it), where git runs with the clone's
+    /// programs neutralised as far as `-c` reaches ([`super::command::At::git`]).
     pub(crate) async fn extraction_jail(&self, clone: &Path) -> Result<Option<Jail>> {
-        if !cfg!(target_os = "linux") {
+        if !cfg!(target_os = "linux") || !bwrap_runs().await {
             return Ok(None);
         }
         let common = self.git_dir().await?;
@@ -258,6 +261,18 @@ impl RepoGit {
         lock_std(&self.live).remove(path);
         Ok(())
     }
+}
+
+/// Whether the `bwrap` the adapter's git is started with (the first on this process's `PATH`)
+/// runs here (tried once per process, see [`crate::sandbox::jail::probe`]).
+async fn bwrap_runs() -> bool {
+    let Some(bwrap) = crate::sandbox::find_on_path("bwrap", std::env::var_os("PATH").as_deref())
+    else {
+        return false;
+    };
+    tokio::task::spawn_blocking(move || crate::sandbox::jail::probe(&bwrap).is_ok())
+        .await
+        .unwrap_or(false)
 }
 
 /// Appends `/.worktrees/` to `<info>/exclude` unless an equivalent line is there.

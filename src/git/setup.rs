@@ -22,7 +22,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::command::CommandError;
+use super::command::{CommandError, KillTree};
 use super::repo::lock_std;
 
 /// How much of the command's output is kept for the error message.
@@ -133,24 +133,6 @@ fn start_pumps(child: &mut Child, tail: &Arc<StdMutex<Tail>>) -> Vec<JoinHandle<
 fn tail_text(tail: &StdMutex<Tail>) -> String {
     let bytes: Vec<u8> = lock_std(tail).buf.iter().copied().collect();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Kills the command's process group and every descendant unless disarmed (`.0 = None`).
-struct KillTree(Option<u32>);
-
-impl Drop for KillTree {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        if let Some(pid) = self.0.take() {
-            // The /proc walk first, while every parent link is intact (a killed parent's
-            // setsid'd children are re-parented at once), then the group as a safety net.
-            crate::environment::process::kill_session(pid);
-            // SAFETY: signalling the process group we created; failure (already gone) is fine.
-            unsafe {
-                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
-            }
-        }
-    }
 }
 
 /// Last `cap` bytes of a stream.

@@ -13,7 +13,11 @@
 //! work as [`super::Worktree::extract_patch`] would have returned it (measured from the
 //! post-setup snapshot in its session record, [`super::record`]; for a worktree without that
 //! record, from its merge base with the default branch when known, else from HEAD). In an
-//! agent's clone that git runs sandboxed (the agent wrote its config). The patch goes
+//! agent's clone that git runs sandboxed whenever bubblewrap runs here, whatever this
+//! adapter's `sandbox` setting (the agent wrote its config; [`RepoGit::extraction_jail`]).
+//! Saving is bounded by `config.extractionTimeout` and by the stop signal (`shutdown()`, the
+//! session that needs the path being cancelled): past either, the git it ran is killed and the
+//! checkout kept. The patch goes
 //! - beside the session's transcript (`<transcript>.patch`, as a session's own patch is named)
 //!   when the session had logging on and no file of that name exists, else
 //! - to `<git common dir>/claude-runtime-adapter/salvaged/<session id>-<unix ms>.patch`.
@@ -23,6 +27,9 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 use super::command::{run_git, At};
 use super::list::ListedWorktree;
@@ -30,7 +37,7 @@ use super::owner::Owner;
 use super::patch;
 use super::record::AdminRecord;
 use super::repo::{provision_error, RepoGit, WORKTREES_DIR};
-use crate::error::Result;
+use crate::error::{AdapterError, ErrorCode, Result};
 
 /// A worktree the sweep removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,17 +53,24 @@ impl RepoGit {
     /// Sweeps stale checkouts (see the module docs), serialized with every other change this
     /// process makes to the repository. One that cannot be saved or removed is kept and
     /// logged; the others are still swept. Meant to run in the background: it holds the
-    /// repository lock while it saves patches. `sandboxed`: sessions run sandboxed
-    /// (`config.sandbox`), so the adapter's git runs in a sandbox inside agents' clones.
-    pub async fn sweep_stale(&self, sandboxed: bool) -> Result<Vec<Swept>> {
+    /// repository lock while it saves patches, each within `limit`; once `stop` fires the
+    /// rest are left for a later sweep.
+    pub async fn sweep_stale(
+        &self,
+        limit: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Vec<Swept>> {
         let _guard = self.lock.lock().await;
         let dir = self.root.join(WORKTREES_DIR);
         let mut swept = Vec::new();
         for wt in self.list_all().await? {
+            if stop.is_cancelled() {
+                break;
+            }
             if !self.is_stale(&wt, &dir) {
                 continue;
             }
-            match self.retire(&wt, None, sandboxed).await {
+            match self.retire(&wt, None, limit, stop).await {
                 Ok(s) => swept.push(s),
                 Err(e) => {
                     tracing::warn!(worktree = %wt.path.display(), error = %e, "kept a dead session's worktree: its changes could not be saved or it could not be removed");
@@ -83,12 +97,14 @@ impl RepoGit {
     /// Saves a stale checkout's changes, then removes it: a clone with its records; a worktree
     /// with its metadata, and its branch when this adapter made it. The caller holds the lock
     /// and has established that nobody uses it. `base`: what a worktree without our session
-    /// record (another tool's) is measured from, through its merge base with it.
+    /// record (another tool's) is measured from, through its merge base with it. Saving is
+    /// bounded by `limit` and `stop` (see the module docs).
     pub(crate) async fn retire(
         &self,
         wt: &ListedWorktree,
         base: Option<&str>,
-        sandboxed: bool,
+        limit: Duration,
+        stop: &CancellationToken,
     ) -> Result<Swept> {
         let record = AdminRecord::read(&wt.admin);
         let ours = wt.locked.as_deref().and_then(Owner::parse).is_some();
@@ -100,7 +116,7 @@ impl RepoGit {
                 .map_or("worktree".into(), |n| n.to_string_lossy().into_owned()),
         };
         let patch = self
-            .salvage(wt, record.as_ref(), base, sandboxed, &label)
+            .salvage(wt, record.as_ref(), base, limit, stop, &label)
             .await?;
         if wt.clone {
             super::repo::remove_clone(&wt.path, &wt.admin).await?;
@@ -150,7 +166,8 @@ impl RepoGit {
         wt: &ListedWorktree,
         record: Option<&AdminRecord>,
         base: Option<&str>,
-        sandboxed: bool,
+        limit: Duration,
+        stop: &CancellationToken,
         label: &str,
     ) -> Result<Option<PathBuf>> {
         if !wt.path.exists() {
@@ -167,15 +184,25 @@ impl RepoGit {
                 (merge_base.as_str(), None)
             }
         };
-        let jail = match (wt.clone, sandboxed) {
-            (true, true) => self.extraction_jail(&wt.path).await?,
-            _ => None,
+        let jail = if wt.clone {
+            self.extraction_jail(&wt.path).await?
+        } else {
+            None
         };
         let at = At {
             dir: &wt.path,
             jail: jail.as_ref(),
         };
-        let patch = patch::agent_patch(at, base, since).await?;
+        // Dropping the extraction (past the limit, or stopped) kills the git it runs.
+        let patch = tokio::select! {
+            p = tokio::time::timeout(limit, patch::agent_patch(at, base, since)) => {
+                p.unwrap_or_else(|_| Err(patch::timed_out(&wt.path, limit)))?
+            }
+            _ = stop.cancelled() => return Err(AdapterError::new(
+                ErrorCode::Cancelled,
+                format!("stopped while saving the work of {}", wt.path.display()),
+            )),
+        };
         if patch.is_empty() {
             return Ok(None);
         }

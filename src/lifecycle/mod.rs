@@ -15,15 +15,17 @@
 //! setup command) as well as the agent; `cancelAgent` and `shutdown` reach every step through the
 //! same [`StopSignal`]. A stop only decides the outcome while something is still running: once
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
-//! never disagree).
+//! never disagree) unless reading the agent's work out of its checkout is still running
+//! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).
 
 mod observer;
 mod outcome;
 mod registry;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -65,6 +67,12 @@ pub struct StartedSession {
     pub log_file_path: Option<std::path::PathBuf>,
 }
 
+/// How long reading the agent's work (its patch, or what a failed run left) may go on after a
+/// stop before it is killed. A healthy extraction takes well under this, so a cancel that
+/// arrives just after the agent's result still gets the result (and `abortSignal` agrees); one
+/// wedged by the agent (a FIFO, a filter that never returns) ends promptly.
+const EXTRACT_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// One session's state as it moves through the steps.
 pub struct Session {
     adapter: Arc<Adapter>,
@@ -86,6 +94,10 @@ pub struct Session {
     /// The CLI's environment (the allowlisted part of the engine's plus `config.env`), built
     /// once: the setup command, the sandbox check and the CLI all get this one.
     env: Vec<(String, String)>,
+    /// Set once the agent's work could not be read out of its checkout (refused, past
+    /// `config.extractionTimeout`, stopped): nothing tries again, and the checkout is kept
+    /// rather than removed with the work in it.
+    unsaved: AtomicBool,
 }
 
 impl Session {
@@ -125,6 +137,7 @@ impl Session {
             facts: Facts::Implementor,
             started: Instant::now(),
             env: command::build_env(std::env::vars(), &adapter.config().env),
+            unsaved: AtomicBool::new(false),
         })
     }
 
@@ -178,7 +191,7 @@ impl Session {
                     session_id: self.id.clone(),
                     transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
                 },
-                sandboxed: cfg.sandbox.is_some(),
+                extraction_timeout: cfg.extraction_timeout,
             }),
             _ => None,
         };
@@ -419,28 +432,91 @@ impl Session {
         if let Some(patch) = reported.and_then(Value::as_str) {
             return Some(patch.to_string());
         }
+        if self.unsaved.load(Ordering::SeqCst) {
+            // Reading it already failed; the checkout is kept instead.
+            return None;
+        }
         let warn = |m: &str, d| self.log(LogLevel::Warn, m, d);
-        Some(outcome::salvage_patch(env, self.transcript.as_deref(), warn).await)
+        let work = self.read_work(env);
+        Some(outcome::salvage_patch(work, self.transcript.as_deref(), warn).await)
     }
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
         let output = evaluate(self.role(), &self.facts, end)?;
         match self.checkout() {
             Some(env) => {
-                outcome::with_patch(output, env, self.transcript.as_deref(), |m, d| {
-                    self.log(LogLevel::Warn, m, d)
-                })
+                outcome::with_patch(
+                    output,
+                    self.read_work(env),
+                    self.transcript.as_deref(),
+                    |m, d| self.log(LogLevel::Warn, m, d),
+                )
                 .await
             }
             None => Ok(output),
         }
     }
 
+    /// The agent's work read out of its checkout, bounded: by `config.extractionTimeout`
+    /// (`ERR_EXTRACT`) and by the stop signal, which leaves a read already under way
+    /// [`EXTRACT_STOP_GRACE`] to finish (`ERR_CANCELLED`/`ERR_TIMEOUT` past it). Either way
+    /// what the read ran is killed (dropping it does that). A failure marks the work unsaved:
+    /// the error says where the checkout is kept.
+    async fn read_work(&self, env: &dyn Environment) -> Result<String> {
+        let limit = self.adapter.config().extraction_timeout;
+        let dir = env.workdir();
+        let stopped = async {
+            self.stop.stopped().await;
+            tokio::time::sleep(EXTRACT_STOP_GRACE).await;
+        };
+        let read = tokio::select! {
+            r = tokio::time::timeout(limit, env.extract_patch()) => {
+                r.unwrap_or_else(|_| Err(crate::git::patch::timed_out(dir, limit)))
+            }
+            _ = stopped => Err(match self.stop.reason() {
+                Some(StopReason::Timeout) => AdapterError::new(
+                    ErrorCode::Timeout,
+                    "the session exceeded maxAgentDuration while its work was being read out of its checkout",
+                ),
+                _ => AdapterError::new(
+                    ErrorCode::Cancelled,
+                    "the session was cancelled while its work was being read out of its checkout",
+                ),
+            }),
+        };
+        read.map_err(|e| {
+            self.unsaved.store(true, Ordering::SeqCst);
+            let message = format!(
+                "{}; the checkout is kept as it is at {} (the next adapter's sweep tries to save it \
+                 again; remove it once you have what you need)",
+                e.message,
+                dir.display()
+            );
+            AdapterError {
+                message,
+                ..e
+            }
+        })
+    }
+
     /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
-    /// `changes`) — write the footer, log, release the id.
+    /// `changes`; a checkout whose work could not be read is kept instead) — write the
+    /// footer, log, release the id.
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         if let Some(mut env) = self.environment.take() {
-            if let Err(e) = env.destroy().await {
+            let keep = self.unsaved.load(Ordering::SeqCst);
+            if keep {
+                let path = env.workdir().display().to_string();
+                if let Some(t) = &self.transcript {
+                    t.note("patch", &format!("the agent's work could not be read out of its checkout, which is kept at {path}"));
+                }
+                self.log(
+                    LogLevel::Warn,
+                    "the agent's work could not be read out of its checkout; the checkout is kept",
+                    json!({ "path": path }),
+                );
+            }
+            if let Err(e) = env.destroy(keep).await {
                 self.log(
                     LogLevel::Error,
                     "worktree cleanup failed",

@@ -1,12 +1,13 @@
 //! "Result Assembly" and "Patch Extraction": how the session ended → the engine's `result`, and
 //! the Implementor's patch, the run's durable artifact (also kept for failed runs).
 
+use std::future::Future;
+
 use serde_json::{json, Value};
 
 use crate::claude::protocol::ResultMessage;
 use crate::claude::session::{self, SessionEnd, StopReason};
 use crate::domain::Role;
-use crate::environment::Environment;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::schema;
 use crate::schema::semantic::{self, Facts};
@@ -121,23 +122,18 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
 }
 
 /// The Implementor's validated output with its `patch` (before `summary`, as the contract
-/// orders it): the patch for `completed` (empty → `ERR_EMPTY_PATCH`), else `null`. The patch is
-/// also written beside the transcript.
+/// orders it): the patch for `completed` (read with `work`, whose failure is the result:
+/// `ERR_EXTRACT`, or the stop; empty → `ERR_EMPTY_PATCH`), else `null`. The patch is also
+/// written beside the transcript.
 pub async fn with_patch(
     output: Value,
-    w: &dyn Environment,
+    work: impl Future<Output = Result<String>>,
     transcript: Option<&Transcript>,
     warn: impl Fn(&str, Value),
 ) -> Result<Value> {
     let completed = output.get("outcome").and_then(Value::as_str) == Some("completed");
     let patch = if completed {
-        let patch = w.extract_patch().await.map_err(|e| {
-            AdapterError::new(
-                ErrorCode::AgentFailed,
-                format!("could not extract the patch: {}", e.message),
-            )
-            .with_shared_cause(std::sync::Arc::new(e))
-        })?;
+        let patch = work.await?;
         if patch.is_empty() {
             return Err(AdapterError::new(
                 ErrorCode::EmptyPatch,
@@ -172,15 +168,15 @@ pub async fn with_patch(
 }
 
 /// A run that ends without a patch in its result (failed, cancelled, timed out, blocked) may
-/// still have changed files: returns them as a patch (empty when there are none or they cannot
-/// be read) and, with logging on, keeps them next to the transcript before the worktree goes,
-/// so an operator can recover the agent's work.
+/// still have changed files: returns them (read with `work`) as a patch (empty when there are
+/// none or they cannot be read) and, with logging on, keeps them next to the transcript before
+/// the worktree goes, so an operator can recover the agent's work.
 pub async fn salvage_patch(
-    w: &dyn Environment,
+    work: impl Future<Output = Result<String>>,
     t: Option<&Transcript>,
     warn: impl Fn(&str, Value),
 ) -> String {
-    let p = match w.extract_patch().await {
+    let p = match work.await {
         Ok(p) => p,
         Err(e) => {
             warn(

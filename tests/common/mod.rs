@@ -36,6 +36,9 @@ pub fn configure(dir: &Path) {
 /// limit, and a session record without a transcript. (Each test crate compiles this module on
 /// its own; the sandbox tests do not provision through it.)
 #[allow(dead_code)]
+/// What tests bound extraction and salvage with: far beyond what any of them needs.
+pub const EXTRACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub fn request(
     branch: &str,
     setup: Option<&[&str]>,
@@ -50,7 +53,6 @@ pub fn request(
             session_id: format!("session-{}", branch.replace('/', "-")),
             transcript: None,
         },
-        // As sessions run by default: the adapter's git in the clone runs sandboxed.
-        sandboxed: true,
+        extraction_timeout: EXTRACTION_TIMEOUT,
     }
 }
