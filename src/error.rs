@@ -19,6 +19,7 @@ pub enum ErrorCode {
     OutputInvalid,
     EmptyPatch,
     SandboxUnavailable,
+    ResourceLimit,
     Internal,
 }
 
@@ -37,6 +38,7 @@ impl ErrorCode {
             ErrorCode::OutputInvalid => "ERR_OUTPUT_INVALID",
             ErrorCode::EmptyPatch => "ERR_EMPTY_PATCH",
             ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
+            ErrorCode::ResourceLimit => "ERR_RESOURCE_LIMIT",
             ErrorCode::Internal => "ERR_INTERNAL",
         }
     }
