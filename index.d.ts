@@ -70,9 +70,24 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * The OS sandbox every agent session runs in (Linux: one bubblewrap sandbox around the CLI);
    * default on (`{}`); false = knowingly off. `allowedDomains`: hosts reachable through the
    * egress proxy (besides the model API); `allowWrite` / `allowRead`: extra absolute paths the
-   * session may write / read.
+   * session may write / read. `limits`: what one session may use of the host (Linux).
    */
-  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[] }
+  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; limits?: SandboxLimits }
+}
+
+/**
+ * Per session, enforced by the kernel: a cgroup of the session's own where the host allows
+ * one (v2 delegated, or v1), else rlimits (the transcript says which). Each field: absent =
+ * its default, `0` = no limit. Past the memory limit the session ends with ERR_RESOURCE_LIMIT;
+ * past the process limit a fork fails (EAGAIN); past a tmpfs size a write fails (ENOSPC).
+ */
+export interface SandboxLimits {
+  /** MiB of memory (RAM, the session's tmpfs files included) for all its processes; integer 128..16777216; default 4096 */
+  memoryMiB?: number
+  /** tasks (processes and threads) alive at once; integer 32..4194304; default 1024 */
+  processes?: number
+  /** MiB each private tmpfs (/tmp, HOME, the CLI config dir, /dev/shm) holds; integer 1..1048576; default 1024 */
+  tmpMiB?: number
 }
 
 export interface Logger {

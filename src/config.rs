@@ -61,7 +61,44 @@ pub struct SandboxConfig {
     pub allow_write: Vec<PathBuf>,
     /// Extra absolute paths agent sessions may read.
     pub allow_read: Vec<PathBuf>,
+    /// What one session may use of the host (`sandbox.limits`).
+    pub limits: Limits,
 }
+
+/// `config.sandbox.limits`: per session, enforced by the kernel; `None` = no limit (`0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of memory (RAM, the session's tmpfs files included) for all its processes.
+    pub memory: Option<u64>,
+    /// Tasks (processes and threads) alive at once.
+    pub tasks: Option<u64>,
+    /// Bytes each private tmpfs (`/tmp`, HOME, the CLI config dir, `/dev/shm`) holds.
+    pub tmpfs: Option<u64>,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// The defaults: 4 GiB holds the CLI (a few hundred MB) plus a typical build or test run
+/// (compilers, bundlers, test workers); 1024 tasks is far above what a build with one worker
+/// per core starts (each a dozen threads) and far below what takes a host down; 1 GiB of /tmp
+/// holds build scratch and package caches but not a runaway writer, and is RAM the memory
+/// limit counts anyway.
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory: Some(4096 * MIB),
+            tasks: Some(1024),
+            tmpfs: Some(1024 * MIB),
+        }
+    }
+}
+
+/// The ranges of `sandbox.limits` (besides `0`, no limit): below the minimums the CLI itself
+/// cannot run (its runtime alone takes a few dozen threads and over 100 MiB); the maximums are
+/// 16 TiB, the kernel's largest pid count, and 1 TiB.
+const MEMORY_MIB: (f64, f64) = (128.0, 16_777_216.0);
+const TASKS: (f64, f64) = (32.0, 4_194_304.0);
+const TMPFS_MIB: (f64, f64) = (1.0, 1_048_576.0);
 
 /// Operator overrides of two bounds, in milliseconds (also how the tests reach the "never
 /// settles" paths quickly); they win over the config fields.
@@ -180,6 +217,34 @@ impl Reader<'_> {
     /// An integer in `[lo, hi]`, `default` when absent.
     fn count(&mut self, key: &str, default: f64, lo: f64, hi: f64) -> f64 {
         self.number(key, Some(default), lo, hi, true)
+    }
+
+    /// A limit: `0` (none) or an integer in `[lo, hi]`, times `unit`; `default` when absent.
+    /// `name` is the field's full path for the problem.
+    fn limit(
+        &mut self,
+        key: &str,
+        name: &str,
+        default: Option<u64>,
+        (lo, hi): (f64, f64),
+        unit: u64,
+    ) -> Option<u64> {
+        let v = match self.obj.get(key) {
+            None | Some(Value::Null) => return default,
+            Some(v) => v.as_f64(),
+        };
+        match v {
+            Some(0.0) => None,
+            Some(n) if n >= lo && n <= hi && n.fract() == 0.0 => Some(n as u64 * unit),
+            other => {
+                let got = other.map_or_else(|| describe(self.obj.get(key)), |n| n.to_string());
+                self.problems.add(
+                    name,
+                    format!("must be 0 (no limit) or an integer in [{lo}, {hi}] (got {got})"),
+                );
+                default
+            }
+        }
     }
 
     /// A number in `[lo, hi]` (an integer when `integer`); `default` when absent. NaN,
@@ -424,7 +489,7 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
         Some(_) => {
             problems.add(
                 "sandbox",
-                "must be false or an object { allowedDomains?, allowWrite?, allowRead? }",
+                "must be false or an object { allowedDomains?, allowWrite?, allowRead?, limits? }",
             );
             return None;
         }
@@ -444,7 +509,36 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
     }
     cfg.allow_write = absolute_paths(&mut r, "allowWrite");
     cfg.allow_read = absolute_paths(&mut r, "allowRead");
+    cfg.limits = limits(obj.get("limits"), r.problems);
     Some(cfg)
+}
+
+/// `sandbox.limits`: absent = the defaults; each field absent = its default, `0` = no limit.
+fn limits(v: Option<&Value>, problems: &mut Problems) -> Limits {
+    let d = Limits::default();
+    let obj = match v {
+        None | Some(Value::Null) => return d,
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            problems.add(
+                "sandbox.limits",
+                "must be an object { memoryMiB?, processes?, tmpMiB? }",
+            );
+            return d;
+        }
+    };
+    let mut r = Reader { obj, problems };
+    Limits {
+        memory: r.limit(
+            "memoryMiB",
+            "sandbox.limits.memoryMiB",
+            d.memory,
+            MEMORY_MIB,
+            MIB,
+        ),
+        tasks: r.limit("processes", "sandbox.limits.processes", d.tasks, TASKS, 1),
+        tmpfs: r.limit("tmpMiB", "sandbox.limits.tmpMiB", d.tmpfs, TMPFS_MIB, MIB),
+    }
 }
 
 /// `sandbox.<key>`: absent, or a list of absolute paths.
@@ -504,6 +598,45 @@ mod tests {
         let mut none = Problems::default();
         let cfg = sandbox(Some(&serde_json::json!({})), &mut none).unwrap();
         assert!(none.is_empty() && cfg.allow_read.is_empty() && cfg.allow_write.is_empty());
+    }
+
+    #[test]
+    fn sandbox_limits_have_defaults_zero_means_none_and_every_bad_one_is_named_with_its_range() {
+        let parse = |v: Value| {
+            let mut problems = Problems::default();
+            let cfg = sandbox(Some(&v), &mut problems).unwrap();
+            (cfg.limits, problems)
+        };
+        let (d, none) = parse(serde_json::json!({}));
+        assert!(none.is_empty());
+        assert_eq!(d, Limits::default());
+        assert_eq!(
+            (d.memory, d.tasks, d.tmpfs),
+            (Some(4096 * MIB), Some(1024), Some(1024 * MIB))
+        );
+        let (l, none) = parse(
+            serde_json::json!({ "limits": { "memoryMiB": 0, "processes": 200, "tmpMiB": 8 } }),
+        );
+        assert!(none.is_empty());
+        assert_eq!(
+            (l.memory, l.tasks, l.tmpfs),
+            (None, Some(200), Some(8 * MIB))
+        );
+        let (_, problems) = parse(serde_json::json!({ "limits": {
+            "memoryMiB": 64, "processes": 1.5, "tmpMiB": "NaN"
+        } }));
+        let msg = problems.into_error().message;
+        for expected in [
+            "config.sandbox.limits.memoryMiB must be 0 (no limit) or an integer in [128, 16777216] (got 64)",
+            "config.sandbox.limits.processes must be 0 (no limit) or an integer in [32, 4194304] (got 1.5)",
+            "config.sandbox.limits.tmpMiB must be 0 (no limit) or an integer in [1, 1048576] (got NaN)",
+        ] {
+            assert!(msg.contains(expected), "{msg}");
+        }
+        let (_, problems) = parse(serde_json::json!({ "limits": 5 }));
+        assert!(problems.into_error().message.contains(
+            "config.sandbox.limits must be an object { memoryMiB?, processes?, tmpMiB? }"
+        ));
     }
 
     #[test]

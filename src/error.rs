@@ -20,6 +20,7 @@ pub enum ErrorCode {
     EmptyPatch,
     Extract,
     SandboxUnavailable,
+    ResourceLimit,
     Internal,
 }
 
@@ -39,6 +40,7 @@ impl ErrorCode {
             ErrorCode::EmptyPatch => "ERR_EMPTY_PATCH",
             ErrorCode::Extract => "ERR_EXTRACT",
             ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
+            ErrorCode::ResourceLimit => "ERR_RESOURCE_LIMIT",
             ErrorCode::Internal => "ERR_INTERNAL",
         }
     }

@@ -188,6 +188,7 @@ const fullConfig: ClaudeAdapterConfig = {
 };
 const unsandboxed: ClaudeAdapterConfig = { ...config, sandbox: false };
 const defaultSandbox: ClaudeAdapterConfig = { ...config, sandbox: {} };
+const limited: ClaudeAdapterConfig = { ...config, sandbox: { limits: { memoryMiB: 2048, processes: 0, tmpMiB: 256 } } };
 
 function describeStats(s: SessionStats): string {
   const duration: number = s.durationMs;
@@ -247,4 +248,5 @@ export async function engineIssue11(): Promise<void> {
   await engine.stop();
   createClaudeAdapter(unsandboxed, deps);
   createClaudeAdapter(defaultSandbox, deps);
+  createClaudeAdapter(limited, deps);
 }

@@ -103,7 +103,8 @@ impl LocalEnvironment {
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
         let path = env_value(&cmd.env, "PATH").map(OsStr::new);
         let bwrap = find_on_path("bwrap", path).unwrap_or_else(|| PathBuf::from("bwrap"));
-        let started = process::start(bwrap.as_os_str(), &argv, env, &self.workdir);
+        let first: process::PreExec = Box::new(sandbox.pre_exec());
+        let started = process::start(bwrap.as_os_str(), &argv, env, &self.workdir, Some(first));
         self.running = Some(sandbox);
         started.map_err(|e| {
             AdapterError::new(
@@ -141,6 +142,20 @@ impl Environment for LocalEnvironment {
         }
     }
 
+    fn limits_are_fallback(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self
+            .running
+            .as_ref()
+            .is_some_and(SessionSandbox::limits_are_fallback);
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    fn limit_hit(&self) -> Option<String> {
+        self.running.as_ref().and_then(SessionSandbox::limit_hit)
+    }
+
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
         Box::pin(async move {
             #[cfg(target_os = "linux")]
@@ -154,18 +169,23 @@ impl Environment for LocalEnvironment {
                 cmd.args
                     .push(crate::sandbox::seatbelt_settings(cfg, &cmd.env));
             }
-            process::start(cmd.program.as_os_str(), &cmd.args, &cmd.env, &self.workdir).map_err(
-                |e| {
-                    AdapterError::new(
-                        ErrorCode::AgentFailed,
-                        format!(
-                            "could not start the Claude Code CLI {}: {e}",
-                            cmd.program.display()
-                        ),
-                    )
-                    .with_cause(e)
-                },
+            process::start(
+                cmd.program.as_os_str(),
+                &cmd.args,
+                &cmd.env,
+                &self.workdir,
+                None,
             )
+            .map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    format!(
+                        "could not start the Claude Code CLI {}: {e}",
+                        cmd.program.display()
+                    ),
+                )
+                .with_cause(e)
+            })
         })
     }
 

@@ -89,8 +89,14 @@ pub trait Environment: Send + Sync {
     fn has_checkout(&self) -> bool;
     /// The temp dir processes inside see (the Planner's and Reviewer's file tools may write it).
     fn temp_dir(&self) -> PathBuf;
-    /// A one-line description for the transcript (what the sandbox holds).
+    /// A one-line description for the transcript (what the sandbox holds, which mechanism
+    /// enforces its limits).
     fn describe(&self) -> String;
+    /// True when the session's limits could only be set as rlimits (no usable cgroup).
+    fn limits_are_fallback(&self) -> bool;
+    /// The kernel limit the session ran into (memory, processes), in words naming the config
+    /// field; asked after the agent ended, before [`Environment::destroy`].
+    fn limit_hit(&self) -> Option<String>;
     /// Starts `cmd` inside.
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:

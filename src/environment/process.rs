@@ -12,12 +12,17 @@ use tokio::process::{Child, Command};
 
 use super::{Exec, ExecControl};
 
+/// What a child runs between fork and exec, before anything else (joining the session's
+/// cgroup, setting its rlimits): async-signal-safe calls only.
+pub type PreExec = Box<dyn FnMut() -> std::io::Result<()> + Send + Sync>;
+
 /// Starts `program` with exactly `env`, piped stdio, as the leader of a new process session.
 fn spawn<S: AsRef<OsStr>>(
     program: &OsStr,
     args: &[S],
     env: &[(String, String)],
     cwd: &Path,
+    first: Option<PreExec>,
 ) -> std::io::Result<Child> {
     let mut cmd = Command::new(program);
     cmd.args(args)
@@ -29,8 +34,16 @@ fn spawn<S: AsRef<OsStr>>(
         .stderr(Stdio::piped())
         // A safety net only: the session kills the process itself in every path.
         .kill_on_drop(true);
+    #[cfg(not(unix))]
+    let _ = first;
     #[cfg(unix)]
     {
+        if let Some(f) = first {
+            // SAFETY: the caller's promise (PreExec): async-signal-safe only.
+            unsafe {
+                cmd.pre_exec(f);
+            }
+        }
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
@@ -150,14 +163,16 @@ pub const SIGTERM: i32 = 15;
 #[cfg(windows)]
 pub fn signal(_pid: u32, _sig: i32) {}
 
-/// [`spawn`], as an [`Exec`] whose control kills the whole process tree.
+/// [`spawn`], as an [`Exec`] whose control kills the whole process tree. `first` runs in the
+/// child before anything else (Unix).
 pub fn start<S: AsRef<OsStr>>(
     program: &OsStr,
     args: &[S],
     env: &[(String, String)],
     cwd: &Path,
+    first: Option<PreExec>,
 ) -> std::io::Result<Exec> {
-    let mut child = spawn(program, args, env, cwd)?;
+    let mut child = spawn(program, args, env, cwd, first)?;
     let tree = std::sync::Arc::new(ProcessTree::of(&child));
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())

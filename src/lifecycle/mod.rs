@@ -378,8 +378,16 @@ impl Session {
                 env: spec.env.clone(),
             })
             .await?;
+        let described = environment.describe();
         if let Some(t) = &self.transcript {
-            t.note("sandbox", &environment.describe());
+            t.note("sandbox", &described);
+        }
+        if environment.limits_are_fallback() {
+            self.log(
+                LogLevel::Warn,
+                "no usable cgroup for the session: its memory and process limits are rlimits (per process; per user id)",
+                json!({ "sandbox": described }),
+            );
         }
         let running = session::start(
             exec,
@@ -394,7 +402,7 @@ impl Session {
         self.log(
             LogLevel::Debug,
             "claude CLI initialized",
-            json!({ "pid": running.pid() }),
+            json!({ "pid": running.pid(), "sandbox": described }),
         );
         Ok(running)
     }
@@ -442,7 +450,7 @@ impl Session {
     }
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
-        let output = evaluate(self.role(), &self.facts, end)?;
+        let output = self.past_limits(evaluate(self.role(), &self.facts, end))?;
         match self.checkout() {
             Some(env) => {
                 outcome::with_patch(
@@ -497,6 +505,24 @@ impl Session {
                 ..e
             }
         })
+    }
+
+    /// A kernel limit the session ran into goes in the transcript; when the session failed
+    /// (other than by cancel or timeout), the limit is why: `ERR_RESOURCE_LIMIT` naming it.
+    fn past_limits(&self, outcome: Result<Value>) -> Result<Value> {
+        let Some(hit) = self.environment.as_ref().and_then(|e| e.limit_hit()) else {
+            return outcome;
+        };
+        if let Some(t) = &self.transcript {
+            t.note("limits", &hit);
+        }
+        match outcome {
+            Err(e) if !matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => Err(
+                AdapterError::new(ErrorCode::ResourceLimit, format!("{hit}; {}", e.message))
+                    .with_shared_cause(Arc::new(e)),
+            ),
+            other => other,
+        }
     }
 
     /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by

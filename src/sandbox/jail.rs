@@ -8,7 +8,9 @@
 //!    namespaces (`--disable-userns`: `unshare -Ur` inside would hand back every capability of
 //!    a nested namespace, kernel attack surface); a fresh `/proc` (only the session's
 //!    processes); a minimal `/dev`; `--die-with-parent`, `--new-session`, every capability
-//!    dropped (bwrap run as root keeps them otherwise); an empty `/tmp`;
+//!    dropped (bwrap run as root keeps them otherwise); an empty `/tmp` and `/dev/shm`, every
+//!    tmpfs of the plan sized ([`JailPlan::tmpfs_size`]) and `/dev` itself read-only (bwrap's
+//!    `--dev` is a writable tmpfs of no size);
 //! 2. the system read-only (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc` without its shadow files);
 //! 3. a private, empty home directory (tmpfs) and CLI config dir; none of the user's dotfiles
 //!    (a profile re-exports tokens, a global git config carries url rewrites with tokens): the
@@ -67,6 +69,8 @@ pub struct JailPlan {
     pub sockets: Option<PathBuf>,
     /// The `PATH` processes get: its toolchains are made readable.
     pub path_env: Option<OsString>,
+    /// Bytes each tmpfs made here may hold (`None`: the kernel's default, half of RAM).
+    pub tmpfs_size: Option<u64>,
 }
 
 /// A built plan: bwrap's arguments up to (not including) the `--` before the command.
@@ -78,6 +82,7 @@ pub struct Jail {
 impl Jail {
     pub fn new(plan: &JailPlan) -> Jail {
         let mut a = Args::default();
+        let size = plan.tmpfs_size;
         a.flags(&[
             "--die-with-parent",
             "--new-session",
@@ -92,7 +97,9 @@ impl Jail {
         ]);
         a.two("--proc", "/proc");
         a.two("--dev", "/dev");
-        a.two("--tmpfs", "/tmp");
+        a.tmpfs(size, OsStr::new("/dev/shm"));
+        a.two("--remount-ro", "/dev");
+        a.tmpfs(size, OsStr::new("/tmp"));
         for dir in SYSTEM_DIRS {
             let p = Path::new(dir);
             match std::fs::read_link(p) {
@@ -108,11 +115,11 @@ impl Jail {
             }
         }
         if let Some(home) = &plan.home {
-            a.one("--tmpfs", home.as_os_str());
+            a.tmpfs(size, home.as_os_str());
         }
         for dir in &plan.scratch {
             if Some(dir) != plan.home.as_ref() {
-                a.one("--tmpfs", dir.as_os_str());
+                a.tmpfs(size, dir.as_os_str());
             }
         }
         let mut readable: Vec<PathBuf> = Vec::new();
@@ -131,7 +138,7 @@ impl Jail {
         }
         for store in credential_stores_within(&readable, plan.home.as_deref()) {
             if store.is_dir() {
-                a.one("--tmpfs", store.as_os_str());
+                a.tmpfs(size, store.as_os_str());
             } else {
                 a.pair("--ro-bind", OsStr::new("/dev/null"), store.as_os_str());
             }
@@ -163,6 +170,13 @@ impl Jail {
 struct Args(Vec<OsString>);
 
 impl Args {
+    /// A private, empty tmpfs at `p` of at most `size` bytes.
+    fn tmpfs(&mut self, size: Option<u64>, p: &OsStr) {
+        if let Some(n) = size {
+            self.two("--size", &n.to_string());
+        }
+        self.one("--tmpfs", p);
+    }
     fn flags(&mut self, f: &[&str]) {
         self.0.extend(f.iter().map(OsString::from));
     }
@@ -327,5 +341,45 @@ mod tests {
         assert_eq!(args[at - 1], "/dev/null");
         // ~/.ssh is not inside anything readable: the private home already lacks it.
         assert!(!args.contains(&home.join(".ssh").display().to_string()));
+    }
+
+    /// Every tmpfs the plan makes is sized, /dev/shm included, and bwrap's /dev tmpfs takes no
+    /// files once /dev/shm is mounted in it.
+    #[test]
+    fn every_tmpfs_is_sized_and_dev_is_read_only() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("home");
+        std::fs::create_dir_all(home.join(".cargo/bin")).unwrap();
+        std::fs::create_dir_all(home.join(".cargo/registry")).unwrap();
+        let jail = Jail::new(&JailPlan {
+            cwd: t.path().to_path_buf(),
+            home: Some(home.clone()),
+            scratch: vec![t.path().join("config")],
+            path_env: Some(home.join(".cargo/bin").into_os_string()),
+            tmpfs_size: Some(8 << 20),
+            ..JailPlan::default()
+        });
+        let args: Vec<String> = jail
+            .args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let tmpfs: Vec<usize> = (0..args.len()).filter(|&i| args[i] == "--tmpfs").collect();
+        assert!(tmpfs.len() >= 4, "{args:?}");
+        for i in tmpfs {
+            assert_eq!(&args[i - 2..i], ["--size", "8388608"], "{}", args[i + 1]);
+        }
+        let at = |flag: &str, path: &str| {
+            args.windows(2)
+                .position(|w| w[0] == flag && w[1] == path)
+                .unwrap_or_else(|| panic!("{flag} {path} in {args:?}"))
+        };
+        assert!(at("--dev", "/dev") < at("--tmpfs", "/dev/shm"));
+        assert!(at("--tmpfs", "/dev/shm") < at("--remount-ro", "/dev"));
+        for p in [home.clone(), t.path().join("config")] {
+            at("--tmpfs", &p.display().to_string());
+        }
+        let default = Jail::new(&JailPlan::default());
+        assert!(!default.args.iter().any(|a| a == "--size"));
     }
 }

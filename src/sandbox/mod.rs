@@ -7,7 +7,8 @@
 //! placeholder, the relay adds the real API key or token, which is never readable inside).
 //!
 //! Lifecycle use: [`check_available`] before anything is provisioned (fails closed);
-//! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay).
+//! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay, and
+//! ends and removes the session's cgroup, see [`limits`]).
 //! [`WriteScope`] and [`ReadGuard`] answer the CLI's file-tool hooks natively — a clearer reason
 //! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
 //! macOS keeps Claude Code's own Seatbelt sandbox ([`seatbelt_settings`]).
@@ -16,6 +17,8 @@ mod available;
 mod credentials;
 mod home;
 pub mod jail;
+#[cfg(target_os = "linux")]
+pub mod limits;
 mod proxy;
 mod read_guard;
 mod relay;
@@ -83,6 +86,8 @@ pub struct SessionSandbox {
     _proxy: EgressProxy,
     _relay: ModelRelay,
     sockets: SocketDir,
+    #[cfg(target_os = "linux")]
+    limits: limits::SessionLimits,
 }
 
 impl SessionSandbox {
@@ -149,6 +154,7 @@ impl SessionSandbox {
             scratch: config_dir.into_iter().collect(),
             sockets: Some(sockets.0.clone()),
             path_env: path.map(OsString::from),
+            tmpfs_size: cfg.limits.tmpfs,
         });
         Ok(SessionSandbox {
             jail,
@@ -156,7 +162,30 @@ impl SessionSandbox {
             _proxy: proxy,
             _relay: relay,
             sockets,
+            #[cfg(target_os = "linux")]
+            limits: limits::SessionLimits::create(cfg.limits),
         })
+    }
+
+    /// What the session's first process runs before it executes bubblewrap (joins the
+    /// session's cgroup, or sets the rlimits).
+    #[cfg(target_os = "linux")]
+    pub fn pre_exec(&self) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
+        self.limits.pre_exec()
+    }
+
+    /// True when the limits are only rlimits (no usable cgroup).
+    #[cfg(target_os = "linux")]
+    pub fn limits_are_fallback(&self) -> bool {
+        self.limits.is_fallback()
+    }
+
+    /// The kernel limit the session ran into, if any.
+    pub fn limit_hit(&self) -> Option<String> {
+        #[cfg(target_os = "linux")]
+        return self.limits.hit();
+        #[cfg(not(target_os = "linux"))]
+        None
     }
 
     /// bwrap's argv and environment for running `program args` as the session's CLI.
@@ -173,8 +202,12 @@ impl SessionSandbox {
 
     /// A one-line summary for the transcript.
     pub fn describe(&self) -> String {
+        #[cfg(target_os = "linux")]
+        let limits = self.limits.describe();
+        #[cfg(not(target_os = "linux"))]
+        let limits = "no kernel limits";
         format!(
-            "bubblewrap; sockets {}; network only through the egress proxy",
+            "bubblewrap; sockets {}; network only through the egress proxy; {limits}",
             self.sockets.0.display()
         )
     }
