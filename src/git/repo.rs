@@ -249,6 +249,9 @@ impl RepoGit {
             cwd: clone.to_path_buf(),
             writable: vec![clone.to_path_buf()],
             readable: object_dirs(&common),
+            // git itself writes nothing there; a filter or attribute driver the agent planted
+            // could, and a tmpfs of no size is half the host's RAM.
+            tmpfs_size: Some(EXTRACTION_TMPFS_BYTES),
             ..JailPlan::default()
         })))
     }
@@ -262,6 +265,9 @@ impl RepoGit {
         Ok(())
     }
 }
+
+/// The size of each tmpfs (`/tmp`, `/dev/shm`) of the jail the adapter's git runs in.
+const EXTRACTION_TMPFS_BYTES: u64 = 64 << 20;
 
 /// Whether the `bwrap` the adapter's git is started with (the first on this process's `PATH`)
 /// runs here (tried once per process, see [`crate::sandbox::jail::probe`]).
