@@ -431,7 +431,7 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
             if !is_domain_pattern(d) {
                 r.problems.add(
                     &format!("sandbox.allowedDomains[{i}]"),
-                    format!("must be a host name or *.domain pattern (got {d:?})"),
+                    format!("must be a host name or *.domain pattern, optionally with :port (got {d:?})"),
                 );
             }
         }
@@ -465,6 +465,12 @@ fn absolute_paths(r: &mut Reader<'_>, key: &str) -> Vec<PathBuf> {
 /// `example.com`, `127.0.0.1`, `*.example.com`: letters, digits, `-`, `.`, an optional leading
 /// `*.`; no scheme, port, path or whitespace.
 fn is_domain_pattern(d: &str) -> bool {
+    // `host:port` admits that port only (a bare host: 80 and 443).
+    let d = match d.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok_and(|p| p > 0) => host,
+        Some(_) => return false,
+        None => d,
+    };
     let host = d.strip_prefix("*.").unwrap_or(d);
     !host.is_empty()
         && host.len() <= 253
