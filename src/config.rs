@@ -486,6 +486,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn allowed_domains_may_name_a_port() {
+        for ok in [
+            "example.com",
+            "*.example.com:8443",
+            "127.0.0.1:3000",
+            "h:65535",
+        ] {
+            assert!(is_domain_pattern(ok), "{ok}");
+        }
+        for bad in ["h:0", "h:65536", "h:x", "h:", ":80", "h:80:80", "[::1]:80"] {
+            assert!(!is_domain_pattern(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn sandbox_paths_must_be_absolute_and_each_bad_one_is_named() {
         let mut problems = Problems::default();
         let v = serde_json::json!({ "allowRead": ["/opt/specs", "rel/x"], "allowWrite": ["/tmp/out", "../y"] });
