@@ -379,6 +379,19 @@ describe('network boundary: the proxy admits public addresses of listed hosts on
     expect(refused.filter((r) => r.startsWith(`localhost:${port} localhost resolves to`))).toHaveLength(2);
   });
 
+  it('with bare entries on port 80: a name resolving to loopback and a Host naming another host are refused before any connection', async () => {
+    await sandboxSetup({ config: { sandbox: { allowedDomains: ['localhost', '127.0.0.1'] } } });
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 --noproxy '' http://localhost/by-name 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' -H 'Host: metadata.google.internal' http://127.0.0.1/vhost 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toContain('not a public address');
+    expect(out[1]).toContain('does not name the request');
+    const refused = refusals();
+    expect(refused.some((r) => r.startsWith('localhost:80 localhost resolves to'))).toBe(true);
+    expect(refused.some((r) => r.startsWith('127.0.0.1:80 the Host header'))).toBe(true);
+  });
+
   it('a plain-HTTP request whose Host header names another host is refused', async () => {
     const { port, seen } = await httpServer();
     await sandboxSetup({ config: { sandbox: { allowedDomains: [`127.0.0.1:${port}`] } } });
