@@ -441,6 +441,13 @@ describe('the model relay: the real key goes only where the placeholder belongs,
     expect(out[2]).toContain('GET /v1/models is not a Messages API route');
     expect(out[3]).toContain('the credential placeholder is in the request target');
     expect(result.outcome).toBe('completed');
+    // Each refusal is in the engine's log.
+    const logged = h.logger.entries.map((e) => e.message).filter((m) => m.startsWith('model relay: refused'));
+    expect(logged).toEqual([
+      'model relay: refused POST /v1/messages: the credential placeholder is in the anthropic-beta header',
+      'model relay: refused GET /v1/models: not a route the CLI uses',
+      'model relay: refused POST /v1/messages: the credential placeholder is in the request target',
+    ]);
     // The fake API saw the key only as the x-api-key of legitimate requests (the CLI's own,
     // and the agent's second curl), never in another header, a URL or a body.
     const agents = h.api.requests.filter((r) => r.kind !== 'main');
