@@ -14,7 +14,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
+import { apiError, scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -36,8 +36,8 @@ const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'G
 /** The model asks for the sandbox to be lifted on every command: there is nothing to lift. */
 const unsandboxed = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
 
-async function sandboxSetup({ config = {}, repo = {} } = {}) {
-  h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: ROLE_STATE, bodies: ROLE_BODIES, config });
+async function sandboxSetup({ config = {}, repo = {}, sideScript } = {}) {
+  h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: ROLE_STATE, bodies: ROLE_BODIES, config, sideScript });
   return h;
 }
 
@@ -341,8 +341,8 @@ describe('network: no host unless config.sandbox.allowedDomains names it', () =>
   });
 
   it('with 127.0.0.1 in allowedDomains the server is reached through the proxy (NO_PROXY bypassed); a direct /dev/tcp still is not', async () => {
-    await sandboxSetup({ config: { sandbox: { allowedDomains: ['127.0.0.1'] } } });
     const { port, seen } = await httpServer();
+    await sandboxSetup({ config: { sandbox: { allowedDomains: [`127.0.0.1:${port}`] } } });
     const { out } = await run('reviewer', [
       `curl -sS -m 5 http://127.0.0.1:${port}/direct 2>&1; echo "rc=$?"`,
       `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/curl 2>&1; echo "rc=$?"`,
@@ -359,6 +359,107 @@ describe('network: no host unless config.sandbox.allowedDomains names it', () =>
     expect(out[3]).toMatch(/rc=(?!0\b)\d+$/);
     expect(out[4]).toContain('host not in sandbox.allowedDomains');
     expect(seen.urls.some((u) => u.includes('not-allowed') || u.includes('direct'))).toBe(false);
+  });
+});
+
+describe('network boundary: the proxy admits public addresses of listed hosts on their ports, with their own Host', () => {
+  /** Refusals the engine heard of, as `host:port reason`. */
+  const refusals = () => h.logger.entries.filter((e) => e.message === 'network access blocked by the sandbox').map((e) => `${e.data.host}:${e.data.port} ${e.data.reason}`);
+
+  it('an allowed name that resolves to loopback is refused; the IP literal entry reaches the same server', async () => {
+    const { port, seen } = await httpServer();
+    await sandboxSetup({ config: { sandbox: { allowedDomains: [`localhost:${port}`, `127.0.0.1:${port}`] } } });
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 --noproxy '' http://localhost:${port}/by-name 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' -x socks5h://127.0.0.1:3128 http://localhost:${port}/by-name-socks 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/by-ip 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toContain('not a public address');
+    expect(out[1]).toMatch(/rc=(?!0\b)\d+$/);
+    expect(out[2]).toBe('hello\nrc=0');
+    expect(seen.urls).toEqual(['/by-ip']);
+    const refused = refusals();
+    expect(refused.filter((r) => r.startsWith(`localhost:${port} localhost resolves to`))).toHaveLength(2);
+  });
+
+  it('with bare entries on port 80: a name resolving to loopback and a Host naming another host are refused before any connection', async () => {
+    await sandboxSetup({ config: { sandbox: { allowedDomains: ['localhost', '127.0.0.1'] } } });
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 --noproxy '' http://localhost/by-name 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' -H 'Host: metadata.google.internal' http://127.0.0.1/vhost 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toContain('not a public address');
+    expect(out[1]).toContain('does not name the request');
+    const refused = refusals();
+    expect(refused.some((r) => r.startsWith('localhost:80 localhost resolves to'))).toBe(true);
+    expect(refused.some((r) => r.startsWith('127.0.0.1:80 the Host header'))).toBe(true);
+  });
+
+  it('a plain-HTTP request whose Host header names another host is refused', async () => {
+    const { port, seen } = await httpServer();
+    await sandboxSetup({ config: { sandbox: { allowedDomains: [`127.0.0.1:${port}`] } } });
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 --noproxy '' -H 'Host: metadata.google.internal' http://127.0.0.1:${port}/vhost 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/same-host 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toContain('does not name the request');
+    expect(out[1]).toBe('hello\nrc=0');
+    expect(seen.urls).toEqual(['/same-host']);
+    expect(refusals().some((r) => r.startsWith(`127.0.0.1:${port} the Host header "metadata.google.internal"`))).toBe(true);
+  });
+
+  it('a port other than 80 and 443 is refused unless allowedDomains lists host:port', async () => {
+    const { port, seen } = await httpServer();
+    const other = await httpServer();
+    await sandboxSetup({ config: { sandbox: { allowedDomains: ['127.0.0.1', `127.0.0.1:${other.port}`] } } });
+    const { out } = await run('reviewer', [
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${port}/unlisted-port 2>&1; echo "rc=$?"`,
+      `curl -sS -m 5 --noproxy '' http://127.0.0.1:${other.port}/listed-port 2>&1; echo "rc=$?"`,
+    ]);
+    expect(out[0]).toContain(`port ${port} not allowed`);
+    expect(out[1]).toBe('hello\nrc=0');
+    expect(seen).toEqual({ connections: 0, urls: [] });
+    expect(other.seen.urls).toEqual(['/listed-port']);
+  });
+});
+
+describe('the model relay: the real key goes only where the placeholder belongs, and never comes back in', () => {
+  // Like the real API, which quotes an unknown anthropic-beta value in its 400, the fake API's
+  // answer to the agent's own requests quotes the headers it got.
+  const quoting = (_body, req) => apiError(400, `unknown beta ${req.headers['anthropic-beta']}; key ${req.headers['x-api-key']}`);
+
+  it("the agent's curl with the placeholder in anthropic-beta is refused; a legitimate one gets the key masked in the answer; other routes are not relayed", async () => {
+    await sandboxSetup({ sideScript: quoting });
+    const apiKey = h.config.env.ANTHROPIC_API_KEY;
+    const { result, out } = await run('implementor', [
+      `curl -sS "$ANTHROPIC_BASE_URL/v1/messages" -H "x-api-key: $ANTHROPIC_API_KEY" -H "anthropic-beta: $ANTHROPIC_API_KEY" -d '{}' 2>&1; echo "rc=$?"`,
+      `curl -sS "$ANTHROPIC_BASE_URL/v1/messages" -H "x-api-key: $ANTHROPIC_API_KEY" -H "anthropic-beta: b1" -d '{}' 2>&1; echo "rc=$?"`,
+      `curl -sS "$ANTHROPIC_BASE_URL/v1/models" -H "x-api-key: $ANTHROPIC_API_KEY" 2>&1; echo "rc=$?"`,
+      `curl -sS "$ANTHROPIC_BASE_URL/v1/messages?key=$ANTHROPIC_API_KEY" -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}' 2>&1; echo "rc=$?"`,
+      'echo done > done.txt',
+    ]);
+    for (const o of out) expect(o).not.toContain(apiKey);
+    expect(out[0]).toContain('the credential placeholder is in the anthropic-beta header');
+    expect(out[1]).toContain(`unknown beta b1; key ${'*'.repeat(apiKey.length)}`);
+    expect(out[2]).toContain('GET /v1/models is not a Messages API route');
+    expect(out[3]).toContain('the credential placeholder is in the request target');
+    expect(result.outcome).toBe('completed');
+    // Each refusal is in the engine's log.
+    const logged = h.logger.entries.map((e) => e.message).filter((m) => m.startsWith('model relay: refused'));
+    expect(logged).toEqual([
+      'model relay: refused POST /v1/messages: the credential placeholder is in the anthropic-beta header',
+      'model relay: refused GET /v1/models: not a route the CLI uses',
+      'model relay: refused POST /v1/messages: the credential placeholder is in the request target',
+    ]);
+    // The fake API saw the key only as the x-api-key of legitimate requests (the CLI's own,
+    // and the agent's second curl), never in another header, a URL or a body.
+    const agents = h.api.requests.filter((r) => r.kind !== 'main');
+    expect(agents.map((r) => `${r.method} ${r.path} ${r.headers['anthropic-beta']}`)).toEqual(['POST /v1/messages b1']);
+    for (const r of h.api.requests) {
+      const { 'x-api-key': key, ...others } = r.headers;
+      expect(key).toBe(apiKey);
+      expect(JSON.stringify([others, r.path, r.query, r.body])).not.toContain(apiKey);
+    }
   });
 });
 

@@ -502,7 +502,7 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
             if !is_domain_pattern(d) {
                 r.problems.add(
                     &format!("sandbox.allowedDomains[{i}]"),
-                    format!("must be a host name or *.domain pattern (got {d:?})"),
+                    format!("must be a host name or *.domain pattern, optionally with :port (got {d:?})"),
                 );
             }
         }
@@ -565,6 +565,12 @@ fn absolute_paths(r: &mut Reader<'_>, key: &str) -> Vec<PathBuf> {
 /// `example.com`, `127.0.0.1`, `*.example.com`: letters, digits, `-`, `.`, an optional leading
 /// `*.`; no scheme, port, path or whitespace.
 fn is_domain_pattern(d: &str) -> bool {
+    // `host:port` admits that port only (a bare host: 80 and 443).
+    let d = match d.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok_and(|p| p > 0) => host,
+        Some(_) => return false,
+        None => d,
+    };
     let host = d.strip_prefix("*.").unwrap_or(d);
     !host.is_empty()
         && host.len() <= 253
@@ -578,6 +584,21 @@ fn is_domain_pattern(d: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_domains_may_name_a_port() {
+        for ok in [
+            "example.com",
+            "*.example.com:8443",
+            "127.0.0.1:3000",
+            "h:65535",
+        ] {
+            assert!(is_domain_pattern(ok), "{ok}");
+        }
+        for bad in ["h:0", "h:65536", "h:x", "h:", ":80", "h:80:80", "[::1]:80"] {
+            assert!(!is_domain_pattern(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn sandbox_paths_must_be_absolute_and_each_bad_one_is_named() {

@@ -47,10 +47,11 @@ export function engineState({ workItems = [], revisions = [], lastPlannedSHAs = 
 
 /**
  * Start a fake API and a temp repo, and build config + deps for `createClaudeAdapter`.
- * `script` scripts the model; `state`, `bodies`, `files`, `history` feed the deps.
+ * `script` scripts the model (`sideScript` its requests that offer no tools); `state`, `bodies`, `files`, `history` feed the deps.
  */
 export async function setup({
   script,
+  sideScript,
   repo = {},
   state = engineState(),
   bodies = {},
@@ -59,7 +60,7 @@ export async function setup({
   config = {},
   hook = async () => ({ decision: 'approve' }),
 } = {}) {
-  const api = await startFakeApi({ script });
+  const api = await startFakeApi({ script, sideScript });
   const r = makeTempRepo(repo);
   const scratch = mkdtempSync(join(tmpdir(), 'cra-scratch-'));
   const logger = recordingLogger();

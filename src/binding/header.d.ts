@@ -69,8 +69,10 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   /**
    * The OS sandbox every agent session runs in (Linux: one bubblewrap sandbox around the CLI);
    * default on (`{}`); false = knowingly off. `allowedDomains`: hosts reachable through the
-   * egress proxy (besides the model API); `allowWrite` / `allowRead`: extra absolute paths the
-   * session may write / read. `limits`: what one session may use of the host (Linux).
+   * egress proxy (besides the model API) on ports 80 and 443, or `host:port` for another port;
+   * a private or loopback address only by its IP literal; `allowWrite` / `allowRead`: extra
+   * absolute paths the session may write / read. `limits`: what one session may use of the host
+   * (Linux).
    */
   sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; limits?: SandboxLimits }
 }

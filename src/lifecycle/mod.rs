@@ -318,16 +318,21 @@ impl Session {
         let ids = json!({ "sessionID": self.id, "role": self.role().as_str() });
         Arc::new(move |a: &EgressAttempt| {
             let verdict = if a.allowed { "allowed" } else { "blocked" };
+            let why = a
+                .reason
+                .as_deref()
+                .map_or(String::new(), |r| format!(" ({r})"));
             if let Some(t) = &transcript {
                 t.note(
                     "network",
-                    &format!("{verdict} {} {}:{}", a.protocol, a.host, a.port),
+                    &format!("{verdict} {} {}:{}{why}", a.protocol, a.host, a.port),
                 );
             }
             if !a.allowed {
                 let mut d = ids.clone();
                 d["host"] = json!(a.host);
                 d["port"] = json!(a.port);
+                d["reason"] = json!(a.reason);
                 logger.log(LogLevel::Warn, "network access blocked by the sandbox", d);
             }
         })

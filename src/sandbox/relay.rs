@@ -1,41 +1,63 @@
 //! The model-API credential relay. The CLI runs in a sandbox without network and without the
 //! real model-API credential: it gets `ANTHROPIC_BASE_URL=http://127.0.0.1:<port>` (a loopback
 //! port bridged to this relay's unix socket) and a [`placeholder`] in place of the key or token.
-//! The relay forwards each plain HTTP/1.1 request to the real upstream base URL (http or https,
-//! possibly with a path prefix), putting the real secret where the placeholder is in any header
-//! value (`x-api-key`, `authorization: Bearer …`), so the secret never exists inside the sandbox.
+//! The relay forwards the CLI's requests to the real upstream base URL (http or https, possibly
+//! with a path prefix) over hyper, and is strict about the secret:
 //!
-//! One request per client connection: the request goes upstream with `Connection: close` on a
-//! fresh connection and the response comes back with `Connection: close`, so both ends see where
-//! a message ends by the close, and nothing here parses body framing. Bodies pass through as
-//! they arrive, in either direction (a streamed response's events reach the CLI one by one).
-//! The client reconnects for its next request, as HTTP/1.1 clients do after `Connection: close`.
+//! - It puts the real secret in place of the placeholder only as the whole `x-api-key` value or
+//!   as `authorization: Bearer <placeholder>`. A placeholder anywhere else (another header, the
+//!   path or query) refuses the request (400, logged): substituted there, it would come back in
+//!   an error that quotes the header. Bodies are not rewritten: the placeholder in a body (the
+//!   agent printed its environment) is not the secret.
+//! - It forwards only the routes the CLI uses, see [`ROUTES`].
+//! - Every secret is masked in the response's headers and body (streamed events too, also when
+//!   a secret is split across chunks) before the response goes back in.
+//!
+//! Each client connection carries one request (the response says `Connection: close`; a
+//! reused local connection could race its close); the upstream connections are pooled and
+//! reused, so a session pays one TLS handshake, not one per turn.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-use tokio_rustls::TlsConnector;
 
-use super::proxy::{
-    read_head, refuse, split_host_port, ByteStream, HeadError, UnixServer, BAD_REQUEST,
-    HEAD_TOO_LARGE, STEP_TIMEOUT,
-};
+use super::proxy::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, STEP_TIMEOUT};
 use crate::error::{AdapterError, ErrorCode, Result};
 
-/// Request headers that belong to one connection and so are not forwarded (RFC 9110 7.6.1);
-/// the relay sets `Host` and `Connection` itself.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "upgrade",
-    "host",
+/// The routes forwarded, as (method, path); the query is free. Recorded from the CLI
+/// (2.1.x, through this relay against `__test__/support/fake-api.mjs`, with and without
+/// `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`: a Planner's WebFetch, an Implementor's
+/// multi-turn git session, the output checks' follow-up turns): every request was
+/// `POST /v1/messages?beta=true`. `count_tokens` is the same API's token count, which the CLI
+/// binary names next to it. WebFetch's domain check goes to api.anthropic.com through the
+/// egress proxy, not here. Anything else — `/v1/models`, `/v1/files`, the OAuth and
+/// organization APIs the secret would open — is refused.
+const ROUTES: &[(Method, &str)] = &[
+    (Method::POST, "/v1/messages"),
+    (Method::POST, "/v1/messages/count_tokens"),
 ];
+
+/// The relay's connections at once (the CLI makes a few in parallel at most).
+const MAX_RELAY_CONNECTIONS: usize = 64;
+/// How long an idle upstream connection stays in the pool (the model API closes its own).
+const POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
 /// its socket file.
@@ -77,14 +99,29 @@ impl ModelRelay {
                 "the model relay's credential placeholder is empty",
             ));
         }
+        let masks = Arc::new(
+            substitutions
+                .iter()
+                .filter(|(_, secret)| !secret.is_empty())
+                .map(|(_, secret)| secret.as_bytes().to_vec())
+                .collect(),
+        );
         let relay = Arc::new(Relay {
             upstream: Upstream::new(upstream, extra_roots)?,
             substitutions,
+            masks,
         });
-        let server = UnixServer::start(socket, "the model-API relay", move |stream| {
-            let relay = relay.clone();
-            async move { relay.serve(stream).await }
-        })?;
+        let limits = Limits {
+            max_connections: MAX_RELAY_CONNECTIONS,
+            idle: None,
+        };
+        let server = UnixServer::start(
+            socket,
+            "the model-API relay",
+            limits,
+            || tracing::warn!("model relay: a connection over the cap was refused"),
+            move |stream, _| relay.clone().serve(stream),
+        )?;
         Ok(ModelRelay { _server: server })
     }
 }
@@ -98,16 +135,40 @@ pub fn placeholder() -> String {
     )
 }
 
-/// The real model API, parsed once from its base URL.
+/// The connector to the upstream with a bound on the whole connection setup (TCP and TLS).
+#[derive(Clone)]
+struct Connector(HttpsConnector<HttpConnector>);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = MaybeHttpsStream<TokioIo<TcpStream>>;
+    type Error = BoxError;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            match tokio::time::timeout(STEP_TIMEOUT, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => Err("timed out".into()),
+            }
+        })
+    }
+}
+
+/// The real model API, parsed once from its base URL, with its connection pool.
 struct Upstream {
-    /// Without brackets around an IPv6 literal, for connecting.
-    host: String,
-    port: u16,
-    /// The `Host` header value: the URL's authority.
-    authority: String,
+    /// `scheme://authority`, for messages and as the prefix of every request URI.
+    origin: String,
     /// The base URL's path without its trailing slash, prefixed to every request target.
     base_path: String,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
+    client: Client<Connector, Incoming>,
 }
 
 impl Upstream {
@@ -117,75 +178,55 @@ impl Upstream {
                 "the model API base URL {url:?} is not usable by the sandbox's relay: {why}"
             ))
         };
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| invalid("not an http(s) URL"))?;
-        let https = match scheme.to_ascii_lowercase().as_str() {
-            "https" => true,
-            "http" => false,
+        let uri: Uri = url.parse().map_err(|_| invalid("not an http(s) URL"))?;
+        let https = match uri.scheme_str().map(str::to_ascii_lowercase).as_deref() {
+            Some("https") => true,
+            Some("http") => false,
             _ => return Err(invalid("the scheme must be http or https")),
         };
-        if rest
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#')
-        {
-            return Err(invalid("a base URL has no query, fragment or whitespace"));
-        }
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let authority = uri
+            .authority()
+            .ok_or_else(|| invalid("no host"))?
+            .as_str()
+            .to_string();
         if authority.contains('@') {
             return Err(invalid("credentials in the URL are not supported"));
         }
-        let (host, port) = split_host_port(authority, if https { 443 } else { 80 })
-            .ok_or_else(|| invalid("no host, or a port that is not a number"))?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let tls = match https {
-            false => None,
-            true => {
-                let name = ServerName::try_from(host.clone())
-                    .map_err(|_| invalid("the host is not a valid TLS server name"))?;
-                Some((TlsConnector::from(tls_config(extra_roots)?), name))
-            }
-        };
-        Ok(Upstream {
-            host,
-            port,
-            authority: authority.to_string(),
-            base_path: path.trim_end_matches('/').to_string(),
-            tls,
-        })
-    }
-
-    /// A fresh connection (TLS established for https), or why not, for the 502.
-    async fn connect(&self) -> std::result::Result<Box<dyn ByteStream>, String> {
-        let authority = &self.authority;
-        let tcp = match tokio::time::timeout(
-            STEP_TIMEOUT,
-            TcpStream::connect((self.host.as_str(), self.port)),
-        )
-        .await
+        if uri.host().is_none_or(str::is_empty)
+            || (authority
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| !p.contains(']'))
+                && uri.port_u16().is_none())
         {
-            Ok(Ok(tcp)) => tcp,
-            Ok(Err(e)) => return Err(format!("cannot connect to {authority}: {e}")),
-            Err(_) => return Err(format!("connecting to {authority} timed out")),
-        };
-        // Small writes (a streamed request's chunks) go out at once.
-        let _ = tcp.set_nodelay(true);
-        let Some((connector, name)) = &self.tls else {
-            return Ok(Box::new(tcp));
-        };
-        match tokio::time::timeout(STEP_TIMEOUT, connector.connect(name.clone(), tcp)).await {
-            Ok(Ok(tls)) => Ok(Box::new(tls)),
-            Ok(Err(e)) => Err(format!("TLS handshake with {authority} failed: {e}")),
-            Err(_) => Err(format!("TLS handshake with {authority} timed out")),
+            return Err(invalid("no host, or a port that is not a number"));
         }
+        if uri.query().is_some() || url.contains('#') {
+            return Err(invalid("a base URL has no query, fragment or whitespace"));
+        }
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(STEP_TIMEOUT));
+        // Small writes (a streamed request's chunks) go out at once.
+        http.set_nodelay(true);
+        let tls = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(extra_roots)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(Connector(tls));
+        Ok(Upstream {
+            origin: format!("{}://{authority}", if https { "https" } else { "http" }),
+            base_path: uri.path().trim_end_matches('/').to_string(),
+            client,
+        })
     }
 }
 
 /// rustls on ring, trusting the webpki roots and every certificate in `extra_roots`' PEM files.
-fn tls_config(extra_roots: &[PathBuf]) -> Result<Arc<ClientConfig>> {
+fn tls_config(extra_roots: &[PathBuf]) -> Result<ClientConfig> {
     let mut roots = RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
@@ -205,7 +246,7 @@ fn tls_config(extra_roots: &[PathBuf]) -> Result<Arc<ClientConfig>> {
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ClientConfig::builder_with_provider(provider)
+    let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| {
             AdapterError::new(ErrorCode::Internal, "cannot configure TLS for the relay")
@@ -213,209 +254,283 @@ fn tls_config(extra_roots: &[PathBuf]) -> Result<Arc<ClientConfig>> {
         })?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    // The relay speaks HTTP/1.1 on both sides.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(config)
 }
 
 struct Relay {
     upstream: Upstream,
     substitutions: Vec<(String, String)>,
+    /// The secrets' bytes, masked in every response.
+    masks: Arc<Vec<Vec<u8>>>,
+}
+
+/// What a request header holds of the placeholders.
+enum Credential {
+    /// No placeholder.
+    None,
+    /// A placeholder where it belongs: this is the header's value with the secret.
+    Substituted(HeaderValue),
+    /// A placeholder anywhere else.
+    Misplaced,
 }
 
 impl Relay {
-    async fn serve(&self, mut client: UnixStream) {
-        let head = tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client, Vec::new())).await;
-        let (head, rest) = match head {
-            Ok(Ok(read)) => read,
-            Ok(Err(HeadError::TooLarge)) => return refuse(client, HEAD_TOO_LARGE).await,
-            Ok(Err(HeadError::Closed)) | Err(_) => return,
+    async fn serve(self: Arc<Self>, client: UnixStream) {
+        let relay = self.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let relay = relay.clone();
+            async move { Ok::<_, std::convert::Infallible>(relay.handle(req).await) }
+        });
+        let _ = http1_server()
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(client), service)
+            .await;
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let (method, path) = (parts.method.clone(), parts.uri.path().to_string());
+        let target = match parts.uri.path_and_query() {
+            Some(t) if parts.uri.scheme().is_none() && t.as_str().starts_with('/') => {
+                t.as_str().to_string()
+            }
+            _ => {
+                return api_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "the relay takes origin-form requests (/v1/...) only",
+                )
+            }
         };
-        let Some(head) = self.rewrite_request(&head) else {
-            return refuse(client, BAD_REQUEST).await;
+        if self.holds_placeholder(target.as_bytes()) {
+            return self.misplaced(&method, &path, "the request target");
+        }
+        if !ROUTES.iter().any(|(m, p)| *m == method && *p == path) {
+            tracing::warn!("model relay: refused {method} {path}: not a route the CLI uses");
+            return api_error(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                &format!("{method} {path} is not a Messages API route the sandbox relays"),
+            );
+        }
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(HOST);
+        for (name, value) in parts.headers.iter_mut() {
+            match self.credential(name, value) {
+                Credential::None => {}
+                Credential::Substituted(secret) => *value = secret,
+                Credential::Misplaced => {
+                    return self.misplaced(&method, &path, &format!("the {name} header"))
+                }
+            }
+        }
+        // Plain bytes back, so the masking below sees the secret if it is there.
+        parts
+            .headers
+            .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        let uri = format!(
+            "{}{}{target}",
+            self.upstream.origin, self.upstream.base_path
+        );
+        parts.uri = match uri.parse() {
+            Ok(uri) => uri,
+            Err(_) => {
+                return api_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "bad target",
+                )
+            }
         };
-        let upstream = match self.upstream.connect().await {
-            Ok(upstream) => upstream,
-            Err(reason) => {
+        match self
+            .upstream
+            .client
+            .request(Request::from_parts(parts, body))
+            .await
+        {
+            Ok(response) => self.masked(response),
+            Err(e) => {
+                let reason = self.failure(&e);
                 tracing::warn!("model relay: {reason}");
-                let _ = client.write_all(&bad_gateway(&reason)).await;
-                return;
+                api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
             }
-        };
-        exchange(client, upstream, head, rest).await;
+        }
     }
 
-    /// The request head as it goes upstream (it holds the secret: never log it), or `None` for
-    /// a malformed head.
-    fn rewrite_request(&self, head: &str) -> Option<String> {
-        let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
-        // A bare CR or LF inside a line may end it for the upstream, smuggling in a header
-        // (a second Host) that the checks below never saw.
-        if head
-            .trim_end_matches("\r\n")
-            .split("\r\n")
-            .any(|l| l.chars().any(|c| c.is_control() && c != '\t'))
-        {
-            return None;
-        }
-        let mut parts = lines.next()?.split(' ');
-        let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some()
-            || method.is_empty()
-            || !target.starts_with('/')
-            || !version.starts_with("HTTP/1.")
-        {
-            return None;
-        }
-        let mut out = format!("{method} {}{target} {version}\r\n", self.upstream.base_path);
-        // Obsolete line folding (a line starting with blank space) is refused as RFC 9112 5.2
-        // allows, and so is blank space in a name: `Host :` must not pass as another header.
-        let fields: Vec<(&str, &str)> = lines.map(|l| l.split_once(':')).collect::<Option<_>>()?;
-        if fields
+    fn holds_placeholder(&self, bytes: &[u8]) -> bool {
+        self.substitutions
             .iter()
-            .any(|(name, _)| name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()))
-        {
-            return None;
+            .any(|(p, _)| find(bytes, p.as_bytes()).is_some())
+    }
+
+    fn credential(&self, name: &HeaderName, value: &HeaderValue) -> Credential {
+        let bytes = value.as_bytes();
+        if !self.holds_placeholder(bytes) {
+            return Credential::None;
         }
-        // Headers the client's `Connection` names are hop-by-hop too.
-        let named: Vec<String> = fields
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
-            .flat_map(|(_, v)| v.split(','))
-            .map(|t| t.trim().to_ascii_lowercase())
-            .collect();
-        for (name, value) in fields {
-            let lower = name.to_ascii_lowercase();
-            if HOP_BY_HOP.contains(&lower.as_str()) || named.contains(&lower) {
-                continue;
-            }
-            let value = self
-                .substitutions
+        let whole = |v: &[u8]| {
+            self.substitutions
                 .iter()
-                .fold(value.to_string(), |v, (placeholder, secret)| {
-                    v.replace(placeholder.as_str(), secret)
-                });
-            out.push_str(&format!("{name}:{value}\r\n"));
+                .find(|(p, _)| p.as_bytes() == v)
+                .map(|(_, secret)| secret.as_str())
+        };
+        let substituted = if name == "x-api-key" {
+            whole(bytes).map(str::to_string)
+        } else if name == AUTHORIZATION {
+            bytes
+                .split_at_checked(7)
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer "))
+                .and_then(|(_, token)| whole(token))
+                .map(|secret| format!("Bearer {secret}"))
+        } else {
+            None
+        };
+        match substituted.and_then(|v| HeaderValue::from_str(&v).ok()) {
+            Some(mut v) => {
+                v.set_sensitive(true);
+                Credential::Substituted(v)
+            }
+            None => Credential::Misplaced,
         }
-        out.push_str(&format!(
-            "Host: {}\r\nConnection: close\r\n\r\n",
-            self.upstream.authority
-        ));
-        Some(out)
+    }
+
+    fn misplaced(&self, method: &Method, path: &str, place: &str) -> Response<Body> {
+        tracing::warn!(
+            "model relay: refused {method} {path}: the credential placeholder is in {place}"
+        );
+        api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &format!(
+                "the credential placeholder is in {place}; the relay accepts it only as the whole x-api-key value or as Authorization: Bearer"
+            ),
+        )
+    }
+
+    /// Why the upstream request failed, for the 502 and the log: the error's whole chain.
+    fn failure(&self, e: &hyper_util::client::legacy::Error) -> String {
+        let mut chain = Vec::new();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            chain.push(s.to_string());
+            source = s.source();
+        }
+        let origin = self.upstream.origin.split_once("://").map_or("", |o| o.1);
+        let what = match e.is_connect() {
+            true => format!("cannot connect to {origin}"),
+            false => format!("the request to {origin} failed"),
+        };
+        let text = [what]
+            .into_iter()
+            .chain(chain)
+            .collect::<Vec<_>>()
+            .join(": ");
+        String::from_utf8_lossy(&Masker::new(self.masks.clone()).push(text.as_bytes(), true))
+            .into_owned()
+    }
+
+    /// The upstream's response with every secret masked, in its headers and its body.
+    fn masked(&self, response: Response<Incoming>) -> Response<Body> {
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        for value in parts.headers.values_mut() {
+            let masked = Masker::new(self.masks.clone()).push(value.as_bytes(), true);
+            if masked != value.as_bytes() {
+                *value = HeaderValue::from_bytes(&masked).unwrap_or(HeaderValue::from_static(""));
+            }
+        }
+        let masker = Masker::new(self.masks.clone());
+        let frames = futures::stream::unfold(Some((body, masker)), |state| async move {
+            let (mut body, mut masker) = state?;
+            loop {
+                match body.frame().await {
+                    // Trailers are dropped: the Messages API sends none, and they are not
+                    // masked.
+                    Some(Ok(frame)) => {
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
+                        let out = masker.push(&data, false);
+                        if !out.is_empty() {
+                            return Some((Ok(Frame::data(Bytes::from(out))), Some((body, masker))));
+                        }
+                    }
+                    Some(Err(e)) => return Some((Err(BoxError::from(e)), None)),
+                    None => {
+                        let tail = masker.push(&[], true);
+                        return (!tail.is_empty())
+                            .then(|| (Ok(Frame::data(Bytes::from(tail))), None));
+                    }
+                }
+            }
+        });
+        Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
     }
 }
 
-/// Sends the request upstream and the response back, both as they arrive, until the upstream
-/// closes after its response or the client goes away (then the upstream connection is dropped,
-/// which tells the upstream to stop working on the request).
-async fn exchange(
-    mut client: UnixStream,
-    upstream: Box<dyn ByteStream>,
-    head: String,
-    body_start: Vec<u8>,
-) {
-    let (mut client_rd, mut client_wr) = client.split();
-    let (mut up_rd, mut up_wr) = tokio::io::split(upstream);
-    let upload = async {
-        let start = [head.as_bytes(), &body_start].concat();
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut next: &[u8] = &start;
-        loop {
-            // Flushed at once: a TLS stream holds written bytes until then.
-            if up_wr.write_all(next).await.is_err() || up_wr.flush().await.is_err() {
-                // The upstream stopped reading; the response it may have sent still counts.
-                return std::future::pending().await;
-            }
-            match client_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => next = &buf[..n],
-            }
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Masks secrets in a stream of chunks: each occurrence becomes as many `*`, so lengths (and a
+/// `Content-Length`) stay right. A chunk's end that may be the start of a secret is held until
+/// the next chunk says whether it is.
+struct Masker {
+    secrets: Arc<Vec<Vec<u8>>>,
+    held: Vec<u8>,
+}
+
+impl Masker {
+    fn new(secrets: Arc<Vec<Vec<u8>>>) -> Self {
+        Masker {
+            secrets,
+            held: Vec::new(),
         }
-    };
-    let download = async {
-        let mut pending = Vec::new();
-        loop {
-            let (head, rest) = match read_head(&mut up_rd, pending).await {
-                Ok(read) => read,
-                Err(e) => {
-                    let reason = match e {
-                        HeadError::TooLarge => "the upstream's response head is too large",
-                        HeadError::Closed => {
-                            "the upstream closed the connection without a response"
-                        }
-                    };
-                    tracing::warn!("model relay: {reason}");
-                    let _ = client_wr.write_all(&bad_gateway(reason)).await;
-                    return;
-                }
-            };
-            // Interim responses (100 Continue) go through as they are; the final one follows.
-            let code = status(&head);
-            if (100..200).contains(&code) && code != 101 {
-                if client_wr.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                pending = rest;
+    }
+
+    /// The masked bytes that are settled after `chunk`; `last` settles everything.
+    fn push(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.held);
+        buf.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(buf.len());
+        let mut i = 0;
+        while i < buf.len() {
+            let rest = &buf[i..];
+            if let Some(secret) = self.secrets.iter().find(|s| rest.starts_with(s)) {
+                out.resize(out.len() + secret.len(), b'*');
+                i += secret.len();
                 continue;
             }
-            if client_wr
-                .write_all(rewrite_response(&head).as_bytes())
-                .await
-                .is_ok()
-                && client_wr.write_all(&rest).await.is_ok()
+            if !last
+                && self
+                    .secrets
+                    .iter()
+                    .any(|s| s.len() > rest.len() && s.starts_with(rest))
             {
-                let _ = tokio::io::copy(&mut up_rd, &mut client_wr).await;
+                self.held = rest.to_vec();
+                break;
             }
-            let _ = client_wr.shutdown().await;
-            return;
+            out.push(buf[i]);
+            i += 1;
         }
-    };
-    tokio::select! {
-        _ = upload => {}
-        _ = download => {}
+        out
     }
 }
 
-/// The status code of a response head (0 when there is none).
-fn status(head: &str) -> u16 {
-    head.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The response head with `Connection: close`, which tells the client to reconnect for its
-/// next request.
-fn rewrite_response(head: &str) -> String {
-    let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
-    let mut out = format!("{}\r\n", lines.next().unwrap_or_default());
-    for line in lines {
-        let name = line.split(':').next().unwrap_or_default();
-        if !(name.eq_ignore_ascii_case("connection") || name.eq_ignore_ascii_case("keep-alive")) {
-            out.push_str(line);
-            out.push_str("\r\n");
-        }
-    }
-    out.push_str("Connection: close\r\n\r\n");
-    out
-}
-
-/// The relay's own answer when the upstream cannot be reached: a 502 whose body has the
-/// Anthropic API's error shape, so the CLI shows the reason.
-fn bad_gateway(reason: &str) -> Vec<u8> {
+/// An error answer of the relay's own, shaped like the Anthropic API's so the CLI shows it.
+fn api_error(status: StatusCode, kind: &str, message: &str) -> Response<Body> {
     let body = serde_json::json!({
         "type": "error",
-        "error": {
-            "type": "api_error",
-            "message": format!("claude-runtime-adapter relay: {reason}"),
-        },
+        "error": { "type": kind, "message": format!("claude-runtime-adapter relay: {message}") },
     })
     .to_string();
-    format!(
-        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 #[cfg(test)]
@@ -430,10 +545,13 @@ mod tests {
     use tokio_rustls::rustls::ServerConfig;
     use tokio_rustls::TlsAcceptor;
 
+    use super::super::proxy::test_io::read_head;
     use super::*;
 
     const PH: &str = "sk-ant-sandbox-placeholder-test";
     const SECRET: &str = "sk-ant-real-secret";
+    /// A request on a route the relay forwards.
+    const MESSAGES: &[u8] = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
 
     /// A test upstream on 127.0.0.1; each connection is handled by `handle`. Returns its port.
     async fn upstream<F, Fut>(handle: F) -> u16
@@ -453,7 +571,7 @@ mod tests {
 
     /// Reads one request: its head and its body (Content-Length or chunked).
     async fn read_request(stream: &mut (impl AsyncRead + Unpin)) -> (String, Vec<u8>) {
-        let (head, mut body) = read_head(stream, Vec::new()).await.unwrap();
+        let (head, mut body) = read_head(stream).await;
         let chunked = header(&head, "transfer-encoding").is_some();
         let length: usize = header(&head, "content-length").map_or(0, |v| v.parse().unwrap());
         let mut chunk = [0u8; 8192];
@@ -558,7 +676,6 @@ mod tests {
             header(&head, "authorization"),
             Some(format!("Bearer {SECRET}").as_str())
         );
-        assert_eq!(header(&head, "connection"), Some("close"));
         assert_eq!(header(&head, "x-hop"), None);
         assert_eq!(
             head.matches("Host:").count() + head.matches("host:").count(),
@@ -572,14 +689,16 @@ mod tests {
     async fn each_connection_carries_one_request_and_the_client_reconnects() {
         let (port, mut seen) = recording_upstream().await;
         let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
-        let request = format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\n\r\n");
+        let request = format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n"
+        );
         for _ in 0..2 {
             // `send` reads to the end: the relay closed the connection after the response.
             let answer = send(&relay.socket, request.as_bytes()).await;
             assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
             assert_eq!(header(&answer, "connection"), Some("close"));
             let (head, _) = seen.recv().await.unwrap();
-            assert!(head.starts_with("GET /v1/models HTTP/1.1\r\n"), "{head}");
+            assert!(head.starts_with("POST /v1/messages HTTP/1.1\r\n"), "{head}");
             assert_eq!(header(&head, "x-api-key"), Some(SECRET));
         }
     }
@@ -593,10 +712,10 @@ mod tests {
             async move {
                 read_request(&mut s).await;
                 s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
-                s.write_all(b"13\r\nevent: a\ndata: one\n\n\r\n").await.unwrap();
+                s.write_all(b"14\r\nevent: a\ndata: one\n\n\r\n").await.unwrap();
                 // The second event only once the client has the first.
                 go.notified().await;
-                s.write_all(b"13\r\nevent: b\ndata: two\n\n\r\n0\r\n\r\n").await.unwrap();
+                s.write_all(b"14\r\nevent: b\ndata: two\n\n\r\n0\r\n\r\n").await.unwrap();
             }
         })
         .await;
@@ -657,7 +776,7 @@ mod tests {
     async fn an_unreachable_upstream_answers_502_with_the_reason() {
         let port = closed_port().await;
         let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
-        let answer = send(&relay.socket, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let answer = send(&relay.socket, MESSAGES).await;
         assert!(
             answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
             "{answer}"
@@ -677,21 +796,34 @@ mod tests {
 
     #[tokio::test]
     async fn oversized_and_malformed_heads_are_refused() {
-        let (port, _seen) = recording_upstream().await;
+        let (port, mut seen) = recording_upstream().await;
         let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
         let big = format!("GET / HTTP/1.1\r\nx-big: {}\r\n\r\n", "a".repeat(70 * 1024));
         let answer = send(&relay.socket, big.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
         for bad in [
-            "GET http://evil/ HTTP/1.1\r\n\r\n",
-            "GET / HTTP/1.1\r\nno colon\r\n\r\n",
-            "GET / HTTP/1.1\r\nx: a\r\n folded: b\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost : evil\r\n\r\n",
-            "GET / HTTP/1.1\r\nx: a\nHost: evil\r\n\r\n",
-            "GET / HTTP/1.1\r\nx: a\rHost: evil\r\n\r\n",
+            "POST http://evil/v1/messages HTTP/1.1\r\n\r\n",
+            "POST /v1/messages HTTP/1.1\r\nno colon\r\n\r\n",
+            "POST /v1/messages HTTP/1.1\r\nx: a\r\n folded: b\r\n\r\n",
+            "POST /v1/messages HTTP/1.1\r\nHost : evil\r\n\r\n",
+            "POST /v1/messages HTTP/1.1\r\nx: a\rHost: evil\r\n\r\n",
         ] {
             let answer = send(&relay.socket, bad.as_bytes()).await;
             assert!(answer.starts_with("HTTP/1.1 400 "), "{bad:?}: {answer}");
+        }
+        // A bare LF ends a header line for hyper as for most servers; the head is re-written,
+        // so the upstream still sees one Host, its own.
+        let bare_lf = "POST /v1/messages HTTP/1.1\r\nx: a\nHost: evil\r\nContent-Length: 0\r\n\r\n";
+        let answer = send(&relay.socket, bare_lf.as_bytes()).await;
+        if answer.starts_with("HTTP/1.1 200 ") {
+            let (head, _) = seen.recv().await.unwrap();
+            assert_eq!(
+                header(&head, "host"),
+                Some(format!("127.0.0.1:{port}").as_str())
+            );
+            assert!(!head.to_ascii_lowercase().contains("evil"), "{head}");
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
         }
     }
 
@@ -765,7 +897,7 @@ mod tests {
                 let (head, _) = read_request(&mut tls).await;
                 let body = format!(
                     "{}|{}",
-                    header(&head, "x-api-key").unwrap_or(""),
+                    header(&head, "x-api-key") == Some(SECRET),
                     head.lines().next().unwrap()
                 );
                 let answer = format!(
@@ -787,12 +919,12 @@ mod tests {
         let relay = relay_to(&format!("https://localhost:{port}/gw"), &[pem]).unwrap();
         let answer = send(
             &relay.socket,
-            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\n\r\n").as_bytes(),
+            format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
         )
         .await;
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         assert!(
-            answer.ends_with(&format!("\r\n\r\n{SECRET}|GET /gw/v1/models HTTP/1.1")),
+            answer.ends_with("\r\n\r\ntrue|POST /gw/v1/messages HTTP/1.1"),
             "{answer}"
         );
     }
@@ -802,9 +934,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (port, _) = tls_upstream(dir.path()).await;
         let relay = relay_to(&format!("https://localhost:{port}"), &[]).unwrap();
-        let answer = send(&relay.socket, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let answer = send(&relay.socket, MESSAGES).await;
         assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
-        assert!(answer.contains("TLS handshake with localhost"), "{answer}");
+        assert!(
+            answer.contains(&format!("cannot connect to localhost:{port}")),
+            "{answer}"
+        );
         assert!(answer.contains("UnknownIssuer"), "{answer}");
     }
 
@@ -817,5 +952,192 @@ mod tests {
             let e = tls_config(&roots).err().unwrap();
             assert_eq!(e.code, ErrorCode::InvalidParams);
         }
+    }
+
+    #[tokio::test]
+    async fn a_placeholder_outside_the_credential_headers_is_refused_and_never_substituted() {
+        let (port, mut seen) = recording_upstream().await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        for (request, place) in [
+            (format!("POST /v1/messages HTTP/1.1\r\nx-api-key: {PH}\r\nanthropic-beta: {PH}\r\nContent-Length: 0\r\n\r\n"), "anthropic-beta header"),
+            (format!("POST /v1/messages HTTP/1.1\r\nx-api-key: x{PH}\r\nContent-Length: 0\r\n\r\n"), "x-api-key header"),
+            (format!("POST /v1/messages HTTP/1.1\r\nAuthorization: Basic {PH}\r\nContent-Length: 0\r\n\r\n"), "authorization header"),
+            (format!("POST /v1/messages HTTP/1.1\r\nAuthorization: Bearer {PH} {PH}\r\nContent-Length: 0\r\n\r\n"), "authorization header"),
+            (format!("POST /v1/messages?k={PH} HTTP/1.1\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n"), "request target"),
+            (format!("POST /v1/{PH} HTTP/1.1\r\nContent-Length: 0\r\n\r\n"), "request target"),
+        ] {
+            let answer = send(&relay.socket, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 400 "), "{request:?}: {answer}");
+            assert!(answer.contains(place), "{request:?}: {answer}");
+            assert!(!answer.contains(SECRET), "{answer}");
+        }
+        // None of them went upstream: the first request there is the next, legitimate one.
+        let good = format!("POST /v1/messages HTTP/1.1\r\nauthorization: bearer {PH}\r\nanthropic-beta: b1\r\nContent-Length: 0\r\n\r\n");
+        assert!(send(&relay.socket, good.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 200 "));
+        let (head, _) = seen.recv().await.unwrap();
+        assert_eq!(
+            header(&head, "authorization"),
+            Some(format!("Bearer {SECRET}").as_str())
+        );
+        assert_eq!(header(&head, "anthropic-beta"), Some("b1"));
+        assert!(seen.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn only_the_routes_the_cli_uses_are_forwarded() {
+        let (port, mut seen) = recording_upstream().await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        for refused in [
+            "GET /v1/models",
+            "GET /v1/messages",
+            "POST /v1/files",
+            "POST /api/oauth/claude_cli/create_api_key",
+            "POST /v1/messages/batches",
+            "POST /v1/messages/../models",
+        ] {
+            let request =
+                format!("{refused} HTTP/1.1\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n");
+            let answer = send(&relay.socket, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 404 "), "{refused}: {answer}");
+        }
+        for route in [
+            "/v1/messages?beta=true",
+            "/v1/messages/count_tokens?beta=true",
+        ] {
+            let request =
+                format!("POST {route} HTTP/1.1\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n");
+            assert!(send(&relay.socket, request.as_bytes())
+                .await
+                .starts_with("HTTP/1.1 200 "));
+            let (head, _) = seen.recv().await.unwrap();
+            assert!(head.starts_with(&format!("POST {route} ")), "{head}");
+        }
+        assert!(seen.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn the_secret_is_masked_in_response_headers_and_streamed_bodies_even_split_across_chunks()
+    {
+        let split = Arc::new(Notify::new());
+        let go = split.clone();
+        let port = upstream(move |mut s| {
+            let go = go.clone();
+            async move {
+                read_request(&mut s).await;
+                let (a, b) = SECRET.split_at(9);
+                s.write_all(format!("HTTP/1.1 400 Bad Request\r\nx-echo: key {SECRET}\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes()).await.unwrap();
+                let first = format!("event: a\n\ndata: {a}");
+                s.write_all(format!("{:x}\r\n{first}\r\n", first.len()).as_bytes()).await.unwrap();
+                go.notified().await;
+                let second = format!("{b} quoted\n\n");
+                s.write_all(format!("{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).as_bytes()).await.unwrap();
+            }
+        })
+        .await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        let mut client = UnixStream::connect(&relay.socket).await.unwrap();
+        client
+            .write_all(
+                format!(
+                    "POST /v1/messages HTTP/1.1\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        // What precedes the split reaches the client before the rest exists.
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).contains("event: a\n\n") {
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .expect("the first event arrives")
+                .unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&chunk[..n]);
+        }
+        split.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        let got = String::from_utf8(got).unwrap();
+        assert!(
+            !got.contains(SECRET) && !got.contains(&SECRET[..9]),
+            "{got}"
+        );
+        let stars = "*".repeat(SECRET.len());
+        assert_eq!(
+            header(&got, "x-echo"),
+            Some(format!("key {stars}").as_str())
+        );
+        // The held-back start of the secret comes masked with the rest, in the next chunk.
+        assert!(got.contains("data: \r\n"), "{got}");
+        assert!(got.contains(&format!("{stars} quoted\n\n")), "{got}");
+    }
+
+    #[test]
+    fn masking_holds_back_only_what_may_begin_a_secret() {
+        let mut m = Masker::new(Arc::new(vec![b"secret".to_vec()]));
+        assert_eq!(m.push(b"a sec", false), b"a ");
+        assert_eq!(m.push(b"re", false), b"");
+        assert_eq!(m.push(b"t, se", false), b"******, ");
+        assert_eq!(m.push(b"x", false), b"sex");
+        assert_eq!(m.push(b"secre", false), b"");
+        assert_eq!(m.push(b"", true), b"secre");
+    }
+
+    /// An https upstream on hyper (keep-alive, like the real API) answering every request with
+    /// 200; counts the TCP connections it accepts.
+    async fn pooled_tls_upstream(
+        dir: &Path,
+    ) -> (u16, PathBuf, Arc<std::sync::atomic::AtomicUsize>) {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let pem = dir.join("ca.pem");
+        std::fs::write(&pem, cert.cert.pem()).unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap();
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let port = upstream(move |tcp| {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(full("ok")))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            }
+        })
+        .await;
+        (port, pem, accepted)
+    }
+
+    #[tokio::test]
+    async fn upstream_connections_are_reused_across_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, pem, accepted) = pooled_tls_upstream(dir.path()).await;
+        let relay = relay_to(&format!("https://localhost:{port}"), &[pem]).unwrap();
+        let request =
+            format!("POST /v1/messages HTTP/1.1\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n");
+        for _ in 0..20 {
+            let answer = send(&relay.socket, request.as_bytes()).await;
+            assert!(answer.ends_with("\r\n\r\nok"), "{answer}");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }
