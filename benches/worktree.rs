@@ -177,6 +177,7 @@ fn main() {
     let view_request = ViewRequest {
         default_branch: "main".into(),
         session: SessionRecord::default(),
+        sandboxed: true,
     };
     let (mut views, mut clones, mut view_cleanups) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..=rounds {
@@ -219,6 +220,35 @@ fn main() {
         ms(r),
         ms(c),
         v.as_secs_f64() / c.as_secs_f64()
+    );
+
+    // --- 16 concurrent views: shared (sandboxed sessions) vs one each (`sandbox: false`) ---
+    let concurrent_views = |sandboxed: bool| {
+        let req = ViewRequest {
+            sandboxed,
+            ..view_request.clone()
+        };
+        let t = Instant::now();
+        let views = rt.block_on(futures::future::join_all(
+            (0..16).map(|_| rg.provision_view(&req, &go)),
+        ));
+        let wall = t.elapsed();
+        let views: Vec<_> = views.into_iter().map(Result::unwrap).collect();
+        let mut dirs: Vec<_> = views.iter().map(|v| v.path.clone()).collect();
+        dirs.dedup();
+        for v in &views {
+            rt.block_on(v.cleanup()).unwrap();
+        }
+        (wall, dirs.len())
+    };
+    let (shared_wall, shared_dirs) = concurrent_views(true);
+    let (own_wall, own_dirs) = concurrent_views(false);
+    println!(
+        "16 concurrent views: shared (sandboxed) {} for {shared_dirs} checkout(s), one each \
+         (sandbox: false) {} for {own_dirs} -> ratio {:.2}",
+        ms(shared_wall),
+        ms(own_wall),
+        shared_wall.as_secs_f64() / own_wall.as_secs_f64()
     );
 
     // --- patch extraction vs `git add -A && git diff --cached --binary` -------------------

@@ -43,6 +43,7 @@ fn repo() -> (tempfile::TempDir, PathBuf) {
     (tmp, root)
 }
 
+/// A view of `main` for a sandboxed session (as sessions run by default).
 fn request() -> ViewRequest {
     ViewRequest {
         default_branch: "main".into(),
@@ -50,6 +51,7 @@ fn request() -> ViewRequest {
             session_id: "planner-session".into(),
             transcript: None,
         },
+        sandboxed: true,
     }
 }
 
@@ -200,6 +202,56 @@ async fn a_stopped_or_dropped_view_provision_leaves_nothing() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_which_goes_with_the_last() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let go = CancellationToken::new();
+    let req = request();
+    let (a, b) = tokio::join!(rg.provision_view(&req, &go), rg.provision_view(&req, &go));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.path, b.path);
+    let c = rg.provision_view(&request(), &go).await.unwrap();
+    assert_eq!(c.path, a.path);
+    let path = a.path.clone();
+    a.cleanup().await.unwrap();
+    a.cleanup().await.unwrap();
+    assert!(path.join("a.txt").exists());
+    // A share dropped without cleanup: the others still hold the view, so it stays live.
+    drop(b);
+    assert!(rg.sweep_stale(true).await.unwrap().is_empty());
+    assert!(path.join("a.txt").exists());
+    c.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+    // The next session makes a fresh one.
+    let d = rg.provision_view(&request(), &go).await.unwrap();
+    assert_ne!(d.path, path);
+    d.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn unsandboxed_sessions_and_other_commits_get_views_of_their_own() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let go = CancellationToken::new();
+    let mut unsandboxed = request();
+    unsandboxed.sandboxed = false;
+    let a = rg.provision_view(&unsandboxed, &go).await.unwrap();
+    let b = rg.provision_view(&unsandboxed, &go).await.unwrap();
+    assert_ne!(a.path, b.path);
+    let c = rg.provision_view(&request(), &go).await.unwrap();
+    let mut older = request();
+    older.default_branch = "main~1".into();
+    let d = rg.provision_view(&older, &go).await.unwrap();
+    assert_ne!(c.path, d.path);
+    assert_eq!(std::fs::read(d.path.join("a.txt")).unwrap(), b"one\n");
+    for v in [a, b, c, d] {
+        v.cleanup().await.unwrap();
     }
     assert_eq!(leftovers(&root), (vec![], false));
 }

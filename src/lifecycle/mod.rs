@@ -184,6 +184,7 @@ impl Session {
             _ => Workspace::View(ViewRequest {
                 default_branch: cfg.default_branch.clone(),
                 session,
+                sandboxed: cfg.sandbox.is_some(),
             }),
         };
         let request = EnvRequest {
