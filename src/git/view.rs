@@ -54,8 +54,8 @@ pub struct ViewRequest {
 }
 
 /// A session's share of a view of the repository. While any share exists the view is live in
-/// this process (no sweep removes it); the last [`RepoView::cleanup`] removes it. Shares dropped
-/// without cleanup leave it to the next sweep.
+/// this process (no sweep removes it); the last [`RepoView::cleanup`] removes it. A view whose
+/// last share is dropped without cleanup is left to the next sweep.
 pub struct RepoView {
     pub path: PathBuf,
     /// Hex oid of the default branch's commit the view holds.
