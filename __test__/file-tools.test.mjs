@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
-import { setup } from './support/harness.mjs';
+import { setup, viewOf } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -29,8 +29,8 @@ const write = (file_path, content = 'agent was here\n') => toolUse('Write', { fi
 const edit = (file_path) => toolUse('Edit', { file_path, old_string: 'temp repo', new_string: 'owned repo' });
 const read = (file_path) => toolUse('Read', { file_path });
 
-/** The session's cwd: an Implementor's worktree (`<repoRoot>/.worktrees/<branch>`), else the repository. */
-const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees', ROLES.implementor.params().branchName) : h.repo.root);
+/** The session's cwd: an Implementor's worktree (`<repoRoot>/.worktrees/<branch>`), else its view of the repository. */
+const cwdOf = (role) => (role === 'implementor' ? join(h.repo.root, '.worktrees', ROLES.implementor.params().branchName) : viewOf(h.repo.root));
 
 /**
  * One session of `role` whose model makes each call of `calls` (a block, or a function of the

@@ -5,9 +5,12 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
 import { apiError, bash, latestToolResultText, reply, scenario, structured, text, toolNames } from './support/fake-api.mjs';
-import { collect, engineState, rejection, setup } from './support/harness.mjs';
+import { collect, engineState, isViewOf, rejection, setup } from './support/harness.mjs';
 
 const done = implementorDone;
+
+/** The cwd the transcript's init line names. */
+const transcriptCwd = (log) => /\bcwd=(\S+) /.exec(log)?.[1];
 
 let h;
 afterEach(async () => {
@@ -31,7 +34,7 @@ function processesWith(marker) {
 }
 
 describe('each role resolves with its validated result', () => {
-  it('planner resolves with its PlannerResult and runs at the repository root', async () => {
+  it("planner resolves with its PlannerResult and runs in its view of the repository's default branch", async () => {
     const plan = { role: 'planner', create: [{ tempID: 't1', title: 'Do it', body: 'Body', labels: ['x'], blockedBy: [] }], close: [], update: [] };
     h = await setup({
       script: scenario.steps([reply(text('Planning.'), structured(plan))]),
@@ -43,7 +46,7 @@ describe('each role resolves with its validated result', () => {
     expect(result).toEqual(plan);
     expect(out).toBe('Planning.');
     const log = readFileSync(handle.logFilePath, 'utf8');
-    expect(log).toContain(`cwd=${h.repo.root} `);
+    expect(isViewOf(h.repo.root, transcriptCwd(log)), log).toBe(true);
     // the enriched prompt reached the model
     const first = h.api.mainBodies()[0];
     expect(JSON.stringify(first.messages)).toContain('### specs/a.md (added)');
@@ -62,8 +65,9 @@ describe('each role resolves with its validated result', () => {
     });
     const handle = await h.adapter().startAgent({ role: 'reviewer', workItemID: '7', revisionID: 'r1' });
     expect(await handle.result).toEqual(review);
-    // no worktree: the reviewer runs at the repository root
-    expect(readFileSync(handle.logFilePath, 'utf8')).toContain(`cwd=${h.repo.root} `);
+    // no worktree: the reviewer runs in its read-only view of the default branch
+    const log = readFileSync(handle.logFilePath, 'utf8');
+    expect(isViewOf(h.repo.root, transcriptCwd(log)), log).toBe(true);
   });
 
   it('implementor resolves with its result and the extracted patch', async () => {

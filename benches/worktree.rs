@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use claude_runtime_adapter::git::{ProvisionRequest, RepoGit, SessionRecord};
+use claude_runtime_adapter::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use tokio_util::sync::CancellationToken;
 
 fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
@@ -171,6 +171,84 @@ fn main() {
         ms(o),
         ms(p),
         o.as_secs_f64() / p.as_secs_f64()
+    );
+
+    // --- a Planner's/Reviewer's view vs an Implementor's clone (before this: no view at all) -
+    let view_request = ViewRequest {
+        default_branch: "main".into(),
+        session: SessionRecord::default(),
+        sandboxed: true,
+    };
+    let (mut views, mut clones, mut view_cleanups) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let run_view = || {
+            let t = Instant::now();
+            let v = rt.block_on(rg.provision_view(&view_request, &go)).unwrap();
+            let d = t.elapsed();
+            let t = Instant::now();
+            rt.block_on(v.cleanup()).unwrap();
+            (d, t.elapsed())
+        };
+        let run_clone = || {
+            let t = Instant::now();
+            let wt = rt
+                .block_on(rg.provision(&request(format!("viewpeer{round}")), &go))
+                .unwrap();
+            let d = t.elapsed();
+            rt.block_on(wt.cleanup()).unwrap();
+            d
+        };
+        let ((d_view, d_rm), d_clone) = if round % 2 == 0 {
+            let v = run_view();
+            (v, run_clone())
+        } else {
+            let c = run_clone();
+            (run_view(), c)
+        };
+        if round > 0 {
+            views.push(d_view);
+            view_cleanups.push(d_rm);
+            clones.push(d_clone);
+        }
+    }
+    let (v, c, r) = (median(views), median(clones), median(view_cleanups));
+    println!(
+        "planner/reviewer repository view (median of {rounds}): make {} + remove {}, per session; \
+         the Planner's cost before it: 0 (it saw the repository directory); an Implementor's \
+         clone {} -> view/clone ratio {:.2}",
+        ms(v),
+        ms(r),
+        ms(c),
+        v.as_secs_f64() / c.as_secs_f64()
+    );
+
+    // --- 16 concurrent views: shared (sandboxed sessions) vs one each (`sandbox: false`) ---
+    let concurrent_views = |sandboxed: bool| {
+        let req = ViewRequest {
+            sandboxed,
+            ..view_request.clone()
+        };
+        let t = Instant::now();
+        let views = rt.block_on(futures::future::join_all(
+            (0..16).map(|_| rg.provision_view(&req, &go)),
+        ));
+        let wall = t.elapsed();
+        let views: Vec<_> = views.into_iter().map(Result::unwrap).collect();
+        let mut dirs: Vec<_> = views.iter().map(|v| v.path.clone()).collect();
+        dirs.dedup();
+        for v in &views {
+            rt.block_on(v.cleanup()).unwrap();
+        }
+        (wall, dirs.len())
+    };
+    let (shared_wall, shared_dirs) = concurrent_views(true);
+    let (own_wall, own_dirs) = concurrent_views(false);
+    println!(
+        "16 concurrent views: shared (sandboxed) {} for {shared_dirs} checkout(s), one each \
+         (sandbox: false) {} for {own_dirs} -> ratio {:.2}",
+        ms(shared_wall),
+        ms(own_wall),
+        shared_wall.as_secs_f64() / own_wall.as_secs_f64()
     );
 
     // --- patch extraction vs `git add -A && git diff --cached --binary` -------------------

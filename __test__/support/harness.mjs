@@ -2,7 +2,7 @@
 // real Claude Code CLI, the way the engine wires it: config, deps from providers, a logger.
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import * as addon from '../../index.js';
 import { offlineCliEnv } from './cli-env.mjs';
 import { startFakeApi } from './fake-api.mjs';
@@ -164,3 +164,15 @@ export function markedProcesses(marker) {
 }
 
 export { addon };
+
+const VIEW_NAME = /^\.view-[0-9a-f-]{36}$/;
+
+/** Whether `path` is a Planner's or Reviewer's view of `root` (src/git/view.rs): its cwd. */
+export const isViewOf = (root, path) => dirname(path) === join(root, '.worktrees') && VIEW_NAME.test(basename(path));
+
+/** The one view of `root` while a single Planner or Reviewer session runs (its cwd). */
+export function viewOf(root) {
+  const views = readdirSync(join(root, '.worktrees')).filter((n) => VIEW_NAME.test(n));
+  if (views.length !== 1) throw new Error(`expected one view under ${root}/.worktrees, found ${views.length}`);
+  return join(root, '.worktrees', views[0]);
+}

@@ -1,5 +1,7 @@
 //! The local environment: an Implementor's private clone under `.worktrees/` (see
-//! [`crate::git::provision`]) or, for a Planner or Reviewer, the repository itself; on Linux the
+//! [`crate::git::provision`]) or, for a Planner or Reviewer, a read-only view of the default
+//! branch (see [`crate::git::view`]; with `sandbox: false` too: it costs one checkout and keeps
+//! the repository's config and ignored files out of the agent's way); on Linux the
 //! CLI runs inside one bubblewrap sandbox per session ([`crate::sandbox`]), elsewhere directly
 //! (macOS: under Claude Code's own Seatbelt sandbox for its commands).
 
@@ -9,10 +11,10 @@ use std::path::{Path, PathBuf};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand};
+use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::{RepoGit, Worktree};
+use crate::git::{RepoGit, RepoView, Worktree};
 use crate::sandbox::{env_value, find_on_path, EgressSink, SessionSandbox, SessionScope};
 
 /// Makes [`LocalEnvironment`]s.
@@ -26,16 +28,18 @@ impl Backend for LocalBackend {
         stop: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<Box<dyn Environment>>> {
         Box::pin(async move {
-            let checkout = match &req.checkout {
-                Some(p) => Some(RepoGit::for_repo(&req.repo_root).provision(p, stop).await?),
-                None => None,
+            let repo = RepoGit::for_repo(&req.repo_root);
+            let workspace = match &req.workspace {
+                Workspace::Checkout(p) => Made::Checkout(repo.provision(p, stop).await?),
+                Workspace::View(v) => Made::View(repo.provision_view(v, stop).await?),
             };
             let env: Box<dyn Environment> = Box::new(LocalEnvironment {
-                workdir: checkout
-                    .as_ref()
-                    .map_or_else(|| req.repo_root.clone(), |w| w.path.clone()),
+                workdir: match &workspace {
+                    Made::Checkout(w) => w.path.clone(),
+                    Made::View(v) => v.path.clone(),
+                },
                 repo_root: req.repo_root,
-                checkout,
+                workspace,
                 sandbox: req.sandbox,
                 env: req.env,
                 egress: req.egress,
@@ -46,12 +50,18 @@ impl Backend for LocalBackend {
     }
 }
 
+/// What was provisioned for the agent to work in.
+enum Made {
+    Checkout(Worktree),
+    View(RepoView),
+}
+
 // Only Linux builds its sandbox from the repository and the egress sink.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct LocalEnvironment {
     workdir: PathBuf,
     repo_root: PathBuf,
-    checkout: Option<Worktree>,
+    workspace: Made,
     sandbox: Option<SandboxConfig>,
     /// The CLI's environment (its `TMPDIR` is the temp dir without the sandbox).
     env: Vec<(String, String)>,
@@ -62,28 +72,23 @@ pub struct LocalEnvironment {
 
 #[cfg(target_os = "linux")]
 impl LocalEnvironment {
-    /// What the session sees: its clone read-write and the object stores it borrows from, or
-    /// the repository read-only (with its git dir, wherever that is); the CLI's directory.
+    /// What the session sees: its clone read-write, or its view of the repository read-only,
+    /// and the object stores either borrows from (never the repository directory itself: its
+    /// config, ignored files and other sessions' clones stay out); the CLI's directory.
     async fn scope(&self, program: &Path) -> SessionScope {
         let mut scope = SessionScope {
             cwd: self.workdir.clone(),
             ..SessionScope::default()
         };
+        match &self.workspace {
+            Made::Checkout(w) => scope.writable.push(w.path.clone()),
+            Made::View(v) => scope.readable.push(v.path.clone()),
+        }
         let repo = RepoGit::for_repo(&self.repo_root);
-        let common = repo.common_dir().await.ok();
-        match &self.checkout {
-            Some(w) => {
-                scope.writable.push(w.path.clone());
-                if let Some(c) = &common {
-                    scope.readable.extend(crate::git::repo::object_dirs(c));
-                }
-            }
-            None => {
-                scope.readable.push(self.repo_root.clone());
-                scope
-                    .readable
-                    .extend(common.filter(|c| !c.starts_with(&self.repo_root)));
-            }
+        if let Ok(common) = repo.common_dir().await {
+            scope
+                .readable
+                .extend(crate::git::repo::object_dirs(&common));
         }
         if let Some(dir) = program.parent() {
             scope.readable.push(dir.to_path_buf());
@@ -122,7 +127,7 @@ impl Environment for LocalEnvironment {
     }
 
     fn has_checkout(&self) -> bool {
-        self.checkout.is_some()
+        matches!(self.workspace, Made::Checkout(_))
     }
 
     fn temp_dir(&self) -> PathBuf {
@@ -191,9 +196,9 @@ impl Environment for LocalEnvironment {
 
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>> {
         Box::pin(async move {
-            match &self.checkout {
-                Some(w) => w.extract_patch().await,
-                None => Ok(String::new()),
+            match &self.workspace {
+                Made::Checkout(w) => w.extract_patch().await,
+                Made::View(_) => Ok(String::new()),
             }
         })
     }
@@ -202,13 +207,14 @@ impl Environment for LocalEnvironment {
         Box::pin(async move {
             // The CLI has exited: its proxy and relay go.
             self.running = None;
-            if keep_checkout {
-                // Released: no longer live in this process, so a sweep may save and remove it.
-                self.checkout = None;
+            if keep_checkout && matches!(self.workspace, Made::Checkout(_)) {
+                // Kept, not removed: released (no longer live in this process, so a sweep may
+                // save and remove it) when this environment is dropped.
+                return Ok(());
             }
-            match &self.checkout {
-                Some(w) => w.cleanup().await,
-                None => Ok(()),
+            match &self.workspace {
+                Made::Checkout(w) => w.cleanup().await,
+                Made::View(v) => v.cleanup().await,
             }
         })
     }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SandboxConfig;
 use crate::error::Result;
-use crate::git::ProvisionRequest;
+use crate::git::{ProvisionRequest, ViewRequest};
 use crate::sandbox::EgressSink;
 
 pub use local::LocalBackend;
@@ -30,9 +30,8 @@ pub use local::LocalBackend;
 pub struct EnvRequest {
     /// The engine's repository.
     pub repo_root: PathBuf,
-    /// `Some` for an Implementor: its own writable checkout on its branch. `None`: the
-    /// repository, read-only (Planner, Reviewer).
-    pub checkout: Option<ProvisionRequest>,
+    /// What the agent works in.
+    pub workspace: Workspace,
     /// The OS sandbox (`None` = `sandbox: false`).
     pub sandbox: Option<SandboxConfig>,
     /// The CLI's environment as the adapter built it (credentials included: the environment
@@ -40,6 +39,15 @@ pub struct EnvRequest {
     pub env: Vec<(String, String)>,
     /// Where network attempts from inside are reported.
     pub egress: Option<EgressSink>,
+}
+
+/// What the agent works in.
+pub enum Workspace {
+    /// An Implementor's own writable checkout on its branch.
+    Checkout(ProvisionRequest),
+    /// A Planner's or Reviewer's read-only view of the default branch
+    /// ([`crate::git::view`]): not the repository directory, which holds credentials.
+    View(ViewRequest),
 }
 
 /// A process to run in the environment.
@@ -83,7 +91,7 @@ pub trait Backend: Send + Sync {
 
 /// One session's environment.
 pub trait Environment: Send + Sync {
-    /// Where the agent works (its checkout, or the repository).
+    /// Where the agent works (its checkout, or its view of the repository).
     fn workdir(&self) -> &Path;
     /// True when the agent has a checkout of its own whose patch is its work.
     fn has_checkout(&self) -> bool;

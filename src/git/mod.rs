@@ -1,4 +1,4 @@
-//! Git for Implementor sessions, one concern per module:
+//! Git for sessions, one concern per module:
 //!
 //! - [`repo`]: the per-repository state shared process-wide ([`RepoGit`]: its lock, the live
 //!   checkouts, the small metadata operations, the records of the adapter's clones);
@@ -14,6 +14,9 @@
 //!   their work; it never touches anything else;
 //! - [`owner`] and [`record`]: the records that say a checkout is ours, whose it is, and how to
 //!   save its work; [`list`]: reading worktrees from git's own files and clones from our records;
+//! - [`view`]: a Planner's or Reviewer's read-only view of the repository (the default
+//!   branch's content and history, no config, no ignored files, no other session's clone),
+//!   made, recorded and swept like a clone;
 //! - [`command`]: the hygiene every git invocation needs; [`version`]: the git 2.30 minimum.
 //!
 //! Everything here works with git 2.30 (Debian 11). napi-free.
@@ -30,6 +33,7 @@ pub mod repo;
 pub(crate) mod setup;
 pub mod sweep;
 pub mod version;
+pub mod view;
 pub mod worktree;
 
 pub use command::CommandError;
@@ -39,4 +43,5 @@ pub use record::SessionRecord;
 pub use repo::{RepoGit, WORKTREES_DIR};
 pub use sweep::Swept;
 pub use version::{check_git_version, MIN_GIT_VERSION};
+pub use view::{RepoView, ViewRequest};
 pub use worktree::Worktree;

@@ -57,7 +57,7 @@ pub struct ProvisionRequest {
     pub extraction_timeout: Duration,
 }
 
-fn cancelled() -> AdapterError {
+pub(crate) fn cancelled() -> AdapterError {
     AdapterError::new(
         ErrorCode::Cancelled,
         "the session was stopped while its worktree was being provisioned",
@@ -79,10 +79,7 @@ impl RepoGit {
         let path = self.worktree_path(&req.branch);
         let base_commit = self.claim(req, &path, stop).await?;
         // From here on any failure (or the future being dropped) removes what was made.
-        let mut guard = ProvisionGuard {
-            repo: Some(self.arc()),
-            path: path.clone(),
-        };
+        let mut guard = ProvisionGuard::new(self, &path);
         match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot_tree) => {
                 let jail = self.extraction_jail(&path).await?;
@@ -122,22 +119,9 @@ impl RepoGit {
         let base = self.resolve_commit(&req.default_branch).await?;
         self.clear_path(path, &base, req.extraction_timeout, stop)
             .await?;
-        let record_dir = self.record_dir(path).await?;
-        let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
-            let mut record = AdminRecord::new(&req.session, &req.branch, &base);
-            record.path = path.to_str().map(str::to_string);
-            record.write(&record_dir)?;
-            self.owner.write_lock(&record_dir)
-        });
-        if let Err(e) = written {
-            let _ = std::fs::remove_dir_all(&record_dir);
-            return Err(provision_error(format!(
-                "cannot record the owner of the new worktree at {}",
-                path.display()
-            ))
-            .with_cause(e));
-        }
-        lock_std(&self.live).insert(path.to_path_buf());
+        let mut record = AdminRecord::new(&req.session, &req.branch, &base);
+        record.path = path.to_str().map(str::to_string);
+        self.record_clone(path, &record).await?;
         Ok(base)
     }
 
@@ -331,19 +315,27 @@ fn push_tail(message: &mut String, output: &str) {
     }
 }
 
-/// Rolls a half-provisioned worktree back: awaited on error paths, spawned if the provision
-/// future is dropped.
-struct ProvisionGuard {
+/// Rolls a half-provisioned worktree (or repository view, [`super::view`]) back: awaited on
+/// error paths, spawned if the provision future is dropped.
+pub(crate) struct ProvisionGuard {
     repo: Option<Arc<RepoGit>>,
     path: PathBuf,
 }
 
 impl ProvisionGuard {
-    fn disarm(&mut self) {
+    /// Armed for the clone at `path`, which [`RepoGit::record_clone`] has recorded.
+    pub(crate) fn new(repo: &RepoGit, path: &Path) -> ProvisionGuard {
+        ProvisionGuard {
+            repo: Some(repo.arc()),
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
         self.repo = None;
     }
 
-    async fn rollback(&mut self) {
+    pub(crate) async fn rollback(&mut self) {
         if let Some(repo) = self.repo.take() {
             if let Err(e) = repo.remove_session(&self.path).await {
                 tracing::warn!(path = %self.path.display(), error = %e, "rolling back a failed provision failed");

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use super::command::{run_git, run_git_retrying, CommandError};
 use super::list::{self, ListedWorktree};
 use super::owner::Owner;
+use super::record::AdminRecord;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::{Jail, JailPlan};
 
@@ -254,6 +255,27 @@ impl RepoGit {
             tmpfs_size: Some(EXTRACTION_TMPFS_BYTES),
             ..JailPlan::default()
         })))
+    }
+
+    /// Records the clone about to be made at `path` as this process's (the session record,
+    /// then the owner record beside it) and marks it live. The caller holds the lock; a
+    /// failure leaves no record.
+    pub(crate) async fn record_clone(&self, path: &Path, record: &AdminRecord) -> Result<()> {
+        let record_dir = self.record_dir(path).await?;
+        let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
+            record.write(&record_dir)?;
+            self.owner.write_lock(&record_dir)
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_dir_all(&record_dir);
+            return Err(provision_error(format!(
+                "cannot record the owner of the new worktree at {}",
+                path.display()
+            ))
+            .with_cause(e));
+        }
+        lock_std(&self.live).insert(path.to_path_buf());
+        Ok(())
     }
 
     /// Removes the clone at `path` and its records (a session's cleanup, a rollback).

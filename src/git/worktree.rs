@@ -73,12 +73,18 @@ impl Worktree {
     /// Idempotent: once it has succeeded, later calls do
     /// nothing. A failed attempt can be retried.
     pub async fn cleanup(&self) -> Result<()> {
-        let s = &self.state;
-        if s.cleaned.load(Ordering::SeqCst) {
+        self.state.remove().await
+    }
+}
+
+impl WorktreeState {
+    /// Removes the clone and its records, once (see [`Worktree::cleanup`]).
+    pub(crate) async fn remove(&self) -> Result<()> {
+        if self.cleaned.load(Ordering::SeqCst) {
             return Ok(());
         }
-        s.repo.remove_session(&s.path).await?;
-        s.cleaned.store(true, Ordering::SeqCst);
+        self.repo.remove_session(&self.path).await?;
+        self.cleaned.store(true, Ordering::SeqCst);
         Ok(())
     }
 }

@@ -42,9 +42,9 @@ use crate::claude::session::{
 use crate::context::{self, FetchOptions};
 use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
-use crate::environment::{EnvRequest, Environment, ExecCommand};
+use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::{ProvisionRequest, SessionRecord};
+use crate::git::{ProvisionRequest, SessionRecord, ViewRequest};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::sandbox::{self, EgressAttempt, EgressSink, ReadGuard, WriteScope};
@@ -174,30 +174,35 @@ impl Session {
         }
     }
 
-    /// The session's environment: the Implementor's checkout, and the sandbox every role
-    /// runs in. The transcript is opened first, so the checkout's record names it: a crash's
+    /// The session's environment: the Implementor's checkout or the Planner's and Reviewer's
+    /// view of the repository, and the sandbox every role runs in. The transcript is opened first, so the checkout's record names it: a crash's
     /// sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
         let cfg = self.adapter.config();
         self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
-        let checkout = match &self.params {
-            StartParams::Implementor { branch_name, .. } => Some(ProvisionRequest {
+        let session = SessionRecord {
+            session_id: self.id.clone(),
+            transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
+        };
+        let workspace = match &self.params {
+            StartParams::Implementor { branch_name, .. } => Workspace::Checkout(ProvisionRequest {
                 branch: branch_name.clone(),
                 default_branch: cfg.default_branch.clone(),
                 setup: cfg.worktree_setup_command.clone(),
                 env: self.env.clone(),
                 setup_timeout: cfg.worktree_setup_timeout,
-                session: SessionRecord {
-                    session_id: self.id.clone(),
-                    transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
-                },
+                session: session.clone(),
                 extraction_timeout: cfg.extraction_timeout,
             }),
-            _ => None,
+            _ => Workspace::View(ViewRequest {
+                default_branch: cfg.default_branch.clone(),
+                session,
+                sandboxed: cfg.sandbox.is_some(),
+            }),
         };
         let request = EnvRequest {
             repo_root: cfg.repo_root.clone(),
-            checkout,
+            workspace,
             sandbox: cfg.sandbox.clone(),
             env: self.env.clone(),
             egress: Some(self.egress_sink()),

@@ -1,0 +1,257 @@
+//! A Planner's or Reviewer's view of the repository against real git repositories in temp dirs:
+//! what it holds, and that nothing of it outlives its session, a stopped provision or a dead
+//! engine. (What an agent can read of it through the CLI: `__test__/repo-view.test.mjs`.)
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use claude_runtime_adapter::git::{RepoGit, SessionRecord, ViewRequest};
+use tokio_util::sync::CancellationToken;
+
+mod common;
+use common::{configure, git};
+
+/// A repository with two commits on `main`, checked out on another branch with an uncommitted
+/// change, a token in its origin URL and an ignored `.env`.
+fn repo() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    git(&root, &["init", "-q", "-b", "main"]);
+    configure(&root);
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    std::fs::write(root.join(".gitignore"), ".env\n").unwrap();
+    git(&root, &["add", "-A"]);
+    git(&root, &["commit", "-q", "-m", "first"]);
+    std::fs::write(root.join("a.txt"), "two\n").unwrap();
+    git(&root, &["commit", "-q", "-am", "second"]);
+    git(
+        &root,
+        &[
+            "remote",
+            "add",
+            "origin",
+            "https://x-access-token:TOKEN@github.com/o/r.git",
+        ],
+    );
+    std::fs::write(root.join(".env"), "SECRET=1\n").unwrap();
+    git(&root, &["checkout", "-q", "-b", "other"]);
+    std::fs::write(root.join("a.txt"), "other\n").unwrap();
+    git(&root, &["commit", "-q", "-am", "other"]);
+    std::fs::write(root.join("a.txt"), "uncommitted\n").unwrap();
+    let root = std::fs::canonicalize(root).unwrap();
+    (tmp, root)
+}
+
+/// A view of `main` for a sandboxed session (as sessions run by default).
+fn request() -> ViewRequest {
+    ViewRequest {
+        default_branch: "main".into(),
+        session: SessionRecord {
+            session_id: "planner-session".into(),
+            transcript: None,
+        },
+        sandboxed: true,
+    }
+}
+
+/// Every entry of `.worktrees/` and whether the adapter has any record in the git dir.
+fn leftovers(root: &Path) -> (Vec<String>, bool) {
+    let mut entries: Vec<String> = std::fs::read_dir(root.join(".worktrees"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    (entries, root.join(".git/claude-runtime-adapter").exists())
+}
+
+#[tokio::test]
+async fn a_view_is_main_checked_out_with_its_history_and_no_remote_config_or_ignored_file() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let view = rg
+        .provision_view(&request(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(view.path.starts_with(root.join(".worktrees")));
+    assert_eq!(
+        view.commit,
+        git(&root, &["rev-parse", "main"]).trim().to_string()
+    );
+    assert_eq!(std::fs::read(view.path.join("a.txt")).unwrap(), b"two\n");
+    assert!(!view.path.join(".env").exists());
+    assert_eq!(git(&view.path, &["log", "--format=%s"]), "second\nfirst\n");
+    assert_eq!(
+        git(&view.path, &["branch", "--show-current"]).trim(),
+        "main"
+    );
+    assert_eq!(
+        git(&view.path, &["for-each-ref", "--format=%(refname)"]),
+        "refs/heads/main\n"
+    );
+    assert_eq!(git(&view.path, &["status", "--porcelain"]), "");
+    let config = std::fs::read_to_string(view.path.join(".git/config")).unwrap();
+    assert!(
+        !config.contains("remote") && !config.contains("TOKEN"),
+        "{config}"
+    );
+    // The engine's checkout is as it was.
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"uncommitted\n");
+    assert_eq!(git(&root, &["status", "--porcelain"]), " M a.txt\n");
+
+    view.cleanup().await.unwrap();
+    view.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn a_view_of_a_revision_that_is_no_branch_has_a_detached_head_there() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let mut req = request();
+    req.default_branch = "main~1".into();
+    let view = rg
+        .provision_view(&req, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(view.path.join("a.txt")).unwrap(), b"one\n");
+    assert_eq!(git(&view.path, &["log", "--format=%s"]), "first\n");
+    assert_eq!(git(&view.path, &["branch", "--show-current"]), "");
+    view.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_view_of_a_shallow_repository_has_its_history_as_far_as_it_goes() {
+    let (t, root) = repo();
+    let shallow = t.path().join("shallow");
+    let url = format!("file://{}", root.display());
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            "--depth",
+            "1",
+            "--branch",
+            "main",
+            &url,
+            shallow.to_str().unwrap(),
+        ],
+    );
+    let rg = RepoGit::for_repo(&shallow);
+    let view = rg
+        .provision_view(&request(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(git(&view.path, &["log", "--format=%s"]), "second\n");
+    view.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_view_left_by_its_session_is_swept_and_nothing_is_saved_from_it() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let view = rg
+        .provision_view(&request(), &CancellationToken::new())
+        .await
+        .unwrap();
+    let path = view.path.clone();
+    // Live while its session holds it.
+    assert!(rg.sweep_stale(true).await.unwrap().is_empty());
+    assert!(path.exists());
+    // Dropped without cleanup (its session's process is as good as gone): the sweep removes it.
+    drop(view);
+    let swept = rg.sweep_stale(true).await.unwrap();
+    assert_eq!(swept.len(), 1, "{swept:?}");
+    assert_eq!(swept[0].path, path);
+    assert_eq!(swept[0].patch, None);
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn a_stopped_or_dropped_view_provision_leaves_nothing() {
+    let (_t, root) = repo();
+    for i in 0..300 {
+        let dir = root.join(format!("d{}", i % 10));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), "x\n".repeat(1000)).unwrap();
+    }
+    git(&root, &["checkout", "-q", "-f", "main"]);
+    git(&root, &["add", "-A"]);
+    git(&root, &["commit", "-q", "-m", "many files"]);
+    let rg = RepoGit::for_repo(&root);
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let err = rg.provision_view(&request(), &stop).await.unwrap_err();
+    assert_eq!(
+        err.code,
+        claude_runtime_adapter::error::ErrorCode::Cancelled
+    );
+    // Dropped part-way through the checkout: the rollback runs in the background.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(30),
+        rg.provision_view(&request(), &CancellationToken::new()),
+    )
+    .await;
+    assert!(dropped.is_err(), "the provision finished within 30 ms");
+    for _ in 0..200 {
+        if leftovers(&root) == (vec![], false) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_which_goes_with_the_last() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let go = CancellationToken::new();
+    let req = request();
+    let (a, b) = tokio::join!(rg.provision_view(&req, &go), rg.provision_view(&req, &go));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.path, b.path);
+    let c = rg.provision_view(&request(), &go).await.unwrap();
+    assert_eq!(c.path, a.path);
+    let path = a.path.clone();
+    a.cleanup().await.unwrap();
+    a.cleanup().await.unwrap();
+    assert!(path.join("a.txt").exists());
+    // A share dropped without cleanup: the others still hold the view, so it stays live.
+    drop(b);
+    assert!(rg.sweep_stale(true).await.unwrap().is_empty());
+    assert!(path.join("a.txt").exists());
+    c.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+    // The next session makes a fresh one.
+    let d = rg.provision_view(&request(), &go).await.unwrap();
+    assert_ne!(d.path, path);
+    d.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+}
+
+#[tokio::test]
+async fn unsandboxed_sessions_and_other_commits_get_views_of_their_own() {
+    let (_t, root) = repo();
+    let rg = RepoGit::for_repo(&root);
+    let go = CancellationToken::new();
+    let mut unsandboxed = request();
+    unsandboxed.sandboxed = false;
+    let a = rg.provision_view(&unsandboxed, &go).await.unwrap();
+    let b = rg.provision_view(&unsandboxed, &go).await.unwrap();
+    assert_ne!(a.path, b.path);
+    let c = rg.provision_view(&request(), &go).await.unwrap();
+    let mut older = request();
+    older.default_branch = "main~1".into();
+    let d = rg.provision_view(&older, &go).await.unwrap();
+    assert_ne!(c.path, d.path);
+    assert_eq!(std::fs::read(d.path.join("a.txt")).unwrap(), b"one\n");
+    for v in [a, b, c, d] {
+        v.cleanup().await.unwrap();
+    }
+    assert_eq!(leftovers(&root), (vec![], false));
+}
