@@ -160,11 +160,18 @@ async fn a_view_left_by_its_session_is_swept_and_nothing_is_saved_from_it() {
         .unwrap();
     let path = view.path.clone();
     // Live while its session holds it.
-    assert!(rg.sweep_stale(true).await.unwrap().is_empty());
+    assert!(rg
+        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap()
+        .is_empty());
     assert!(path.exists());
     // Dropped without cleanup (its session's process is as good as gone): the sweep removes it.
     drop(view);
-    let swept = rg.sweep_stale(true).await.unwrap();
+    let swept = rg
+        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert_eq!(swept[0].path, path);
     assert_eq!(swept[0].patch, None);
@@ -223,7 +230,11 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_which_goes_w
     assert!(path.join("a.txt").exists());
     // A share dropped without cleanup: the others still hold the view, so it stays live.
     drop(b);
-    assert!(rg.sweep_stale(true).await.unwrap().is_empty());
+    assert!(rg
+        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .await
+        .unwrap()
+        .is_empty());
     assert!(path.join("a.txt").exists());
     c.cleanup().await.unwrap();
     assert_eq!(leftovers(&root), (vec![], false));

@@ -32,13 +32,14 @@ pub fn configure(dir: &Path) {
     }
 }
 
+/// What tests bound extraction and salvage with: far beyond what any of them needs.
+#[allow(dead_code)]
+pub const EXTRACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A provision request for `branch` on `main`, the test process's environment, a generous setup
 /// limit, and a session record without a transcript. (Each test crate compiles this module on
 /// its own; the sandbox tests do not provision through it.)
 #[allow(dead_code)]
-/// What tests bound extraction and salvage with: far beyond what any of them needs.
-pub const EXTRACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
-
 pub fn request(
     branch: &str,
     setup: Option<&[&str]>,
