@@ -10,7 +10,7 @@
 //! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay).
 //! [`WriteScope`] and [`ReadGuard`] answer the CLI's file-tool hooks natively — a clearer reason
 //! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
-//! macOS keeps Claude Code's own Seatbelt sandbox ([`seatbelt_settings`]).
+//! macOS keeps Claude Code's own Seatbelt sandbox (`seatbelt.rs`).
 
 mod available;
 mod credentials;
@@ -18,6 +18,9 @@ pub mod jail;
 mod proxy;
 mod read_guard;
 mod relay;
+// Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
+#[cfg(any(target_os = "macos", test))]
+mod seatbelt;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -32,6 +35,8 @@ pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::{placeholder, ModelRelay};
+#[cfg(target_os = "macos")]
+pub use seatbelt::seatbelt_settings;
 pub use write_scope::WriteScope;
 
 /// The model API's credential variables: replaced by placeholders inside, added back by the
@@ -301,31 +306,6 @@ impl Drop for SocketDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// macOS: the CLI's own Seatbelt sandbox for its commands, through `--settings` (bubblewrap
-/// does not exist there). Writes: the working directory and `allowWrite`; reads: not the
-/// credential stores; network: `allowedDomains` through the CLI's proxy.
-#[cfg(target_os = "macos")]
-pub fn seatbelt_settings(cfg: &SandboxConfig, cli_env: &[(String, String)]) -> String {
-    let deny_read: Vec<String> = credential_stores(cli_env)
-        .into_iter()
-        .filter(|p| p.exists())
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let allow_write: Vec<String> = cfg
-        .allow_write
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let settings = serde_json::json!({ "sandbox": {
-        "enabled": true,
-        "failIfUnavailable": true,
-        "allowUnsandboxedCommands": false,
-        "network": { "allowedDomains": cfg.allowed_domains },
-        "filesystem": { "allowWrite": allow_write, "denyRead": deny_read },
-    }});
-    format!("--settings={settings}")
 }
 
 #[cfg(test)]
