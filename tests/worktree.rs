@@ -1,4 +1,6 @@
 //! Worktree provisioning, cleanup and sweep against real git repositories in temp dirs.
+// Executable hooks and git wrappers are shell scripts with unix modes; crashes are SIGKILLs.
+#![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

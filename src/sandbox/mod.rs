@@ -280,13 +280,11 @@ impl SocketDir {
             "claude-runtime-adapter-{}",
             uuid::Uuid::new_v4().simple()
         ));
-        let made = std::fs::create_dir(&dir).and_then(|()| {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-            }
-            Ok(())
+        let made = std::fs::create_dir(&dir);
+        #[cfg(unix)]
+        let made = made.and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         });
         made.map_err(|e| {
             AdapterError::new(

@@ -18,7 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+pub(super) use tokio::net::{UnixListener, UnixStream};
+// Windows has no unix sockets and runs no session sandbox (`ERR_SANDBOX_UNAVAILABLE` before
+// anything starts): binding fails there, and TCP types stand in so the servers' code stays one.
+#[cfg(not(unix))]
+pub(super) use tokio::net::{TcpListener as UnixListener, TcpStream as UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -131,7 +137,11 @@ impl UnixServer {
             )
             .with_cause(e)
         };
-        let listener = UnixListener::bind(socket).map_err(cannot)?;
+        #[cfg(unix)]
+        let bound = UnixListener::bind(socket);
+        #[cfg(not(unix))]
+        let bound: std::io::Result<UnixListener> = Err(std::io::ErrorKind::Unsupported.into());
+        let listener = bound.map_err(cannot)?;
         let server = UnixServer {
             path: socket.to_path_buf(),
             stop: CancellationToken::new(),
@@ -444,7 +454,7 @@ async fn socks5(mut client: impl ByteStream, ctx: &Ctx) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use std::sync::Mutex;
 

@@ -15,14 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use tokio_rustls::TlsConnector;
 
 use super::proxy::{
-    read_head, refuse, split_host_port, ByteStream, HeadError, UnixServer, BAD_REQUEST,
+    read_head, refuse, split_host_port, ByteStream, HeadError, UnixServer, UnixStream, BAD_REQUEST,
     HEAD_TOO_LARGE, STEP_TIMEOUT,
 };
 use crate::error::{AdapterError, ErrorCode, Result};
@@ -418,7 +418,7 @@ fn bad_gateway(reason: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use std::future::Future;
     use std::time::Duration;
