@@ -184,6 +184,24 @@ async fn a_stale_worktrees_branch_whose_commits_the_patch_cannot_hold_is_kept() 
 }
 
 #[tokio::test]
+async fn a_stale_worktree_whose_directory_is_gone_keeps_its_branch_with_the_unsaved_commit() {
+    let (_t, root) = repo();
+    add_worktree(&root, "gone-dir", None);
+    let old = root.join(".worktrees/gone-dir");
+    std::fs::write(old.join("only-here.rs"), "x\n").unwrap();
+    git(&old, &["add", "-A"]);
+    git(&old, &["commit", "-q", "-m", "only in the branch"]);
+    let tip = head(&root, "gone-dir");
+    // Deleted by hand: git still lists it, there is nothing to save a patch from.
+    std::fs::remove_dir_all(&old).unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "gone-dir", None).await.unwrap();
+    assert!(salvaged(&root).is_empty());
+    assert_eq!(head(&root, "gone-dir"), tip);
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_stale_worktree_on_another_branch_is_replaced_and_that_branch_kept() {
     let (_t, root) = repo();
     // At the session's path, but on a branch that is not the session's.
