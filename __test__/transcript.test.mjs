@@ -3,9 +3,10 @@
 // OS sandbox on), fake Messages API.
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
-import { bash, reply, scenario, text } from './support/fake-api.mjs';
+import { bash, reply, scenario, text, toolUse } from './support/fake-api.mjs';
 import { setup } from './support/harness.mjs';
 
 const done = implementorDone;
@@ -43,6 +44,41 @@ describe('the transcript records what each tool call returned', () => {
     expect(log.indexOf(failed)).toBeGreaterThan(log.indexOf('[tool_use] Bash: ls /no/such/dir-for-the-transcript'));
     // Each entry carries the transcript's timestamp format.
     expect(log).toMatch(/\n\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[tool_result\] Bash: error, /);
+  });
+
+  it('shows which file a Read, Write or Edit touched and which pattern a Grep or Glob searched where', async () => {
+    h = await setup({ state: implementorState, bodies: { 7: 'x' } });
+    const wt = join(h.repo.root, '.worktrees', implementorParams.branchName);
+    const calls = [
+      toolUse('Write', { file_path: join(wt, 'notes.md'), content: 'one\ntwo\n' }),
+      toolUse('Read', { file_path: join(wt, 'notes.md') }),
+      toolUse('Edit', { file_path: join(wt, 'notes.md'), old_string: 'two', new_string: 'three' }),
+      toolUse('Grep', { pattern: 'thr+ee', path: wt }),
+      toolUse('Glob', { pattern: '**/*.md', path: wt }),
+    ];
+    h.api.setScript(scenario.steps([...calls.map((c) => reply(c)), done()]));
+    const handle = await h.adapter().startAgent(implementorParams);
+    const result = await handle.result;
+    expect(result.patch).toContain('+three');
+    const log = readFileSync(handle.logFilePath, 'utf8');
+    const lines = [
+      `Write ${join(wt, 'notes.md')} (8 bytes)`,
+      `Read ${join(wt, 'notes.md')}`,
+      `Edit ${join(wt, 'notes.md')}`,
+      `Grep thr+ee in ${wt}`,
+      `Glob **/*.md in ${wt}`,
+    ];
+    let at = 0;
+    for (const line of lines) {
+      const i = log.indexOf(`[tool_use] ${line}\n`, at);
+      expect(i, `${line}\n${log}`).toBeGreaterThan(at);
+      // Each call's line comes before its own result (this CLI has no Grep or Glob tool: the
+      // call, as the model made it, is still recorded, then the CLI's refusal).
+      const tool = line.split(' ')[0];
+      const res = log.indexOf(`[tool_result] ${tool}: `, i);
+      expect(res, log).toBeGreaterThan(i);
+      at = res;
+    }
   });
 
   it('shows the first 4 KiB of a long result and its whole size', async () => {

@@ -115,4 +115,15 @@ describe('ci.yml', () => {
     expect(pkg.scripts.test).not.toContain('install-check');
     expect(pkg.scripts['test:install']).toBe('node scripts/install-check.mjs');
   });
+
+  it('.ci/run lints the macOS and Windows targets from Linux (check:platforms) after the tests', () => {
+    const lines = readFileSync(join(root, '.ci', 'run'), 'utf8').split('\n').map((l) => l.trim());
+    expect(lines.indexOf('npm run check:platforms')).toBeGreaterThan(lines.indexOf('npm run test:install'));
+    expect(pkg.scripts['check:platforms']).toBe('node scripts/platform-check.mjs');
+    const script = readFileSync(join(root, 'scripts', 'platform-check.mjs'), 'utf8');
+    expect(script).toContain("const MACOS = ['aarch64-apple-darwin', 'x86_64-apple-darwin'];");
+    expect(script).toContain("const WINDOWS = ['x86_64-pc-windows-msvc'];");
+    expect(script).toContain('targets.push(...MACOS, ...WINDOWS)');
+    expect(script).toContain("'--all-targets', '--', '-D', 'warnings'");
+  });
 });

@@ -1,7 +1,7 @@
 // Implementor worktrees and the patch, end to end through the addon: the real CLI for the
 // agent's edits, the fake CLI where only provisioning and cleanup are under test.
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -158,7 +158,7 @@ describe('provisioning', () => {
     await rejection(handle.result);
   });
 
-  it("a stale worktree another tool left at the session's path is saved as a patch (path logged at warn), then replaced; the session runs", async () => {
+  it("a stale worktree another tool left at the session's path is saved as a patch (path logged at warn), then replaced with its branch; the session runs", async () => {
     h = await setup({ state: items(1), bodies: bodies(1), script: scenario.steps([bash('echo new > new.txt'), structured({ role: 'implementor', outcome: 'completed', summary: 's' })]) });
     const root = h.repo.root;
     // What the TypeScript adapter or the v1 agent manager leaves after a crash: an unlocked
@@ -174,8 +174,33 @@ describe('provisioning', () => {
     const saved = readFileSync(warned.data.patch, 'utf8');
     expect(saved).toContain('+++ b/old.txt');
     expect(saved).toContain('+++ b/committed.txt');
-    // The other tool's branch (with its commit) is not this adapter's to delete.
-    expect(worktreesAndBranches(root)).toEqual({ worktrees: 0, branches: ['main', 'wi-0'] });
+    // The branch of the session's branchName goes too (spec 000 resets and deletes it); its
+    // commit is in the saved patch.
+    expect(worktreesAndBranches(root)).toEqual({ worktrees: 0, branches: ['main'] });
+  });
+
+  it('an Implementor on the default branch or on a branch checked out in the repository is ERR_INVALID_PARAMS naming branchName; nothing is made', async () => {
+    h = await setup({ state: items(1), bodies: bodies(1), script: scenario.steps([structured({ role: 'implementor', outcome: 'completed', summary: 's' })]) });
+    const root = h.repo.root;
+    const elsewhere = mkdtempSync(join(tmpdir(), 'cra-elsewhere-'));
+    rmSync(elsewhere, { recursive: true });
+    git(root, 'worktree', 'add', '-q', '-b', 'busy', elsewhere, 'main');
+    const marker = join(h.scratch, 'setup-ran');
+    const adapter = addon.createClaudeAdapter({ ...h.config, worktreeSetupCommand: ['sh', '-c', `touch ${marker}`] }, h.deps);
+    try {
+      for (const [branchName, why] of [['main', 'is the defaultBranch'], ['busy', `is checked out in the repository at ${elsewhere}`]]) {
+        const err = await rejection(adapter.startAgent({ role: 'implementor', workItemID: '0', branchName }));
+        expect(err.code).toBe('ERR_INVALID_PARAMS');
+        expect(err.message).toContain(`branchName "${branchName}" ${why}`);
+      }
+      expect(existsSync(join(root, '.worktrees'))).toBe(false);
+      expect(existsSync(marker)).toBe(false);
+      expect(existsSync(h.config.logging.logsDir) ? readdirSync(h.config.logging.logsDir) : []).toEqual([]);
+      expect(worktreesAndBranches(root)).toEqual({ worktrees: 1, branches: ['busy', 'main'] });
+      expect(h.api.requests).toEqual([]);
+    } finally {
+      git(root, 'worktree', 'remove', '--force', elsewhere);
+    }
   });
 
   it("a locked worktree at the session's path is ERR_PROVISION naming the path and what to do; it is untouched", async () => {

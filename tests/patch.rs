@@ -1,6 +1,8 @@
 //! Patch extraction against real git repositories: every patch is applied with
 //! `git apply --index` to a fresh clone checked out at the base commit and the files compared
 //! byte for byte (modes too).
+// Unix file modes and raw-byte paths throughout (the executable bit, non-UTF-8 names).
+#![cfg(unix)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

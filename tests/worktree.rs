@@ -1,4 +1,6 @@
 //! Worktree provisioning, cleanup and sweep against real git repositories in temp dirs.
+// Executable hooks and git wrappers are shell scripts with unix modes; crashes are SIGKILLs.
+#![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -125,7 +127,8 @@ async fn cleanup_removes_worktree_and_branch_and_second_call_does_nothing() {
 }
 
 #[tokio::test]
-async fn another_tools_stale_worktree_at_the_path_is_saved_as_a_patch_then_replaced() {
+async fn another_tools_stale_worktree_at_the_path_is_saved_as_a_patch_then_replaced_with_its_branch(
+) {
     let (_t, root) = repo();
     // What the TypeScript adapter or the v1 agent manager leaves: an unlocked worktree on the
     // branch, with a commit and uncommitted work.
@@ -145,9 +148,83 @@ async fn another_tools_stale_worktree_at_the_path_is_saved_as_a_patch_then_repla
         text.contains("committed.rs") && text.contains("junk"),
         "{text}"
     );
-    // Its branch is the other tool's: kept, with its commit.
-    assert!(branches(&root).contains(&"stale".to_string()));
+    // Its branch is the session's branchName (spec 000 resets and deletes it); its commit is
+    // in the saved patch.
+    assert_eq!(branches(&root), ["main"]);
     assert_eq!(worktree_paths(&root).len(), 1);
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stale_worktrees_branch_whose_commits_the_patch_cannot_hold_is_kept() {
+    let (_t, root) = repo();
+    // A branch with no history in common with main: its patch is measured from its own HEAD,
+    // so its commit is not in it.
+    let old = root.join(".worktrees/unrelated");
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "--detach",
+            old.to_str().unwrap(),
+            "main",
+        ],
+    );
+    git(&old, &["checkout", "-q", "--orphan", "unrelated"]);
+    std::fs::write(old.join("own.rs"), "own\n").unwrap();
+    git(&old, &["add", "-A"]);
+    git(&old, &["commit", "-q", "-m", "own history"]);
+    let tip = head(&root, "unrelated");
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "unrelated", None).await.unwrap();
+    assert_eq!(head(&root, "unrelated"), tip);
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stale_worktree_whose_directory_is_gone_keeps_its_branch_with_the_unsaved_commit() {
+    let (_t, root) = repo();
+    add_worktree(&root, "gone-dir", None);
+    let old = root.join(".worktrees/gone-dir");
+    std::fs::write(old.join("only-here.rs"), "x\n").unwrap();
+    git(&old, &["add", "-A"]);
+    git(&old, &["commit", "-q", "-m", "only in the branch"]);
+    let tip = head(&root, "gone-dir");
+    // Deleted by hand: git still lists it, there is nothing to save a patch from.
+    std::fs::remove_dir_all(&old).unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "gone-dir", None).await.unwrap();
+    assert!(salvaged(&root).is_empty());
+    assert_eq!(head(&root, "gone-dir"), tip);
+    wt.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stale_worktree_on_another_branch_is_replaced_and_that_branch_kept() {
+    let (_t, root) = repo();
+    // At the session's path, but on a branch that is not the session's.
+    let old = root.join(".worktrees/mine");
+    git(
+        &root,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "theirs",
+            old.to_str().unwrap(),
+            "main",
+        ],
+    );
+    std::fs::write(old.join("theirs.rs"), "x\n").unwrap();
+    git(&old, &["add", "-A"]);
+    git(&old, &["commit", "-q", "-m", "theirs"]);
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "mine", None).await.unwrap();
+    assert_eq!(salvaged(&root).len(), 1);
+    assert_eq!(branches(&root), ["main", "theirs"]);
     wt.cleanup().await.unwrap();
 }
 
@@ -247,7 +324,7 @@ async fn the_sessions_branch_starts_at_the_default_branch_whatever_the_repositor
 }
 
 #[tokio::test]
-async fn a_branch_checked_out_elsewhere_does_not_block_a_session_of_that_name() {
+async fn an_implementors_branch_must_not_be_the_default_branch_or_checked_out_in_the_repository() {
     let (_t, root) = repo();
     let other = root.parent().unwrap().join("elsewhere");
     git(
@@ -262,15 +339,38 @@ async fn a_branch_checked_out_elsewhere_does_not_block_a_session_of_that_name() 
             "main",
         ],
     );
+    git(&root, &["branch", "side"]);
     let rg = RepoGit::for_repo(&root);
-    let wt = provision(&rg, "busy", None).await.unwrap();
-    assert_eq!(git(&wt.path, &["branch", "--show-current"]).trim(), "busy");
-    wt.cleanup().await.unwrap();
-    assert!(other.exists());
-    assert!(branches(&root).contains(&"busy".to_string()));
-    let wt = provision(&rg, "main", None).await.unwrap();
-    wt.cleanup().await.unwrap();
-    assert_eq!(branches(&root), ["busy", "main"]);
+    let refused = |err: claude_runtime_adapter::error::AdapterError, branch: &str, why: &str| {
+        assert_eq!(err.code, ErrorCode::InvalidParams, "{branch}");
+        let named = format!("branchName \"{branch}\"");
+        assert!(err.message.contains(&named), "{}", err.message);
+        assert!(err.message.contains(why), "{}", err.message);
+    };
+    for default in ["main", "refs/heads/main"] {
+        let err = rg.check_own_branch("main", default).await.unwrap_err();
+        refused(err, "main", "is the defaultBranch");
+    }
+    let err = rg.check_own_branch("busy", "main").await.unwrap_err();
+    refused(
+        err,
+        "busy",
+        &format!("checked out in the repository at {}", other.display()),
+    );
+    // A branch only of the repository's refs is free, and so is the branch of a stale
+    // worktree at the session's own path (provisioning replaces it).
+    add_worktree(&root, "stale", None);
+    for free in ["side", "stale", "new"] {
+        rg.check_own_branch(free, "main").await.unwrap();
+    }
+    // The main checkout's branch, when that is not the default branch.
+    git(&root, &["checkout", "-q", "side"]);
+    let err = rg.check_own_branch("side", "main").await.unwrap_err();
+    refused(
+        err,
+        "side",
+        &format!("checked out in the repository at {}", root.display()),
+    );
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //! CLI runs inside one bubblewrap sandbox per session ([`crate::sandbox`]), elsewhere directly
 //! (macOS: under Claude Code's own Seatbelt sandbox for its commands).
 
+#[cfg(target_os = "linux")]
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
@@ -15,7 +16,9 @@ use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Worksp
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, find_on_path, EgressSink, SessionSandbox, SessionScope};
+use crate::sandbox::{env_value, EgressSink, SessionSandbox};
+#[cfg(target_os = "linux")]
+use crate::sandbox::{find_on_path, SessionScope};
 
 /// Makes [`LocalEnvironment`]s.
 #[derive(Debug, Default, Clone, Copy)]

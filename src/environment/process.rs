@@ -127,33 +127,31 @@ pub fn session_processes(leader: u32) -> Vec<u32> {
     found
 }
 
-/// Without /proc the session's process group is the best handle there is.
-#[cfg(all(unix, not(target_os = "linux")))]
-pub fn session_processes(leader: u32) -> Vec<u32> {
-    vec![leader]
-}
-
 /// SIGKILL everything of the session until nothing is left (a process may fork while we kill;
 /// a few rounds settle it).
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub fn kill_session(leader: u32) {
     for _ in 0..10 {
         let procs = session_processes(leader);
         if procs.is_empty() {
             break;
         }
-        #[cfg(not(target_os = "linux"))]
-        // SAFETY: plain syscall on our own process group.
-        unsafe {
-            libc::killpg(leader as libc::pid_t, libc::SIGKILL);
-        }
         for pid in &procs {
             signal(*pid, libc::SIGKILL);
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
-        #[cfg(not(target_os = "linux"))]
-        break;
     }
+}
+
+/// SIGKILL the session's process group: without /proc that group is the best handle there is,
+/// and there is nothing to re-check.
+#[cfg(all(unix, not(target_os = "linux")))]
+pub fn kill_session(leader: u32) {
+    // SAFETY: plain syscall on our own process group.
+    unsafe {
+        libc::killpg(leader as libc::pid_t, libc::SIGKILL);
+    }
+    signal(leader, libc::SIGKILL);
 }
 
 #[cfg(windows)]

@@ -104,6 +104,37 @@ impl RepoGit {
         }
     }
 
+    /// An Implementor's branch must be its own, checked before anything is made: spec 000
+    /// force-resets it (`-B`) and deletes it on cleanup, so `branchName` naming `defaultBranch`
+    /// or a branch checked out in the repository (its main checkout or a linked worktree) is a
+    /// mistake of the engine, refused as `ERR_INVALID_PARAMS`. A worktree at the session's own
+    /// path is no obstacle: that is a stale checkout [`RepoGit::clear_path`] replaces.
+    pub async fn check_own_branch(&self, branch: &str, default_branch: &str) -> Result<()> {
+        let default = default_branch
+            .strip_prefix("refs/heads/")
+            .unwrap_or(default_branch);
+        if branch == default {
+            return Err(AdapterError::invalid_params(format!(
+                "branchName {branch:?} is the defaultBranch; an Implementor needs a branch of its \
+                 own (it is created at defaultBranch and deleted after the session)"
+            )));
+        }
+        let own = self.worktree_path(branch);
+        let head = format!("refs/heads/{branch}");
+        let worktrees = self.list_worktrees().await?;
+        match worktrees.iter().find(|w| {
+            w.head_ref.as_deref() == Some(head.as_str()) && !super::repo::same_path(&w.path, &own)
+        }) {
+            Some(w) => Err(AdapterError::invalid_params(format!(
+                "branchName {branch:?} is checked out in the repository at {}; an Implementor \
+                 needs a branch of its own (it is created at defaultBranch and deleted after the \
+                 session)",
+                w.path.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Phase 1, under the lock: clear the path, record the claim. Returns the base commit.
     async fn claim(
         &self,
@@ -117,7 +148,7 @@ impl RepoGit {
         };
         self.ensure_excluded().await?;
         let base = self.resolve_commit(&req.default_branch).await?;
-        self.clear_path(path, &base, req.extraction_timeout, stop)
+        self.clear_path(path, &req.branch, &base, req.extraction_timeout, stop)
             .await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, &base);
         record.path = path.to_str().map(str::to_string);
@@ -127,12 +158,15 @@ impl RepoGit {
 
     /// Whatever is at a session's path before it is provisioned: a stale checkout — this
     /// adapter's clone or worktree from a process that is gone, or a worktree another tool (the
-    /// TypeScript adapter, the v1 agent manager) left — has its work saved, then is removed.
-    /// Refused, each naming the path and what to do: a checkout a live session uses, a worktree
-    /// a person locked, anything that is not a git worktree (never deleted).
+    /// TypeScript adapter, the v1 agent manager) left — has its work saved, then is removed,
+    /// with the session's branch when that worktree had it checked out (see
+    /// [`RepoGit::drop_stale_branch`]). Refused, each naming the path and what to do: a
+    /// checkout a live session uses, a worktree a person locked, work that cannot be saved,
+    /// anything that is not a git worktree (never deleted).
     async fn clear_path(
         &self,
         path: &Path,
+        branch: &str,
         base: &str,
         limit: Duration,
         stop: &CancellationToken,
@@ -183,8 +217,46 @@ impl RepoGit {
                 if let Some(p) = &swept.patch {
                     tracing::warn!(worktree = %at, patch = %p.display(), "a stale worktree was in the way; its changes were saved before it was replaced");
                 }
+                let checked_out =
+                    stale.head_ref.as_deref() == Some(&format!("refs/heads/{branch}"));
+                if checked_out && swept.branch.is_none() && !stale.clone {
+                    self.drop_stale_branch(branch, base, swept.patch.is_some())
+                        .await;
+                }
                 Ok(())
             }
+        }
+    }
+
+    /// The session's branch, left in the repository by the stale worktree just removed from the
+    /// session's path (another tool's, made as spec 000 makes it: `git worktree add -B
+    /// <branchName>`): spec 000 force-resets it and deletes it on cleanup, so it belongs to
+    /// whoever runs that branchName now. Deleted when nothing of it is lost: it has no commit
+    /// beyond `base`, or its commits are in the saved patch (measured from its merge base with
+    /// `base`, which unrelated histories do not have). Otherwise, or if git refuses, it is
+    /// kept and logged; the session does not need it either way (its branch is its clone's).
+    async fn drop_stale_branch(&self, branch: &str, base: &str, saved: bool) {
+        let head = format!("refs/heads/{branch}");
+        let within_base = run_git(&self.root, &["merge-base", "--is-ancestor", &head, base])
+            .await
+            .is_ok();
+        let in_patch = saved
+            && run_git(&self.root, &["merge-base", &head, base])
+                .await
+                .is_ok();
+        if !within_base && !in_patch {
+            tracing::warn!(
+                branch,
+                "kept the branch of a stale worktree: its commits are not in the saved patch"
+            );
+            return;
+        }
+        match self.delete_branch(branch).await {
+            Ok(()) => tracing::info!(
+                branch,
+                "deleted the branch of a stale worktree (its work is in the saved patch)"
+            ),
+            Err(e) => tracing::warn!(branch, error = %e, "kept the branch of a stale worktree"),
         }
     }
 

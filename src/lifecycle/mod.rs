@@ -44,7 +44,7 @@ use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
 use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::{ProvisionRequest, SessionRecord, ViewRequest};
+use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::sandbox::{self, EgressAttempt, EgressSink, ReadGuard, WriteScope};
@@ -343,6 +343,18 @@ impl Session {
         })
     }
 
+    /// An Implementor's branch is its own: not `defaultBranch`, not checked out in the
+    /// repository ([`RepoGit::check_own_branch`]). Checked before anything is made.
+    async fn check_branch(&self) -> Result<()> {
+        let StartParams::Implementor { branch_name, .. } = &self.params else {
+            return Ok(());
+        };
+        let cfg = self.adapter.config();
+        RepoGit::for_repo(&cfg.repo_root)
+            .check_own_branch(branch_name, &cfg.default_branch)
+            .await
+    }
+
     /// Nothing is provisioned for a session that cannot be confined.
     fn check_sandbox(&self) -> Result<()> {
         let cfg = self.adapter.config();
@@ -596,6 +608,7 @@ impl Session {
     /// The steps up to a running agent. A failure cleans what was made and is returned.
     async fn start(mut self) -> Result<(Session, RunningSession)> {
         let started = async {
+            self.check_branch().await?;
             self.check_sandbox()?;
             self.provision().await?;
             let spec = self.assemble().await?;

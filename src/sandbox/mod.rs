@@ -11,7 +11,7 @@
 //! ends and removes the session's cgroup, see [`limits`]).
 //! [`WriteScope`] and [`ReadGuard`] answer the CLI's file-tool hooks natively — a clearer reason
 //! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
-//! macOS keeps Claude Code's own Seatbelt sandbox ([`seatbelt_settings`]).
+//! macOS keeps Claude Code's own Seatbelt sandbox (`seatbelt.rs`).
 
 mod available;
 mod credentials;
@@ -23,6 +23,9 @@ mod proxy;
 mod read_guard;
 mod relay;
 mod toolchains;
+// Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
+#[cfg(any(target_os = "macos", test))]
+mod seatbelt;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -37,6 +40,8 @@ pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::{placeholder, ModelRelay};
+#[cfg(target_os = "macos")]
+pub use seatbelt::seatbelt_settings;
 pub use write_scope::WriteScope;
 
 /// The model API's credential variables: replaced by placeholders inside, added back by the
@@ -336,13 +341,11 @@ impl SocketDir {
             "claude-runtime-adapter-{}",
             uuid::Uuid::new_v4().simple()
         ));
-        let made = std::fs::create_dir(&dir).and_then(|()| {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-            }
-            Ok(())
+        let made = std::fs::create_dir(&dir);
+        #[cfg(unix)]
+        let made = made.and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         });
         made.map_err(|e| {
             AdapterError::new(
@@ -362,31 +365,6 @@ impl Drop for SocketDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// macOS: the CLI's own Seatbelt sandbox for its commands, through `--settings` (bubblewrap
-/// does not exist there). Writes: the working directory and `allowWrite`; reads: not the
-/// credential stores; network: `allowedDomains` through the CLI's proxy.
-#[cfg(target_os = "macos")]
-pub fn seatbelt_settings(cfg: &SandboxConfig, cli_env: &[(String, String)]) -> String {
-    let deny_read: Vec<String> = credential_stores(cli_env)
-        .into_iter()
-        .filter(|p| p.exists())
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let allow_write: Vec<String> = cfg
-        .allow_write
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let settings = serde_json::json!({ "sandbox": {
-        "enabled": true,
-        "failIfUnavailable": true,
-        "allowUnsandboxedCommands": false,
-        "network": { "allowedDomains": cfg.allowed_domains },
-        "filesystem": { "allowWrite": allow_write, "denyRead": deny_read },
-    }});
-    format!("--settings={settings}")
 }
 
 #[cfg(test)]

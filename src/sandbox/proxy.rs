@@ -38,7 +38,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+pub(super) use tokio::net::{UnixListener, UnixStream};
+// Windows has no unix sockets and runs no session sandbox (`ERR_SANDBOX_UNAVAILABLE` before
+// anything starts): binding fails there, and TCP types stand in so the servers' code stays one.
+#[cfg(not(unix))]
+pub(super) use tokio::net::{TcpListener as UnixListener, TcpStream as UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -347,7 +353,11 @@ impl UnixServer {
             )
             .with_cause(e)
         };
-        let listener = UnixListener::bind(socket).map_err(cannot)?;
+        #[cfg(unix)]
+        let bound = UnixListener::bind(socket);
+        #[cfg(not(unix))]
+        let bound: std::io::Result<UnixListener> = Err(std::io::ErrorKind::Unsupported.into());
+        let listener = bound.map_err(cannot)?;
         let server = UnixServer {
             path: socket.to_path_buf(),
             stop: CancellationToken::new(),
@@ -877,7 +887,7 @@ pub(super) mod test_io {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use std::sync::Mutex;
 

@@ -33,12 +33,14 @@ use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
-use super::proxy::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, STEP_TIMEOUT};
+use super::proxy::{
+    full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream, STEP_TIMEOUT,
+};
 use crate::error::{AdapterError, ErrorCode, Result};
 
 /// The routes forwarded, as (method, path); the query is free. Recorded from the CLI
@@ -533,7 +535,7 @@ fn api_error(status: StatusCode, kind: &str, message: &str) -> Response<Body> {
     response
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use std::future::Future;
     use std::time::Duration;
