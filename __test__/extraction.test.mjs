@@ -128,8 +128,13 @@ describe('reading the work out of a wedged checkout settles, with the work kept'
     const { adapter, handle, clone } = await implementor([
       `git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes && echo work > work.txt && echo planted`,
     ]);
-    await waitFor(() => processesWith(`sleep ${marker}`).length > 0, 30_000);
-    expect(processesWith(`sleep ${marker}`).length).toBeGreaterThan(0); // the extraction is wedged
+    // The extraction is wedged: the adapter's git (its argv names the clone and the neutralised
+    // hooks) is running, and so is the filter. (The CLI's own `git status` inside the sandbox
+    // may run the filter briefly before that.)
+    const extracting = () => processesWith(clone).some((p) => p.includes('core.hooksPath=/dev/null'));
+    await waitFor(() => extracting() && processesWith(`sleep ${marker}`).length > 0, 30_000);
+    expect(extracting()).toBe(true);
+    expect(processesWith(`sleep ${marker}`).length).toBeGreaterThan(0);
     const t0 = Date.now();
     adapter.cancelAgent(handle.sessionID);
     const err = await rejection(handle.result);

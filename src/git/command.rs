@@ -164,6 +164,7 @@ impl At<'_> {
             .map(Into::into)
             .collect();
         let Some(jail) = self.jail else {
+            #[cfg_attr(not(unix), allow(unused_mut))]
             let mut cmd = git_command(self.dir, &args);
             #[cfg(unix)]
             cmd.process_group(0);

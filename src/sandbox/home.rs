@@ -175,6 +175,7 @@ async fn host_output(mut cmd: Command, cli_env: &[(String, String)]) -> Option<S
     #[cfg(unix)]
     cmd.process_group(0);
     let child = cmd.spawn().ok()?;
+    #[cfg(unix)]
     let pid = child.id();
     match tokio::time::timeout(HOST_COMMAND_LIMIT, child.wait_with_output()).await {
         Ok(Ok(o)) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),

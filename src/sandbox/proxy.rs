@@ -865,8 +865,9 @@ async fn socks5(mut client: Tracked<UnixStream>, ctx: &Ctx) {
     }
 }
 
-/// Reading HTTP heads off raw streams, for the tests of the proxy and the relay.
-#[cfg(test)]
+/// Reading HTTP heads off raw streams, for the tests of the proxy and the relay (unix only,
+/// like them).
+#[cfg(all(test, unix))]
 pub(super) mod test_io {
     use tokio::io::{AsyncRead, AsyncReadExt};
 

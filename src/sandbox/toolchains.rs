@@ -329,7 +329,8 @@ fn shebang_interpreter(file: &Path) -> Option<PathBuf> {
     p.is_absolute().then_some(p)
 }
 
-#[cfg(test)]
+// Symlinks make the layouts under test: unix only.
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;

@@ -1,11 +1,4 @@
-//! The model relay's upstream connections per session, against a local TLS upstream (hyper
-//! over rustls, keep-alive like the real API): a session of `BENCH_TURNS` requests (default
-//! 50), each on a fresh client connection as the CLI's arrive through the sandbox's bridge,
-//! beside the peer — one TLS connection per request, which is what the relay did before its
-//! pool (`Connection: close` upstream). Prints connections opened and time per request of
-//! both, and their ratios (no asserts).
-//!
-//! `cargo bench --bench relay`
+//! The bench itself (unix: the relay listens on a unix socket).
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -95,7 +88,7 @@ fn per_request(total: Duration, n: usize) -> String {
     format!("{:.2} ms", total.as_secs_f64() * 1e3 / n as f64)
 }
 
-fn main() {
+pub fn main() {
     let turns: usize = std::env::var("BENCH_TURNS")
         .ok()
         .and_then(|v| v.parse().ok())
