@@ -4,11 +4,12 @@
 // (`ERR_EXTRACT` naming why, the checkout kept with the work), obey cancelAgent, leave no process
 // behind, open nothing of the host through the clone, and run none of the clone's programs on
 // the host, not even when a `sandbox: false` adapter sweeps it later.
-import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
+import { engineProcess } from './support/engine-process.mjs';
 import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
 
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
@@ -174,23 +175,7 @@ describe('nothing the agent controls is opened on the host', () => {
 async function crashedSession(plant) {
   const hold = `30.${Date.now() % 1000}`;
   h.api.setScript(scenario.steps([bash(`${plant} && echo "agent work" > unsaved.txt; sleep ${hold}`), { hang: true }]));
-  const engine = spawn(process.execPath, ['-e', `
-    const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
-    const noop = () => {};
-    const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
-      bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
-    const adapter = createClaudeAdapter(config, {
-      workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
-      getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
-      getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-    adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
-    setInterval(noop, 1000);
-  `], { stdio: ['ignore', 'pipe', 'inherit'] });
-  engines.push(engine);
-  await new Promise((resolve, reject) => {
-    engine.stdout.on('data', resolve);
-    engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
-  });
+  const { engine } = await engineProcess(h, params, engines);
   const clone = join(h.repo.root, '.worktrees', 'wi-7');
   const planted = () => existsSync(join(clone, 'unsaved.txt')) && statSync(join(clone, 'unsaved.txt')).size > 0;
   await waitFor(planted, 30_000);

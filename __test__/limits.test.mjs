@@ -4,14 +4,15 @@
 // sleeping processes against a lower limit, a write past a small tmpfs, a memory hog that stops
 // at 1.5 GiB against a limit far below it. This host has a writable cgroup v1 hierarchy; the
 // rlimit fallback is forced by pointing the engine at a cgroup root without cgroups.
-import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-limits-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { bash, scenario, toolResults } from './support/fake-api.mjs';
+import { bash, scenario } from './support/fake-api.mjs';
+import { agentRuns } from './support/agent-bash.mjs';
+import { engineProcess } from './support/engine-process.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -39,12 +40,8 @@ async function limitsSetup(limits) {
 
 /** A Planner whose model runs each command with Bash, then answers; what each printed. */
 async function run(commands) {
-  h.api.setScript(scenario.steps([...commands.map((c) => bash(c)), ROLES.planner.done]));
-  const handle = await h.adapter().startAgent(ROLES.planner.params());
-  const result = await handle.result;
-  const out = toolResults(h.api.mainBodies().at(-1)).map((r) => r.text);
-  expect(out).toHaveLength(commands.length);
-  return { handle, result, out, transcript: readFileSync(handle.logFilePath, 'utf8') };
+  const r = await agentRuns(h, 'planner', commands);
+  return { ...r, transcript: readFileSync(r.handle.logFilePath, 'utf8') };
 }
 
 /**
@@ -191,23 +188,7 @@ describe('sandbox.limits, enforced by the kernel', () => {
   it('an engine killed mid-session leaves an empty cgroup (its sandbox died with it), which the next session removes', async () => {
     await limitsSetup({ processes: 200 });
     h.api.setScript(scenario.steps([bash(`echo waiting; sleep 30.${Date.now() % 1000}`), { hang: true }]));
-    const engine = spawn(process.execPath, ['-e', `
-      const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
-      const noop = () => {};
-      const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
-        bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
-      const adapter = createClaudeAdapter(config, {
-        workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
-        getState: () => ({ workItems: {}, revisions: {}, lastPlannedSHAs: {} }),
-        getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-      adapter.startAgent({ role: 'planner', specPaths: [] }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
-      setInterval(noop, 1000);
-    `], { stdio: ['ignore', 'pipe', 'inherit'] });
-    engines.push(engine);
-    const log = await new Promise((resolve, reject) => {
-      engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString()).log));
-      engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
-    });
+    const { engine, log } = await engineProcess(h, { role: 'planner', specPaths: [] }, engines);
     expect(readFileSync(log, 'utf8')).toMatch(/\[sandbox\] .*limits by cgroup v[12] /);
     const cgroups = sessionCgroups(engine.pid);
     expect(cgroups.length).toBeGreaterThan(0);

@@ -1,12 +1,13 @@
 // Issue 10: the adapter never destroys what it did not make. The sweep that runs when an adapter
 // is created removes only worktrees carrying this adapter's owner record whose process is gone
 // (saving their work first); a person's worktree under .worktrees/ is never touched.
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
+import { engineProcess } from './support/engine-process.mjs';
 import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
@@ -63,23 +64,7 @@ describe('a crash loses no work', () => {
     const root = h.repo.root;
     git(root, 'worktree', 'add', '-q', '.worktrees/theirs', '-b', 'theirs');
     writeFileSync(join(root, '.worktrees', 'theirs', 'draft.md'), 'a person\'s draft\n');
-    const engine = spawn(process.execPath, ['-e', `
-      const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
-      const noop = () => {};
-      const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
-        bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: noop, info: noop, error: noop, warn: noop } };
-      const adapter = createClaudeAdapter(config, {
-        workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
-        getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
-        getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-      adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
-      setInterval(noop, 1000);
-    `], { stdio: ['ignore', 'pipe', 'inherit'] });
-    engines.push(engine);
-    const log = await new Promise((resolve, reject) => {
-      engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString()).log));
-      engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
-    });
+    const { engine, log } = await engineProcess(h, { role: 'implementor', workItemID: '7', branchName: 'wi-7' }, engines);
     const work = join(root, '.worktrees', 'wi-7', 'unsaved.txt');
     const written = () => existsSync(work) && readFileSync(work, 'utf8') === 'agent work\n';
     for (let i = 0; i < 400 && !written(); i++) await new Promise((r) => setTimeout(r, 25));

@@ -14,6 +14,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
+import { agentRuns, unsandboxed as bash } from './support/agent-bash.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -26,7 +27,6 @@ afterEach(async () => {
   h = undefined;
 });
 
-const bash = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
 const read = (path) => toolUse('Read', { file_path: path });
 
 const ORIGIN_TOKEN = 'ghp_ORIGINTOKEN0123456789';
@@ -60,18 +60,8 @@ async function repoWithSecrets(config = {}) {
   return root;
 }
 
-/**
- * One session of `role` whose model takes each step in turn (a string is a Bash command), then
- * answers. Resolves with each tool result `{ is_error, text }` as the model saw it.
- */
-async function run(role, steps, adapter = h.adapter()) {
-  h.api.setScript(scenario.steps([...steps.map((s) => (typeof s === 'string' ? bash(s) : s)), ROLES[role].done]));
-  const handle = await adapter.startAgent(ROLES[role].params());
-  await handle.result;
-  const results = toolResults(h.api.mainBodies().at(-1));
-  expect(results).toHaveLength(steps.length);
-  return { results, out: results.map((r) => r.text) };
-}
+/** One session of `role` whose model takes each step in turn (see agentRuns). */
+const run = (role, steps, adapter = h.adapter()) => agentRuns(h, role, steps, { adapter });
 
 /** The first tool result's text in the request the step answers (the agent's `pwd`). */
 const cwdSeen = (body) => toolResults(body)[0].text.trim();

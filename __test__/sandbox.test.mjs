@@ -14,7 +14,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { apiError, scenario, toolResults, toolUse } from './support/fake-api.mjs';
+import { apiError, toolUse } from './support/fake-api.mjs';
+import { agentRuns } from './support/agent-bash.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -33,26 +34,13 @@ afterEach(async () => {
 // Reviewer even when their definition lets them run commands.
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
 
-/** The model asks for the sandbox to be lifted on every command: there is nothing to lift. */
-const unsandboxed = (command) => toolUse('Bash', { command, description: 'probe', dangerouslyDisableSandbox: true });
-
 async function sandboxSetup({ config = {}, repo = {}, sideScript } = {}) {
   h = await setup({ repo: { agents: BASH_AGENTS, ...repo }, state: ROLE_STATE, bodies: ROLE_BODIES, config, sideScript });
   return h;
 }
 
-/**
- * One session of `role` whose model runs each of `commands` with Bash, one per turn, then
- * answers. Resolves with the result and, per command, `{ is_error, text }` as the model saw it.
- */
-async function run(role, commands, { adapter = h.adapter(), branchName } = {}) {
-  h.api.setScript(scenario.steps([...commands.map((c) => (typeof c === 'string' ? unsandboxed(c) : c)), ROLES[role].done]));
-  const handle = await adapter.startAgent(ROLES[role].params(branchName));
-  const result = await handle.result;
-  const results = toolResults(h.api.mainBodies().at(-1));
-  expect(results).toHaveLength(commands.length);
-  return { handle, result, results, out: results.map((r) => r.text) };
-}
+/** One session of `role` whose model runs each of `commands` (see agentRuns). */
+const run = (role, commands, opts) => agentRuns(h, role, commands, opts);
 
 const branches = (root) => git(root, 'branch', '--format=%(refname:short)').trim().split('\n');
 const worktrees = (root) => git(root, 'worktree', 'list', '--porcelain').split('\n').filter((l) => l.startsWith('worktree ')).length - 1;

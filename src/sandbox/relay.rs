@@ -550,6 +550,22 @@ mod tests {
     use super::super::proxy::test_io::read_head;
     use super::*;
 
+    /// Reads from `client` until what it got contains `needle` (each read bounded: a streamed
+    /// part must arrive before the upstream sends the next).
+    async fn read_until(client: &mut UnixStream, needle: &str) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).contains(needle) {
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("{needle:?} arrives in time"))
+                .unwrap();
+            assert!(n > 0, "the stream ended before {needle:?}");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        got
+    }
+
     const PH: &str = "sk-ant-sandbox-placeholder-test";
     const SECRET: &str = "sk-ant-real-secret";
     /// A request on a route the relay forwards.
@@ -727,16 +743,7 @@ mod tests {
             .write_all(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
             .await
             .unwrap();
-        let mut got = Vec::new();
-        let mut chunk = [0u8; 1024];
-        while !String::from_utf8_lossy(&got).contains("data: one") {
-            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
-                .await
-                .expect("the first event arrives before the second is sent")
-                .unwrap();
-            assert!(n > 0);
-            got.extend_from_slice(&chunk[..n]);
-        }
+        let mut got = read_until(&mut client, "data: one").await;
         assert!(!String::from_utf8_lossy(&got).contains("data: two"));
         second.notify_one();
         tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got))
@@ -1050,16 +1057,7 @@ mod tests {
             .await
             .unwrap();
         // What precedes the split reaches the client before the rest exists.
-        let mut got = Vec::new();
-        let mut chunk = [0u8; 1024];
-        while !String::from_utf8_lossy(&got).contains("event: a\n\n") {
-            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
-                .await
-                .expect("the first event arrives")
-                .unwrap();
-            assert!(n > 0);
-            got.extend_from_slice(&chunk[..n]);
-        }
+        let mut got = read_until(&mut client, "event: a\n\n").await;
         split.notify_one();
         tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got))
             .await
