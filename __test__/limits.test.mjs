@@ -192,7 +192,9 @@ describe('sandbox.limits, enforced by the kernel', () => {
     expect(readFileSync(log, 'utf8')).toMatch(/\[sandbox\] .*limits by cgroup v[12] /);
     const cgroups = sessionCgroups(engine.pid);
     expect(cgroups.length).toBeGreaterThan(0);
-    const procs = () => cgroups.flatMap((c) => readFileSync(join(c, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean));
+    // A removed cgroup holds no process. (Any adapter's next session removes a dead engine's
+    // leftovers, so another test file's session running meanwhile may remove them first.)
+    const procs = () => cgroups.filter(existsSync).flatMap((c) => readFileSync(join(c, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean));
     const cmdline = (pid) => (existsSync(`/proc/${pid}/cmdline`) ? readFileSync(`/proc/${pid}/cmdline`, 'utf8') : '');
     // The agent's command is running (bwrap, its bridges, the CLI, sh, sleep).
     for (let i = 0; i < 400 && !procs().some((p) => cmdline(p).startsWith('sleep')); i++) await new Promise((r) => setTimeout(r, 25));
@@ -201,7 +203,6 @@ describe('sandbox.limits, enforced by the kernel', () => {
     await new Promise((r) => engine.on('exit', r));
     for (let i = 0; i < 200 && procs().length > 0; i++) await new Promise((r) => setTimeout(r, 25));
     expect(procs()).toEqual([]);
-    expect(cgroups.filter(existsSync)).toEqual(cgroups);
 
     h.api.setScript(scenario.steps([ROLES.planner.done]));
     await (await h.adapter().startAgent(ROLES.planner.params())).result;
