@@ -266,3 +266,33 @@ async fn unsandboxed_sessions_and_other_commits_get_views_of_their_own() {
     }
     assert_eq!(leftovers(&root), (vec![], false));
 }
+
+#[tokio::test]
+async fn a_sha256_repository_gets_a_view_with_its_history() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    git(
+        &root,
+        &["init", "-q", "--object-format=sha256", "-b", "main"],
+    );
+    configure(&root);
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    git(&root, &["add", "-A"]);
+    git(&root, &["commit", "-q", "-m", "first"]);
+    let root = std::fs::canonicalize(root).unwrap();
+    let rg = RepoGit::for_repo(&root);
+    let view = rg
+        .provision_view(&request(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(view.commit.len(), 64, "a SHA-256 object name");
+    assert_eq!(std::fs::read(view.path.join("a.txt")).unwrap(), b"one\n");
+    assert_eq!(git(&view.path, &["log", "--format=%s"]), "first\n");
+    assert_eq!(
+        git(&view.path, &["rev-parse", "--show-object-format"]).trim(),
+        "sha256"
+    );
+    view.cleanup().await.unwrap();
+    assert_eq!(leftovers(&root), (vec![], false));
+}

@@ -358,14 +358,3 @@ pub(crate) async fn run_git<S: AsRef<OsStr>>(
 ) -> Result<GitOutput, CommandError> {
     run(git_command(cwd, args), display_argv("git", args)).await
 }
-
-/// [`run_git`] for a step a stop may abandon: git is killed when the future is dropped, so the
-/// rollback that follows does not race a git still writing where it removes.
-pub(crate) async fn run_git_killable<S: AsRef<OsStr>>(
-    cwd: &Path,
-    args: &[S],
-) -> Result<GitOutput, CommandError> {
-    let mut cmd = git_command(cwd, args);
-    cmd.kill_on_drop(true);
-    run(cmd, display_argv("git", args)).await
-}

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
 use tokio_util::sync::CancellationToken;
 
-use super::command::{run_git_killable, CommandError};
+use super::command::{run_git, CommandError};
 use super::provision::{cancelled, ProvisionGuard};
 use super::record::{AdminRecord, SessionRecord};
 use super::repo::{lock_std, provision_error, RepoGit, WORKTREES_DIR};
@@ -207,13 +207,21 @@ impl RepoGit {
         branch: Option<&str>,
     ) -> std::result::Result<(), CommandError> {
         let common = self.common_dir().await?;
-        let init: [&std::ffi::OsStr; 4] = [
+        // The view reads the repository's objects, so it has their hash (a SHA-256 repository
+        // needs `--object-format=sha256`; git 2.30 knows both).
+        let format = run_git(&self.root, &["rev-parse", "--show-object-format"]).await?;
+        let format = format!(
+            "--object-format={}",
+            String::from_utf8_lossy(&format.stdout).trim()
+        );
+        let init: [&std::ffi::OsStr; 5] = [
             "init".as_ref(),
             "--quiet".as_ref(),
+            format.as_ref(),
             "--".as_ref(),
             path.as_os_str(),
         ];
-        run_git_killable(&self.root, &init).await?;
+        run_git(&self.root, &init).await?;
         let git_dir = path.join(".git");
         let io = |what: &str, e: std::io::Error| CommandError::spawn(what.into(), &e);
         let mut alternates = common.join("objects").into_os_string().into_encoded_bytes();
@@ -230,14 +238,14 @@ impl RepoGit {
         }
         match branch {
             Some(b) => {
-                run_git_killable(path, &["update-ref", b, commit]).await?;
-                run_git_killable(path, &["symbolic-ref", "HEAD", b]).await?;
+                run_git(path, &["update-ref", b, commit]).await?;
+                run_git(path, &["symbolic-ref", "HEAD", b]).await?;
             }
             None => {
-                run_git_killable(path, &["update-ref", "--no-deref", "HEAD", commit]).await?;
+                run_git(path, &["update-ref", "--no-deref", "HEAD", commit]).await?;
             }
         }
-        run_git_killable(
+        run_git(
             path,
             &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
         )
