@@ -57,6 +57,14 @@ function processesIn(dir) {
   return found;
 }
 
+/**
+ * The adapter's own git in `clone` (its argv names the clone and the neutralised hooks) is
+ * running, wedged on the filter `sleep <marker>`. (The CLI's own `git status` inside a session's
+ * sandbox may run the filter briefly before that, which is not the adapter's extraction.)
+ */
+const wedged = (clone, marker) =>
+  processesWith(clone).some((p) => p.includes('core.hooksPath=/dev/null')) && processesWith(`sleep ${marker}`).length > 0;
+
 const waitFor = async (cond, ms = 10_000) => {
   for (const end = Date.now() + ms; Date.now() < end && !cond(); ) await new Promise((r) => setTimeout(r, 25));
 };
@@ -129,13 +137,8 @@ describe('reading the work out of a wedged checkout settles, with the work kept'
     const { adapter, handle, clone } = await implementor([
       `git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes && echo work > work.txt && echo planted`,
     ]);
-    // The extraction is wedged: the adapter's git (its argv names the clone and the neutralised
-    // hooks) is running, and so is the filter. (The CLI's own `git status` inside the sandbox
-    // may run the filter briefly before that.)
-    const extracting = () => processesWith(clone).some((p) => p.includes('core.hooksPath=/dev/null'));
-    await waitFor(() => extracting() && processesWith(`sleep ${marker}`).length > 0, 30_000);
-    expect(extracting()).toBe(true);
-    expect(processesWith(`sleep ${marker}`).length).toBeGreaterThan(0);
+    await waitFor(() => wedged(clone, marker), 30_000);
+    expect(wedged(clone, marker)).toBe(true);
     const t0 = Date.now();
     adapter.cancelAgent(handle.sessionID);
     const err = await rejection(handle.result);
@@ -238,8 +241,8 @@ describe('the sweep of a wedged clone is bounded and ends with shutdown()', () =
     const marker = uniqueMarker();
     const clone = await crashedSession(`git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes`);
     const adapter = addon.createClaudeAdapter(h.config, h.deps);
-    await waitFor(() => processesWith(`sleep ${marker}`).length > 0, 30_000);
-    expect(processesWith(`sleep ${marker}`).length).toBeGreaterThan(0); // the sweep is wedged
+    await waitFor(() => wedged(clone, marker), 30_000);
+    expect(wedged(clone, marker)).toBe(true); // the sweep is wedged
     await adapter.shutdown();
     await logEntry(h.logger, SWEPT, 10_000);
     expect(processesWith(`sleep ${marker}`)).toEqual([]);

@@ -154,6 +154,28 @@ pub fn kill_session(leader: u32) {
     signal(leader, libc::SIGKILL);
 }
 
+/// While armed (`Some(pid)`), dropping it SIGKILLs the process `pid`, every descendant of it
+/// and its process group: a run whose future is dropped (a time limit, a cancel) leaves
+/// nothing behind: no git, no filter, hook or login profile it started, no sandbox. Disarmed
+/// once the process has been reaped (its pid may then be reused).
+pub(crate) struct KillTree(pub Option<u32>);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(pid) = self.0.take() {
+            // The /proc walk first, while every parent link is intact (a killed parent's
+            // setsid'd children are re-parented at once), then the group as a safety net
+            // (there is none unless the process leads one).
+            kill_session(pid);
+            // SAFETY: signalling a process group; failure (none, already gone) is fine.
+            unsafe {
+                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+            }
+        }
+    }
+}
+
 #[cfg(windows)]
 pub const SIGTERM: i32 = 15;
 

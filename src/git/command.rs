@@ -13,6 +13,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::environment::process::KillTree;
 use crate::sandbox::Jail;
 
 /// Environment variables that would point git at another repository, index or diff program.
@@ -194,28 +195,6 @@ fn hygiene(mut cmd: Command, cwd: &Path) -> Command {
         cmd.env_remove(var);
     }
     cmd
-}
-
-/// While armed (`Some(pid)`), dropping it SIGKILLs the process `pid`, every descendant of it
-/// and its process group: a run whose future is dropped (a time limit, a cancel) leaves
-/// nothing behind: no git, no filter or hook it started, no sandbox. Disarmed once the process
-/// has been reaped (its pid may then be reused).
-pub(crate) struct KillTree(pub Option<u32>);
-
-impl Drop for KillTree {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        if let Some(pid) = self.0.take() {
-            // The /proc walk first, while every parent link is intact (a killed parent's
-            // setsid'd children are re-parented at once), then the group as a safety net
-            // (there is none unless the process leads one).
-            crate::environment::process::kill_session(pid);
-            // SAFETY: signalling a process group; failure (none, already gone) is fine.
-            unsafe {
-                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
-            }
-        }
-    }
 }
 
 /// Output of a successful git run (its stderr only matters when it fails).

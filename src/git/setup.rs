@@ -22,8 +22,9 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{CommandError, KillTree};
+use super::command::CommandError;
 use super::repo::lock_std;
+use crate::environment::process::KillTree;
 
 /// How much of the command's output is kept for the error message.
 pub const SETUP_OUTPUT_TAIL: usize = 8 * 1024;

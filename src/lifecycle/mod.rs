@@ -175,8 +175,8 @@ impl Session {
     }
 
     /// The session's environment: the Implementor's checkout or the Planner's and Reviewer's
-    /// view of the repository, and the sandbox every role runs in. The transcript is opened first, so the checkout's record names it: a crash's
-    /// sweep saves the work beside it.
+    /// view of the repository, and the sandbox every role runs in. The transcript is opened
+    /// first, so the checkout's record names it: a crash's sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
         let cfg = self.adapter.config();
         self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));

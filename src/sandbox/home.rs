@@ -16,6 +16,7 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 
 use super::credentials::{env_value, is_credential_var};
+use crate::environment::process::KillTree;
 
 /// Git settings copied from the user's global config into the generated one: identity and
 /// settings that change how text looks, never where git connects or what it runs.
@@ -175,22 +176,16 @@ async fn host_output(mut cmd: Command, cli_env: &[(String, String)]) -> Option<S
     #[cfg(unix)]
     cmd.process_group(0);
     let child = cmd.spawn().ok()?;
-    #[cfg(unix)]
-    let pid = child.id();
-    match tokio::time::timeout(HOST_COMMAND_LIMIT, child.wait_with_output()).await {
+    // Past the limit the profile's whole process tree goes, what it started in the background
+    // included; disarmed once the shell has been reaped.
+    let mut tree = KillTree(child.id());
+    let out = tokio::time::timeout(HOST_COMMAND_LIMIT, child.wait_with_output()).await;
+    if out.is_ok() {
+        tree.0 = None;
+    }
+    match out {
         Ok(Ok(o)) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
-        Ok(_) => None,
-        Err(_) => {
-            // What the profile started in the background goes with it.
-            #[cfg(unix)]
-            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-                // SAFETY: signalling a process group this function created.
-                unsafe {
-                    libc::kill(-pid, libc::SIGKILL);
-                }
-            }
-            None
-        }
+        _ => None,
     }
 }
 

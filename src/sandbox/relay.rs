@@ -882,9 +882,9 @@ mod tests {
         assert!(a.starts_with("sk-ant-") && a.len() > 40, "{a}");
     }
 
-    /// An https upstream on 127.0.0.1 with a self-signed certificate for `localhost`; returns
-    /// its port and the certificate's PEM file.
-    async fn tls_upstream(dir: &Path) -> (u16, PathBuf) {
+    /// A TLS acceptor with a fresh self-signed certificate for `localhost`, whose PEM is
+    /// written to `dir/ca.pem` (returned) for the relay to trust.
+    fn localhost_acceptor(dir: &Path) -> (TlsAcceptor, PathBuf) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let pem = dir.join("ca.pem");
         std::fs::write(&pem, cert.cert.pem()).unwrap();
@@ -896,7 +896,13 @@ mod tests {
             .with_no_client_auth()
             .with_single_cert(vec![cert.cert.der().clone()], key)
             .unwrap();
-        let acceptor = TlsAcceptor::from(Arc::new(config));
+        (TlsAcceptor::from(Arc::new(config)), pem)
+    }
+
+    /// An https upstream on 127.0.0.1 with a self-signed certificate for `localhost`; returns
+    /// its port and the certificate's PEM file.
+    async fn tls_upstream(dir: &Path) -> (u16, PathBuf) {
+        let (acceptor, pem) = localhost_acceptor(dir);
         let port = upstream(move |tcp| {
             let acceptor = acceptor.clone();
             async move {
@@ -1094,18 +1100,7 @@ mod tests {
     async fn pooled_tls_upstream(
         dir: &Path,
     ) -> (u16, PathBuf, Arc<std::sync::atomic::AtomicUsize>) {
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let pem = dir.join("ca.pem");
-        std::fs::write(&pem, cert.cert.pem()).unwrap();
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.cert.der().clone()], key)
-            .unwrap();
-        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let (acceptor, pem) = localhost_acceptor(dir);
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = accepted.clone();
         let port = upstream(move |tcp| {
