@@ -25,6 +25,14 @@ use crate::sandbox::{find_on_path, SessionScope};
 pub struct LocalBackend;
 
 impl Backend for LocalBackend {
+    fn preflight(&self, env: &[(String, String)], sandbox: Option<&SandboxConfig>) -> Result<()> {
+        if sandbox.is_none() {
+            return Ok(());
+        }
+        let path = env_value(env, "PATH").map(std::ffi::OsStr::new);
+        crate::sandbox::check_available(path)
+    }
+
     fn provision<'a>(
         &'a self,
         req: EnvRequest,

@@ -80,6 +80,16 @@ pub trait ExecControl: Send + Sync {
 
 /// Makes environments.
 pub trait Backend: Send + Sync {
+    /// What must hold before anything is provisioned: a session that cannot be confined
+    /// provisions nothing. `env` is the CLI's environment.
+    fn preflight(&self, env: &[(String, String)], sandbox: Option<&SandboxConfig>) -> Result<()>;
+
+    /// The CLI inside the environment when it is not the engine's own (a session image's);
+    /// `None`: the engine's CLI, found by `claudeExecutable` and the search roots.
+    fn cli_program(&self) -> Option<PathBuf> {
+        None
+    }
+
     /// Everything the session needs before its CLI starts. `stop` reaches every step; a
     /// failed or stopped provision leaves nothing behind.
     fn provision<'a>(

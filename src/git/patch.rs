@@ -74,6 +74,22 @@ pub(crate) async fn agent_patch(
         let temp = TempIndex::copy_of(&index)?;
         stage_all(worktree, &temp.path).await?
     };
+    patch_of_trees(worktree, &index, base, since, &final_tree).await
+}
+
+/// The patch from `base` (a commit) to `final_tree`, limited to the paths that differ from the
+/// `since` tree when one is given: [`agent_patch`] once the worktree is staged, and the
+/// remote backends' extraction, which brings the snapshot and final trees of a checkout
+/// elsewhere into a local repository — one computation, so the bytes are the same wherever the
+/// agent ran. `index` names where the temporary index goes (beside it).
+pub(crate) async fn patch_of_trees(
+    worktree: At<'_>,
+    index: &Path,
+    base: &str,
+    since: Option<&str>,
+    final_tree: &str,
+) -> Result<String> {
+    let final_tree = final_tree.to_string();
     let target = match since {
         None => final_tree,
         Some(snapshot) => {
@@ -81,7 +97,7 @@ pub(crate) async fn agent_patch(
             if changes.is_empty() {
                 return Ok(String::new());
             }
-            overlay(worktree, &index, base, changes).await?
+            overlay(worktree, index, base, changes).await?
         }
     };
     diff(worktree, base, &target).await

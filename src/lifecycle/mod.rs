@@ -47,7 +47,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
-use crate::sandbox::{self, EgressAttempt, EgressSink, ReadGuard, WriteScope};
+use crate::sandbox::{EgressAttempt, EgressSink, ReadGuard, WriteScope};
 use crate::schema;
 use crate::schema::semantic::Facts;
 use crate::stats::{RunStats, SessionStats};
@@ -251,7 +251,10 @@ impl Session {
             return Err(e);
         }
         let mut definition = agent_definition::load(&cfg.repo_root, role, &cfg.context_paths)?;
-        let program = locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?;
+        let program = match adapter.backend().cli_program() {
+            Some(inside) => inside,
+            None => locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?,
+        };
         // Model per dispatch: params.model, then config.model, then the definition's own.
         let model = self.options.model.clone().or_else(|| cfg.model.clone());
         if let Some(m) = &model {
@@ -358,11 +361,9 @@ impl Session {
     /// Nothing is provisioned for a session that cannot be confined.
     fn check_sandbox(&self) -> Result<()> {
         let cfg = self.adapter.config();
-        if cfg.sandbox.is_none() {
-            return Ok(());
-        }
-        let path = sandbox::env_value(&self.env, "PATH").map(std::ffi::OsStr::new);
-        sandbox::check_available(path)
+        self.adapter
+            .backend()
+            .preflight(&self.env, cfg.sandbox.as_ref())
     }
 
     fn create_transcript(&self, dir: &std::path::Path) -> Arc<Transcript> {

@@ -82,17 +82,95 @@ pub struct SessionScope {
     pub readable: Vec<PathBuf>,
 }
 
-/// One session's sandbox: its mount plan, the CLI's environment inside, and the egress proxy
-/// and model relay it reaches the outside through (stopped, and their sockets removed, when
-/// this is dropped).
+/// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
+/// model relay) it reaches the outside through.
 pub struct SessionSandbox {
     jail: Jail,
+    gateway: Gateway,
+    #[cfg(target_os = "linux")]
+    limits: limits::SessionLimits,
+}
+
+/// What any confined session reaches the outside through, wherever it runs (a local bubblewrap
+/// sandbox, a pod): the CLI's environment inside (credentials as placeholders, the model API at
+/// the relay, everything else through the proxy), the egress proxy and the model relay on unix
+/// sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
+/// session's generated `~/.gitconfig`.
+pub struct Gateway {
     env: Vec<(String, String)>,
     _proxy: EgressProxy,
     _relay: ModelRelay,
     sockets: SocketDir,
-    #[cfg(target_os = "linux")]
-    limits: limits::SessionLimits,
+    git_config: String,
+}
+
+impl Gateway {
+    /// Starts the proxy (allowing `allowed_domains` and the model API's host) and the relay.
+    /// `cli_env` is the CLI's environment as the adapter built it (credentials included).
+    pub async fn start(
+        allowed_domains: &[String],
+        cli_env: &[(String, String)],
+        sink: Option<EgressSink>,
+    ) -> Result<Gateway> {
+        let upstream = credentials::env_value(cli_env, "ANTHROPIC_BASE_URL")
+            .filter(|v| !v.is_empty())
+            .unwrap_or(DEFAULT_API)
+            .to_string();
+        let (env, substitutions) = inside_env(&with_login_token(cli_env));
+        let sockets = SocketDir::create()?;
+        // The model API's host is reachable on its port (the CLI's own API traffic takes the
+        // relay; this is for its other requests there).
+        let mut allow = DomainAllowlist::new(allowed_domains);
+        if let Some((host, port)) = url_endpoint(&upstream) {
+            allow = allow.with_endpoint(&host, port);
+        }
+        let proxy = EgressProxy::start(allow, sink, &sockets.0.join(EGRESS_SOCKET)).await?;
+        let relay =
+            ModelRelay::start(&sockets.0.join(MODEL_SOCKET), &upstream, substitutions).await?;
+        Ok(Gateway {
+            env,
+            _proxy: proxy,
+            _relay: relay,
+            sockets,
+            git_config: home::git_config(cli_env).await,
+        })
+    }
+
+    /// The CLI's environment inside (no secret in it).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// The engine-side sockets: `(file name inside, path here)` for the egress proxy and the
+    /// model relay. Inside they are `/run/claude-runtime-adapter/<file name>`, where the bridge
+    /// script ([`BRIDGE_SCRIPT`]) expects them.
+    pub fn sockets(&self) -> [(&'static str, PathBuf); 2] {
+        [
+            (EGRESS_SOCKET, self.sockets.0.join(EGRESS_SOCKET)),
+            (MODEL_SOCKET, self.sockets.0.join(MODEL_SOCKET)),
+        ]
+    }
+
+    /// The session's `~/.gitconfig`: the user's identity and line-ending settings only.
+    pub fn git_config(&self) -> &str {
+        &self.git_config
+    }
+}
+
+/// The socket file names of [`Gateway::sockets`].
+const EGRESS_SOCKET: &str = "egress.sock";
+const MODEL_SOCKET: &str = "model.sock";
+
+/// `sh -c BRIDGE_SCRIPT sh program args…`: the argv that starts the bridges, then the CLI.
+pub fn bridged_argv(program: &std::ffi::OsStr, args: &[String]) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = vec![
+        "-c".into(),
+        BRIDGE_SCRIPT.into(),
+        "sh".into(),
+        program.to_os_string(),
+    ];
+    argv.extend(args.iter().map(OsString::from));
+    argv
 }
 
 impl SessionSandbox {
@@ -104,20 +182,19 @@ impl SessionSandbox {
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
     ) -> Result<SessionSandbox> {
-        let upstream = credentials::env_value(cli_env, "ANTHROPIC_BASE_URL")
-            .filter(|v| !v.is_empty())
-            .unwrap_or(DEFAULT_API)
-            .to_string();
-        let (mut env, substitutions) = inside_env(&with_login_token(cli_env));
+        let (mut gateway, profile_path) = tokio::try_join!(
+            Gateway::start(&cfg.allowed_domains, cli_env, sink),
+            async { Ok(home::profile_path(cli_env).await) }
+        )?;
         let cli_path = credentials::env_value(cli_env, "PATH");
-        let (profile_path, git_config) =
-            tokio::join!(home::profile_path(cli_env), home::git_config(cli_env));
         let path = home::merged_path(cli_path, profile_path.as_deref());
-        env.retain(|(k, _)| k != "PATH");
-        env.extend(path.clone().map(|p| ("PATH".to_string(), p)));
-        let sockets = SocketDir::create()?;
+        gateway.env.retain(|(k, _)| k != "PATH");
+        gateway
+            .env
+            .extend(path.clone().map(|p| ("PATH".to_string(), p)));
+        let sockets = &gateway.sockets;
         let git_config_file = sockets.0.join("gitconfig");
-        std::fs::write(&git_config_file, git_config).map_err(|e| {
+        std::fs::write(&git_config_file, &gateway.git_config).map_err(|e| {
             AdapterError::new(
                 ErrorCode::SandboxUnavailable,
                 format!(
@@ -127,15 +204,6 @@ impl SessionSandbox {
             )
             .with_cause(e)
         })?;
-        // The model API's host is reachable on its port (the CLI's own API traffic takes the
-        // relay; this is for its other requests there).
-        let mut allow = DomainAllowlist::new(&cfg.allowed_domains);
-        if let Some((host, port)) = url_endpoint(&upstream) {
-            allow = allow.with_endpoint(&host, port);
-        }
-        let proxy = EgressProxy::start(allow, sink, &sockets.0.join("egress.sock")).await?;
-        let relay =
-            ModelRelay::start(&sockets.0.join("model.sock"), &upstream, substitutions).await?;
         // A HOME of `/` (or relative) would put the private tmpfs over everything.
         let home = credentials::env_value(cli_env, "HOME")
             .map(PathBuf::from)
@@ -157,16 +225,13 @@ impl SessionSandbox {
             home,
             home_files,
             scratch: config_dir.into_iter().collect(),
-            sockets: Some(sockets.0.clone()),
+            sockets: Some(gateway.sockets.0.clone()),
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
         });
         Ok(SessionSandbox {
             jail,
-            env,
-            _proxy: proxy,
-            _relay: relay,
-            sockets,
+            gateway,
             #[cfg(target_os = "linux")]
             limits: limits::SessionLimits::create(cfg.limits),
         })
@@ -195,14 +260,8 @@ impl SessionSandbox {
 
     /// bwrap's argv and environment for running `program args` as the session's CLI.
     pub fn command(&self, program: &Path, args: &[String]) -> (Vec<OsString>, &[(String, String)]) {
-        let mut inner: Vec<OsString> = vec![
-            "-c".into(),
-            BRIDGE_SCRIPT.into(),
-            "sh".into(),
-            program.as_os_str().to_os_string(),
-        ];
-        inner.extend(args.iter().map(OsString::from));
-        (self.jail.argv("sh".as_ref(), &inner), &self.env)
+        let inner = bridged_argv(program.as_os_str(), args);
+        (self.jail.argv("sh".as_ref(), &inner), &self.gateway.env)
     }
 
     /// A one-line summary for the transcript.
@@ -213,7 +272,7 @@ impl SessionSandbox {
         let limits = "no kernel limits";
         format!(
             "bubblewrap; sockets {}; network only through the egress proxy; {limits}",
-            self.sockets.0.display()
+            self.gateway.sockets.0.display()
         )
     }
 }
