@@ -28,6 +28,9 @@ pub use local::LocalBackend;
 
 /// What a session asks of its environment.
 pub struct EnvRequest {
+    /// The session's id and role (a remote environment labels what it makes with them).
+    pub session_id: String,
+    pub role: String,
     /// The engine's repository.
     pub repo_root: PathBuf,
     /// What the agent works in.
@@ -115,6 +118,11 @@ pub trait Environment: Send + Sync {
     /// The kernel limit the session ran into (memory, processes), in words naming the config
     /// field; asked after the agent ended, before [`Environment::destroy`].
     fn limit_hit(&self) -> Option<String>;
+    /// Why the environment itself ended under the agent (a pod deleted, evicted or
+    /// OOM-killed), asked when the agent failed; `None` when it did not.
+    fn lost(&self) -> BoxFuture<'_, Option<crate::error::AdapterError>> {
+        Box::pin(async { None })
+    }
     /// Starts `cmd` inside.
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:

@@ -152,6 +152,14 @@ const NEUTRALISED: &[&str] = &[
     "protocol.allow=never",
 ];
 
+/// `git` with [`NEUTRALISED`], as a shell command (for git run in a remote checkout).
+pub(crate) fn neutral_git_sh() -> String {
+    std::iter::once("git")
+        .chain(NEUTRALISED.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl At<'_> {
     /// `git args` in this directory with the clone's own programs neutralised
     /// ([`NEUTRALISED`]); inside the sandbox, with only a system `PATH` and a throwaway `HOME`,

@@ -201,6 +201,8 @@ impl Session {
             }),
         };
         let request = EnvRequest {
+            session_id: self.id.clone(),
+            role: self.role().as_str().to_string(),
             repo_root: cfg.repo_root.clone(),
             workspace,
             sandbox: cfg.sandbox.clone(),
@@ -473,7 +475,8 @@ impl Session {
     }
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
-        let output = self.past_limits(evaluate(self.role(), &self.facts, end))?;
+        let evaluated = self.or_lost(evaluate(self.role(), &self.facts, end)).await;
+        let output = self.past_limits(evaluated)?;
         match self.checkout() {
             Some(env) => {
                 outcome::with_patch(
@@ -528,6 +531,23 @@ impl Session {
                 ..e
             }
         })
+    }
+
+    /// A session that failed because its environment went (its pod deleted, evicted,
+    /// OOM-killed) fails with that as the reason, the agent's failure as the cause.
+    async fn or_lost(&self, outcome: Result<Value>) -> Result<Value> {
+        let Err(e) = outcome else { return outcome };
+        if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) {
+            return Err(e);
+        }
+        let lost = match self.environment.as_deref() {
+            Some(env) => env.lost().await,
+            None => None,
+        };
+        match lost {
+            Some(l) => Err(l.with_shared_cause(Arc::new(e))),
+            None => Err(e),
+        }
     }
 
     /// A kernel limit the session ran into goes in the transcript; when the session failed

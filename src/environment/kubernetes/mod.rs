@@ -1,0 +1,673 @@
+//! The Kubernetes environment: one pod per session, the same four steps as the local one.
+//!
+//! - **provision**: a pod of the session image ([`cluster`]), one exec stream into it running
+//!   `cra-pod mux`, over which [`RemoteShell`] multiplexes everything else: processes with their
+//!   stdio, and the pod's two unix sockets tunnelled to the session's [`Gateway`] (model relay,
+//!   egress proxy) on the engine. The pod needs no network, and the key and the allowlist stay
+//!   here. The repository goes in as a `git bundle` of `defaultBranch` streamed into the pod and
+//!   cloned there (no remote, no URL, no engine path); the Implementor's branch is made, the
+//!   setup command runs, and the checkout is snapshotted as locally.
+//! - **exec**: the CLI runs in the pod under `cra-jail` (bubblewrap: its own network namespace,
+//!   the checkout read-write or read-only, nothing else of the pod), behind the same socat
+//!   bridges as the local sandbox.
+//! - **extract**: a script in the jail stages the checkout into a temporary index, commits the
+//!   snapshot and final trees, and streams them back as a bundle; the engine fetches that into
+//!   a scratch repository borrowing the repository's objects and computes the patch with the
+//!   local backend's own [`patch_of_trees`] — the same bytes by construction.
+//! - **destroy**: `Bye` over the stream, then the pod is deleted and waited for.
+
+pub mod cluster;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use self::cluster::{Cluster, Pod, PodRequest};
+use super::remote::{RemoteCommand, RemoteShell};
+use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
+use crate::config::{KubernetesConfig, SandboxConfig};
+use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::command::{git_command, neutral_git_sh, run_git, At};
+use crate::git::patch::{patch_error, patch_of_trees};
+use crate::sandbox::{bridged_argv, Gateway};
+
+/// Where the session image keeps what the adapter relies on (its contract: `image/`).
+const CLI: &str = "/usr/local/bin/claude";
+const MUX: &[&str] = &["/usr/local/bin/cra-pod", "mux"];
+const JAIL: &str = "/usr/local/bin/cra-jail";
+const WORKDIR: &str = "/workspace/repo";
+const STATE: &str = "/var/lib/cra";
+const SOCKETS: &str = "/var/lib/cra/sockets";
+const HOME: &str = "/home/agent";
+/// The largest bundle of the agent's work read back (a checkout's whole new content).
+const MAX_WORK_BUNDLE: u64 = 4 << 30;
+/// Output kept of a provisioning step, for its error message.
+const MAX_STEP_OUTPUT: usize = 64 << 10;
+/// Bound on the small provisioning steps in the pod (clone excepted: it is bounded by the
+/// setup timeout with the setup command).
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes [`KubernetesEnvironment`]s; connects to the cluster on first use.
+pub struct KubernetesBackend {
+    config: Arc<KubernetesConfig>,
+    cluster: tokio::sync::OnceCell<Arc<Cluster>>,
+    /// The cluster-side backstop (`activeDeadlineSeconds`): the whole life a session may have.
+    deadline: Option<Duration>,
+}
+
+impl KubernetesBackend {
+    pub fn new(config: KubernetesConfig, deadline: Option<Duration>) -> KubernetesBackend {
+        KubernetesBackend {
+            config: Arc::new(config),
+            cluster: tokio::sync::OnceCell::new(),
+            deadline,
+        }
+    }
+
+    /// The cluster client (a failed connection is not remembered: the next session retries).
+    pub async fn cluster(&self) -> Result<Arc<Cluster>> {
+        self.cluster
+            .get_or_try_init(|| async { Cluster::connect(&self.config).await.map(Arc::new) })
+            .await
+            .cloned()
+    }
+}
+
+impl Backend for KubernetesBackend {
+    fn preflight(&self, _env: &[(String, String)], _sandbox: Option<&SandboxConfig>) -> Result<()> {
+        // The pod's own jail is tried while provisioning (it can only be tried in a pod).
+        Ok(())
+    }
+
+    fn cli_program(&self) -> Option<PathBuf> {
+        Some(PathBuf::from(CLI))
+    }
+
+    fn provision<'a>(
+        &'a self,
+        req: EnvRequest,
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<Box<dyn Environment>>> {
+        Box::pin(async move {
+            let cluster = self.cluster().await?;
+            let pod = cluster
+                .create_pod(
+                    PodRequest::new(&req.session_id, &req.role, self.deadline),
+                    stop,
+                )
+                .await?;
+            let pod = Arc::new(pod);
+            let made = tokio::select! {
+                r = prepare(pod.clone(), req) => r,
+                () = stop.cancelled() => Err(AdapterError::new(
+                    ErrorCode::Cancelled,
+                    "the session was stopped while its pod was being prepared",
+                )),
+            };
+            match made {
+                Ok(env) => Ok(Box::new(env) as Box<dyn Environment>),
+                Err(e) => {
+                    let e = match pod.why_gone().await {
+                        Some(lost) => lost.with_shared_cause(Arc::new(e)),
+                        None => e,
+                    };
+                    if let Err(d) = pod.delete().await {
+                        tracing::warn!(pod = %pod.name(), error = %d, "could not delete a pod");
+                    }
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// Everything between a Running pod and a session ready for its CLI.
+async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment> {
+    let exec = pod.exec(MUX).await?;
+    let shell = RemoteShell::start(exec.stdout, exec.stdin).await?;
+    let allowed: &[String] = req
+        .sandbox
+        .as_ref()
+        .map_or(&[], |s| s.allowed_domains.as_slice());
+    let gateway = Gateway::start(allowed, &req.env, req.egress.clone()).await?;
+    for (name, engine_side) in gateway.sockets() {
+        shell
+            .listen(&format!("{SOCKETS}/{name}"), engine_side)
+            .await?;
+    }
+    let env = pod_env(gateway.env());
+    let step = Steps {
+        shell: &shell,
+        env: &env,
+    };
+    step.write_file(&format!("{STATE}/gitconfig"), gateway.git_config().as_bytes())
+        .await?;
+    let (default_branch, checkout) = match &req.workspace {
+        Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
+        Workspace::View(v) => (v.default_branch.clone(), None),
+    };
+    let base = send_repository(&step, &req.repo_root, &default_branch).await?;
+    let sandboxed = req.sandbox.is_some();
+    if sandboxed {
+        step.jail_works().await?;
+    }
+    let mut snapshot = None;
+    if let Some(p) = checkout {
+        step.run_sh(
+            "branch",
+            &format!("git checkout -q -b {}", sh_quote(&p.branch)),
+            STEP_TIMEOUT,
+        )
+        .await?;
+        if let Some(setup) = p.setup.as_ref().filter(|s| !s.is_empty()) {
+            step.setup(setup, sandboxed, p.setup_timeout).await?;
+        }
+        snapshot = Some(step.snapshot(&base, sandboxed).await?);
+    }
+    Ok(KubernetesEnvironment {
+        pod,
+        shell: Some(shell),
+        gateway: Some(gateway),
+        env,
+        workdir: PathBuf::from(WORKDIR),
+        repo_root: req.repo_root,
+        base,
+        snapshot,
+        sandboxed,
+    })
+}
+
+/// The environment of a process in the pod: the gateway's environment inside (credentials
+/// as placeholders) without what names the engine's machine (its paths, user, shell), plus
+/// the pod's own.
+fn pod_env(inside: &[(String, String)]) -> Vec<(String, String)> {
+    const ENGINE_ONLY: &[&str] = &[
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "PWD",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "NODE_EXTRA_CA_CERTS",
+        "CLAUDE_CONFIG_DIR",
+        "XDG_CONFIG_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+    ];
+    let mut env: Vec<(String, String)> = inside
+        .iter()
+        .filter(|(k, _)| !ENGINE_ONLY.contains(&k.to_ascii_uppercase().as_str()))
+        .cloned()
+        .collect();
+    for (k, v) in [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", HOME),
+        ("USER", "agent"),
+        ("LOGNAME", "agent"),
+        ("SHELL", "/bin/bash"),
+        ("CLAUDE_CONFIG_DIR", "/home/agent/.claude"),
+    ] {
+        env.push((k.to_string(), v.to_string()));
+    }
+    if !env.iter().any(|(k, _)| k == "LANG") {
+        env.push(("LANG".into(), "C.UTF-8".into()));
+    }
+    env
+}
+
+/// `'…'` for sh.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Steps run in the pod while provisioning and extracting.
+struct Steps<'a> {
+    shell: &'a RemoteShell,
+    env: &'a [(String, String)],
+}
+
+impl Steps<'_> {
+    /// `sh -c script` in the checkout (or `/` before it exists), bounded; its stdout.
+    /// `sh -c script` in the checkout, bounded; its stdout.
+    async fn run_sh(&self, what: &str, script: &str, limit: Duration) -> Result<Vec<u8>> {
+        let argv = vec!["sh".into(), "-c".into(), script.into()];
+        self.run(what, argv, &[], limit, WORKDIR).await
+    }
+
+    /// `argv` in `cwd` with `input`, bounded; its stdout, or the error naming `what`.
+    async fn run(
+        &self,
+        what: &str,
+        argv: Vec<String>,
+        input: &[u8],
+        limit: Duration,
+        cwd: &str,
+    ) -> Result<Vec<u8>> {
+        let cmd = RemoteCommand {
+            argv,
+            env: self.env.to_vec(),
+            cwd: cwd.to_string(),
+        };
+        let out = tokio::time::timeout(limit, self.shell.run(cmd, input, MAX_STEP_OUTPUT))
+            .await
+            .map_err(|_| {
+                provision_error(format!(
+                    "{what} in the session's pod did not finish within {}s",
+                    limit.as_secs()
+                ))
+            })??;
+        if !out.status.success() {
+            return Err(provision_error(format!(
+                "{what} in the session's pod failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(out.stdout)
+    }
+
+    async fn write_file(&self, path: &str, content: &[u8]) -> Result<()> {
+        let script = format!("cat > {}", sh_quote(path));
+        self.run(
+            "writing a file",
+            vec!["sh".into(), "-c".into(), script],
+            content,
+            STEP_TIMEOUT,
+            "/",
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The jail starts in this pod (user namespaces allowed): otherwise nothing runs.
+    async fn jail_works(&self) -> Result<()> {
+        let argv = vec![
+            JAIL.to_string(),
+            "ro".into(),
+            WORKDIR.into(),
+            "--".into(),
+            "true".into(),
+        ];
+        self.run("cra-jail", argv, &[], STEP_TIMEOUT, WORKDIR)
+            .await
+            .map(drop)
+            .map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::SandboxUnavailable,
+                    format!(
+                        "the session cannot be confined in its pod: {}; the cluster must allow \
+                         user namespaces in pods (README: Kubernetes backend), or set \
+                         sandbox: false to run the agent with the pod as its only boundary",
+                        e.message
+                    ),
+                )
+            })
+    }
+
+    /// `argv` as the agent would run it: in the jail (read-write checkout) when sandboxed.
+    fn confined(&self, sandboxed: bool, argv: Vec<String>) -> Vec<String> {
+        if !sandboxed {
+            return argv;
+        }
+        let mut jailed = vec![JAIL.into(), "rw".into(), WORKDIR.into(), "--".into()];
+        jailed.extend(argv);
+        jailed
+    }
+
+    async fn setup(&self, setup: &[String], sandboxed: bool, limit: Duration) -> Result<()> {
+        let argv = self.confined(sandboxed, setup.to_vec());
+        self.run("worktreeSetupCommand", argv, &[], limit, WORKDIR)
+            .await
+            .map(drop)
+    }
+
+    /// The checkout now, as a commit on `base` kept under `refs/cra/snapshot` (so the agent's
+    /// `git gc` keeps it): what the patch is measured against.
+    async fn snapshot(&self, base: &str, sandboxed: bool) -> Result<String> {
+        // Git in the pod ignores what the agent may configure to run, as the local one does.
+        let g = neutral_git_sh();
+        let script = format!(
+            "set -e; i=/tmp/cra-snapshot.index; cp .git/index \"$i\"; \
+             GIT_INDEX_FILE=$i {g} add -A; t=$(GIT_INDEX_FILE=$i {g} write-tree); \
+             c=$({COMMIT_ENV} {g} commit-tree \"$t\" -p {base} -m snapshot); \
+             {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c\""
+        );
+        let argv = self.confined(sandboxed, vec!["sh".into(), "-c".into(), script]);
+        let out = self.run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR).await?;
+        Ok(String::from_utf8_lossy(&out).trim().to_string())
+    }
+}
+
+/// `commit-tree` with a fixed identity and date: only the commit's tree is ever used.
+const COMMIT_ENV: &str = "GIT_AUTHOR_NAME=cra GIT_AUTHOR_EMAIL=cra@localhost \
+    GIT_COMMITTER_NAME=cra GIT_COMMITTER_EMAIL=cra@localhost \
+    GIT_AUTHOR_DATE='@0 +0000' GIT_COMMITTER_DATE='@0 +0000'";
+
+/// Extraction in the jail: stage everything into a temporary index (the agent's index copied
+/// only when it is a regular file), commit the final tree, and write a bundle of the snapshot
+/// and final commits to stdout. `$1` base, `$2` snapshot commit.
+const EXTRACT_SCRIPT: &str = r#"set -e
+i=/tmp/cra-final.index
+if [ -f .git/index ] && [ ! -L .git/index ]; then cp .git/index "$i"; fi
+GIT_INDEX_FILE=$i $G add -A
+t=$(GIT_INDEX_FILE=$i $G write-tree)
+c=$(eval "$C $G commit-tree $t -p $1 -m final")
+$G update-ref refs/cra/snapshot "$2"
+$G update-ref refs/cra/final "$c"
+$G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
+"#;
+
+/// The repository goes in: a bundle of `default_branch` streamed into the pod, cloned at
+/// [`WORKDIR`] without a remote. Returns the base commit.
+async fn send_repository(step: &Steps<'_>, repo_root: &Path, default_branch: &str) -> Result<String> {
+    let base = run_git(
+        repo_root,
+        &["rev-parse", "--verify", &format!("{default_branch}^{{commit}}")],
+    )
+    .await
+    .map_err(|e| provision_error(format!("cannot resolve {default_branch}")).with_cause(e))?;
+    let base = String::from_utf8_lossy(&base.stdout).trim().to_string();
+    let refname = format!("refs/heads/{default_branch}");
+    let mut bundle = git_command(repo_root, &["bundle", "create", "-", &refname])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| provision_error("cannot run git bundle").with_cause(e))?;
+    let mut bundle_out = bundle.stdout.take().expect("piped");
+    let receive = step.shell.spawn(RemoteCommand {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("cat > {STATE}/in.bundle"),
+        ],
+        env: step.env.to_vec(),
+        cwd: "/".into(),
+    })?;
+    let mut stdin = receive.stdin;
+    let mut control = receive.control;
+    let copied = tokio::time::timeout(STEP_TIMEOUT * 10, async {
+        tokio::io::copy(&mut bundle_out, &mut stdin).await?;
+        stdin.shutdown().await
+    })
+    .await;
+    let status = bundle.wait().await;
+    let received = tokio::time::timeout(STEP_TIMEOUT, control.wait()).await;
+    match (copied, status, received) {
+        (Ok(Ok(())), Ok(s), Ok(Some(r))) if s.success() && r.success() => {}
+        (c, s, r) => {
+            let mut err = String::new();
+            if let Some(mut e) = bundle.stderr.take() {
+                let _ = e.read_to_string(&mut err).await;
+            }
+            return Err(provision_error(format!(
+                "cannot send {default_branch} to the session's pod (copy {c:?}, git bundle {s:?}, receiver {r:?}): {}",
+                err.trim()
+            )));
+        }
+    }
+    let clone = format!(
+        "set -e; git clone -q --branch {b} {STATE}/in.bundle {WORKDIR}; rm -f {STATE}/in.bundle; \
+         cd {WORKDIR}; git remote remove origin",
+        b = sh_quote(default_branch)
+    );
+    step.run(
+        "clone",
+        vec!["sh".into(), "-c".into(), clone],
+        &[],
+        STEP_TIMEOUT * 10,
+        "/",
+    )
+    .await?;
+    Ok(base)
+}
+
+fn provision_error(message: impl Into<String>) -> AdapterError {
+    AdapterError::new(ErrorCode::Provision, message)
+}
+
+/// One session's pod.
+pub struct KubernetesEnvironment {
+    pod: Arc<Pod>,
+    shell: Option<RemoteShell>,
+    gateway: Option<Gateway>,
+    env: Vec<(String, String)>,
+    workdir: PathBuf,
+    repo_root: PathBuf,
+    base: String,
+    /// The Implementor's snapshot commit (None: a read-only session).
+    snapshot: Option<String>,
+    sandboxed: bool,
+}
+
+impl KubernetesEnvironment {
+    fn shell(&self) -> Result<&RemoteShell> {
+        self.shell
+            .as_ref()
+            .ok_or_else(|| AdapterError::new(ErrorCode::Internal, "the pod's stream is closed"))
+    }
+
+    async fn read_work(&self, snapshot: &str) -> Result<String> {
+        let shell = self.shell()?;
+        let mut argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            EXTRACT_SCRIPT.into(),
+            "sh".into(),
+            self.base.clone(),
+            snapshot.to_string(),
+        ];
+        if self.sandboxed {
+            let mut jailed = vec![JAIL.into(), "rw".into(), WORKDIR.into(), "--".into()];
+            jailed.append(&mut argv);
+            argv = jailed;
+        }
+        let mut env = self.env.clone();
+        env.push(("G".into(), neutral_git_sh()));
+        env.push(("C".into(), COMMIT_ENV.into()));
+        let mut exec = shell.spawn(RemoteCommand {
+            argv,
+            env,
+            cwd: WORKDIR.into(),
+        })?;
+        let scratch = Scratch::create(&self.repo_root).await?;
+        let bundle_path = scratch.dir.join("work.bundle");
+        let mut file = tokio::fs::File::create(&bundle_path)
+            .await
+            .map_err(|e| patch_error("cannot write the work's bundle").with_cause(e))?;
+        let mut stderr = Vec::new();
+        let (copied, _) = tokio::join!(
+            tokio::io::copy(&mut (&mut exec.stdout).take(MAX_WORK_BUNDLE), &mut file),
+            (&mut exec.stderr)
+                .take(MAX_STEP_OUTPUT as u64)
+                .read_to_end(&mut stderr)
+        );
+        let copied = copied.map_err(|e| patch_error("cannot read the work out of the pod").with_cause(e))?;
+        file.flush().await.ok();
+        let status = exec.control.wait().await;
+        if copied >= MAX_WORK_BUNDLE {
+            return Err(patch_error(format!(
+                "the work in the pod is more than {MAX_WORK_BUNDLE} bytes"
+            )));
+        }
+        if !status.is_some_and(|s| s.success()) {
+            return Err(patch_error(format!(
+                "reading the work out of the pod failed ({status:?}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            )));
+        }
+        scratch.patch(&bundle_path, &self.base).await
+    }
+}
+
+/// A scratch repository on the engine borrowing the repository's objects, where the work's
+/// bundle is fetched and the patch computed; removed when dropped.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    async fn create(repo_root: &Path) -> Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!(
+            "claude-runtime-adapter-extract-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let scratch = Scratch { dir };
+        let fail = |e| patch_error("cannot make a scratch repository for the patch").with_cause(e);
+        let format = run_git(repo_root, &["rev-parse", "--show-object-format"])
+            .await
+            .map_err(fail)?;
+        let format = String::from_utf8_lossy(&format.stdout).trim().to_string();
+        let dir = scratch.dir.display().to_string();
+        run_git(
+            Path::new("/"),
+            &["init", "-q", &format!("--object-format={format}"), &dir],
+        )
+        .await
+        .map_err(fail)?;
+        let common = run_git(
+            repo_root,
+            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        )
+        .await
+        .map_err(fail)?;
+        let common = PathBuf::from(String::from_utf8_lossy(&common.stdout).trim());
+        let alternates: String = crate::git::repo::object_dirs(&common)
+            .iter()
+            .map(|d| format!("{}\n", d.display()))
+            .collect();
+        tokio::fs::write(
+            scratch.dir.join(".git/objects/info/alternates"),
+            alternates,
+        )
+        .await
+        .map_err(|e| patch_error("cannot write the scratch repository's alternates").with_cause(e))?;
+        Ok(scratch)
+    }
+
+    async fn patch(&self, bundle: &Path, base: &str) -> Result<String> {
+        let fail = |what: &str| {
+            let what = what.to_string();
+            move |e| patch_error(what).with_cause(e)
+        };
+        let bundle = bundle.display().to_string();
+        run_git(
+            &self.dir,
+            &["fetch", "-q", &bundle, "refs/cra/snapshot:refs/cra/snapshot", "refs/cra/final:refs/cra/final"],
+        )
+        .await
+        .map_err(fail("cannot read the bundle of the agent's work"))?;
+        let trees = run_git(
+            &self.dir,
+            &["rev-parse", "refs/cra/snapshot^{tree}", "refs/cra/final^{tree}"],
+        )
+        .await
+        .map_err(fail("the bundle of the agent's work lacks its trees"))?;
+        let trees = String::from_utf8_lossy(&trees.stdout);
+        let mut trees = trees.split_whitespace();
+        let (Some(snapshot), Some(final_tree)) = (trees.next(), trees.next()) else {
+            return Err(patch_error("the bundle of the agent's work lacks its trees"));
+        };
+        let at = At {
+            dir: &self.dir,
+            jail: None,
+        };
+        patch_of_trees(at, &self.dir.join(".git/index"), base, Some(snapshot), final_tree).await
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Environment for KubernetesEnvironment {
+    fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    fn has_checkout(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    fn temp_dir(&self) -> PathBuf {
+        PathBuf::from("/tmp")
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "Kubernetes pod {} on node {}; {}; network only through the egress proxy, over the \
+             pod's exec stream; the pod's resources are its limits",
+            self.pod.name(),
+            self.pod.node().unwrap_or("?"),
+            if self.sandboxed {
+                "bubblewrap in the pod"
+            } else {
+                "no OS sandbox in the pod"
+            }
+        )
+    }
+
+    fn limits_are_fallback(&self) -> bool {
+        false
+    }
+
+    fn limit_hit(&self) -> Option<String> {
+        None
+    }
+
+    fn lost(&self) -> BoxFuture<'_, Option<AdapterError>> {
+        Box::pin(self.pod.why_gone())
+    }
+
+    fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
+        Box::pin(async move {
+            let mode = if self.snapshot.is_some() { "rw" } else { "ro" };
+            let mut argv: Vec<String> = Vec::new();
+            if self.sandboxed {
+                argv.extend([JAIL.into(), mode.into(), WORKDIR.into(), "--".into()]);
+            }
+            argv.push("sh".into());
+            argv.extend(
+                bridged_argv(std::ffi::OsStr::new(CLI), &cmd.args)
+                    .into_iter()
+                    .map(|a| a.to_string_lossy().into_owned()),
+            );
+            self.shell()?.spawn(RemoteCommand {
+                argv,
+                env: self.env.clone(),
+                cwd: WORKDIR.into(),
+            })
+        })
+    }
+
+    fn extract_patch(&self) -> BoxFuture<'_, Result<String>> {
+        Box::pin(async move {
+            match &self.snapshot {
+                Some(s) => self.read_work(s).await,
+                None => Ok(String::new()),
+            }
+        })
+    }
+
+    fn destroy(&mut self, _keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
+        // A pod cannot be kept for a later sweep the way a local checkout is: what could be
+        // read was read; the pod goes either way (the issue: deleted on every end).
+        Box::pin(async move {
+            if let Some(shell) = self.shell.take() {
+                shell.shutdown().await;
+            }
+            self.gateway = None;
+            self.pod.delete().await
+        })
+    }
+}
