@@ -1,0 +1,185 @@
+// Sessions on a real Kubernetes cluster (issue 21), through the addon from Node: the real CLI
+// in the session image's pods, against the fake Messages API on the engine's 127.0.0.1 (which
+// no pod can reach: the model API goes over the pod's exec stream), real git.
+import { readFileSync } from 'node:fs';
+import { afterEach, describe, expect, it } from 'vitest';
+import { bash, scenario, structured } from '../support/fake-api.mjs';
+import { agentRuns } from '../support/agent-bash.mjs';
+import { engineProcess } from '../support/engine-process.mjs';
+import { engineState, rejection, setup } from '../support/harness.mjs';
+import { agentsWithTools } from '../support/repo.mjs';
+import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
+import { adapterPods, eventually, kubeBackend, podLine } from './support.mjs';
+
+const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
+
+let h;
+const engines = [];
+afterEach(async () => {
+  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  await h?.cleanup();
+  h = undefined;
+});
+
+/** A harness whose adapters run sessions on the cluster (`local: true`: on this machine). */
+async function kubeSetup({ config = {}, repo = {}, local = false, state = ROLE_STATE, bodies = ROLE_BODIES, script } = {}) {
+  h = await setup({
+    script,
+    repo: { agents: BASH_AGENTS, ...repo },
+    state,
+    bodies,
+    config: { ...(local ? {} : { backend: kubeBackend() }), ...config },
+  });
+  return h;
+}
+
+const transcriptOf = (handle) => readFileSync(handle.logFilePath, 'utf8');
+
+describe('each role in a pod of its own', () => {
+  for (const role of ['planner', 'implementor', 'reviewer']) {
+    it(`a ${role} runs in a pod of the session image and its pod is gone when it settles`, { timeout: 180_000 }, async () => {
+      await kubeSetup();
+      const { handle, result, out } = await agentRuns(h, role, ['pwd; ls; git log --oneline | head -1; git remote -v | wc -l; cat /etc/hostname']);
+      expect(result.role).toBe(role);
+      const [cwd, ...rest] = out[0].trim().split('\n');
+      expect(cwd).toBe('/workspace/repo');
+      expect(rest).toContain('README.md');
+      expect(out[0]).toContain('initial commit');
+      // No remote, no URL, no engine path in the pod's checkout.
+      expect(rest).toContain('0');
+      expect(out[0]).not.toContain(h.repo.root);
+      const line = podLine(transcriptOf(handle));
+      expect(line).toMatch(/Kubernetes pod \S+ on node node-|Kubernetes pod \S+ on node \S+/);
+      expect(line).toContain(out[0].trim().split('\n').at(-1));
+      expect(adapterPods(handle.sessionID)).toEqual([]);
+    });
+  }
+});
+
+// The agent's work covering what a patch must carry: a rename, a mode change, a symlink, a
+// binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file.
+const EDGE_FILES = {
+  'rename-me.txt': 'line\n'.repeat(40),
+  'tool.sh': '#!/bin/sh\necho tool\n',
+  'gone.txt': 'to delete\n',
+  'keep.txt': 'kept\n',
+};
+const EDGE_WORK = [
+  [
+    'git mv rename-me.txt renamed.txt',
+    'chmod +x tool.sh',
+    'ln -s renamed.txt link-to-renamed',
+    "printf '\\000\\001\\002\\377binary' > blob.bin",
+    "printf 'caf\\351\\n' > latin1.txt",
+    'rm gone.txt',
+    "echo committed > committed.txt && git add committed.txt && git -c user.name=A -c user.email=a@example.invalid commit -qm c",
+    'echo more >> keep.txt',
+    'mkdir -p new/dir && echo untracked > new/dir/file.txt',
+  ].join(' && '),
+];
+
+describe("the Implementor's patch", () => {
+  it('is byte-for-byte the one the local backend returns for the same work: binary, rename, mode, symlink, non-UTF-8, committed, uncommitted and untracked changes', { timeout: 240_000 }, async () => {
+    await kubeSetup({ local: true, repo: { files: EDGE_FILES } });
+    const local = await agentRuns(h, 'implementor', EDGE_WORK);
+    await h.cleanup();
+    await kubeSetup({ repo: { files: EDGE_FILES } });
+    const remote = await agentRuns(h, 'implementor', EDGE_WORK);
+    expect(remote.out[0]).toBe(local.out[0]);
+    for (const part of ['rename to renamed.txt', 'new mode 100755', 'new file mode 120000', 'GIT binary patch', 'deleted file mode', '+committed', '+more', 'new/dir/file.txt']) {
+      expect(local.result.patch).toContain(part);
+    }
+    expect(remote.result.patch).toBe(local.result.patch);
+  });
+});
+
+describe('16 sessions at once', () => {
+  const N = 16;
+  const items = engineState({ workItems: Array.from({ length: N }, (_, i) => ({ id: String(i), title: `Item ${i}`, status: 'open', linkedRevision: null })) });
+  const bodies = Object.fromEntries(Array.from({ length: N }, (_, i) => [String(i), `Write file-${i}.txt`]));
+  const script = scenario.steps([
+    (body) => {
+      const n = JSON.stringify(body.messages[0]).match(/Write file-(\d+)\.txt/)[1];
+      return bash(`printf '${n}\\n' > file-${n}.txt && git add -A && git commit -q -m "file ${n}" && echo committed-${n}`);
+    },
+    structured({ role: 'implementor', outcome: 'completed', summary: 'done' }),
+  ]);
+
+  it(`${N} Implementors at once are placed on both nodes and each resolves with its own patch; no pod is left`, { timeout: 600_000 }, async () => {
+    await kubeSetup({ state: items, bodies, script});
+    const adapter = h.adapter();
+    const t0 = Date.now();
+    const handles = await Promise.all(Array.from({ length: N }, (_, i) => adapter.startAgent({ role: 'implementor', workItemID: String(i), branchName: `wi-${i}` })));
+    const results = await Promise.allSettled(handles.map((x) => x.result));
+    const failures = results.flatMap((r, i) => (r.status === 'rejected' ? [`${i}: ${r.reason.code} ${r.reason.message}`] : []));
+    expect(failures).toEqual([]);
+    for (const [i, r] of results.entries()) {
+      expect(r.value.patch, `session ${i}`).toContain(`+++ b/file-${i}.txt`);
+      expect(r.value.patch.match(/^\+\+\+ /gm)).toHaveLength(1);
+    }
+    const nodes = new Set(handles.map((x) => podLine(transcriptOf(x)).match(/on node (\S+?);/)?.[1]));
+    console.log(`[measure] ${N} implementors on the cluster, start → all results in ${Date.now() - t0} ms; nodes ${[...nodes].join(', ')}`);
+    expect(nodes.size).toBeGreaterThanOrEqual(2);
+    expect(adapterPods()).toEqual([]);
+    expect(adapter.sessions()).toEqual([]);
+  });
+});
+
+describe('every end deletes the pod', () => {
+  const waiting = (role = 'implementor') => scenario.steps([bash('echo started; sleep 120'), ROLES[role].done]);
+
+  it('cancelAgent: ERR_CANCELLED and no pod', { timeout: 120_000 }, async () => {
+    await kubeSetup();
+    h.api.setScript(waiting());
+    const adapter = h.adapter();
+    const handle = await adapter.startAgent(ROLES.implementor.params());
+    await eventually(() => transcriptOf(handle).includes('sleep 120'), 60_000, 'the agent ran its command');
+    expect(adapterPods(handle.sessionID)).toHaveLength(1);
+    adapter.cancelAgent(handle.sessionID);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_CANCELLED');
+    expect(adapterPods(handle.sessionID)).toEqual([]);
+  });
+
+  it('maxAgentDuration: ERR_TIMEOUT and no pod; the pod carries activeDeadlineSeconds as the cluster-side backstop', { timeout: 120_000 }, async () => {
+    await kubeSetup({ config: { maxAgentDuration: 20 } });
+    h.api.setScript(waiting());
+    const handle = await h.adapter().startAgent(ROLES.implementor.params());
+    const [pod] = adapterPods(handle.sessionID);
+    expect(pod.spec.activeDeadlineSeconds).toBeGreaterThanOrEqual(20);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_TIMEOUT');
+    expect(adapterPods(handle.sessionID)).toEqual([]);
+  });
+
+  it('shutdown: every running session settles and no pod is left', { timeout: 120_000 }, async () => {
+    await kubeSetup();
+    h.api.setScript(waiting());
+    const adapter = h.adapter();
+    const handles = await Promise.all([adapter.startAgent(ROLES.implementor.params('a')), adapter.startAgent(ROLES.implementor.params('b'))]);
+    expect(adapterPods().length).toBeGreaterThanOrEqual(2);
+    await adapter.shutdown(0);
+    for (const x of handles) expect((await rejection(x.result)).code).toMatch(/ERR_CANCELLED/);
+    expect(handles.flatMap((x) => adapterPods(x.sessionID))).toEqual([]);
+  });
+
+  it('an engine SIGKILLed mid-session leaves its pod, which the next createClaudeAdapter deletes (its own only)', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    h.api.setScript(waiting());
+    const { engine } = await engineProcess(h, ROLES.implementor.params(), engines);
+    const ownedByEngine = () => adapterPods().filter((p) => p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${engine.pid} `));
+    const orphans = await eventually(() => ownedByEngine().length && ownedByEngine(), 60_000, 'the engine made a pod');
+    expect(orphans).toHaveLength(1);
+    // A live engine's pod is not touched by the sweep.
+    h.api.setScript(waiting());
+    const adapter = h.adapter();
+    const live = await adapter.startAgent(ROLES.implementor.params('live'));
+    engine.kill('SIGKILL');
+    await new Promise((r) => engine.once('exit', r));
+    h.adapter();
+    await eventually(() => adapterPods(orphans[0].metadata.annotations['claude-runtime-adapter/session-id']).length === 0, 60_000, 'the dead engine\'s pod was deleted');
+    expect(adapterPods(live.sessionID)).toHaveLength(1);
+    adapter.cancelAgent(live.sessionID);
+    await rejection(live.result);
+  });
+});
