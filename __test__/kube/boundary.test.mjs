@@ -1,0 +1,100 @@
+// The boundary inside the pod (issue 21), tried by the agent's own commands through the real
+// CLI: no model key anywhere it can read, nothing of the pod or the engine outside its
+// checkout, no network but the egress proxy's allowlist, no push — and its ordinary work
+// (commit, build) still works.
+import { afterEach, describe, expect, it } from 'vitest';
+import { agentRuns } from '../support/agent-bash.mjs';
+import { setup } from '../support/harness.mjs';
+import { agentsWithTools } from '../support/repo.mjs';
+import { ROLE_BODIES, ROLE_STATE } from '../support/roles.mjs';
+import { kubeBackend, kubectl } from './support.mjs';
+
+let h;
+afterEach(async () => {
+  await h?.cleanup();
+  h = undefined;
+});
+
+async function kubeSetup(config = {}) {
+  h = await setup({
+    repo: { agents: agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']) },
+    state: ROLE_STATE,
+    bodies: ROLE_BODIES,
+    config: { backend: kubeBackend(), ...config },
+  });
+  return h;
+}
+
+/** A TCP connect from bash, bounded: `reached` or `blocked`. */
+const probe = (host, port) => `timeout 5 bash -c 'exec 3<>/dev/tcp/${host}/${port}' 2>/dev/null && echo reached || echo blocked`;
+
+describe('the boundary inside the pod', () => {
+  it('the model key is in no environment the agent can read: its own, and every readable /proc/*/environ', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const key = h.config.env.ANTHROPIC_API_KEY;
+    const { out } = await agentRuns(h, 'implementor', [
+      'env | grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" ; echo end',
+      'for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" < "$f" 2>/dev/null; done | grep -c . ; for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" < "$f" 2>/dev/null; done | grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" | sort -u',
+    ]);
+    expect(out[0]).toMatch(/ANTHROPIC_API_KEY=sk-ant-sandbox-placeholder-/);
+    expect(Number(out[1].split('\n')[0])).toBeGreaterThan(5); // environments were read
+    for (const o of out) expect(o).not.toContain(key);
+  });
+
+  it("files outside the checkout are not there: the pod's state, other workspaces, its service account, the engine's repository", { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const { out } = await agentRuns(h, 'implementor', [
+      `for p in /var/lib/cra /var/lib/cra/gitconfig /workspace/other /var/run/secrets/kubernetes.io/serviceaccount/token ${h.repo.root}/README.md /usr/local/bin/cra-pod; do cat "$p" >/dev/null 2>&1 && echo "read $p" || echo "no $p"; done; ls /workspace`,
+    ]);
+    expect(out[0]).not.toMatch(/^read /m);
+    expect(out[0]).toContain(`no ${h.repo.root}/README.md`);
+    expect(out[0].trim().split('\n').at(-1)).toBe('repo');
+  });
+
+  it("the egress proxy refuses a host not allowed, and push fails (no remote, no route)", { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const { out } = await agentRuns(h, 'implementor', [
+      "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n' >&3 && head -1 <&3",
+      'git push https://example.com/x.git HEAD 2>&1; echo "push rc=$?"; git remote -v | wc -l',
+    ]);
+    expect(out[0]).toMatch(/HTTP\/1\.1 403/);
+    expect(out[1]).toMatch(/push rc=[1-9]/);
+    expect(out[1].trim().split('\n').at(-1)).toBe('0');
+  });
+
+  it('the direct probe: the node the pod runs on is reachable from the pod, not from the agent', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const podName = `cra-probe-${process.pid}`;
+    // A plain pod of the same image outside any jail reaches its node's kubelet port…
+    kubectl('run', podName, `--image=${process.env.CRA_KUBE_IMAGE}`, '--image-pull-policy=IfNotPresent', '--restart=Never', '--labels=test-owner=kube-suite', '--command', '--', '/usr/local/bin/cra-pod', 'idle');
+    try {
+      kubectl('wait', '--for=condition=Ready', `pod/${podName}`, '--timeout=60s');
+      const hostIP = JSON.parse(kubectl('get', 'pod', podName, '-o', 'json')).status.hostIP;
+      expect(kubectl('exec', podName, '--', 'bash', '-c', probe(hostIP, 10250)).trim()).toBe('reached');
+      // …and the agent, in its session's pod, does not.
+      const { out } = await agentRuns(h, 'implementor', [probe(hostIP, 10250), probe('1.1.1.1', 443)]);
+      expect(out[0].trim()).toBe('blocked');
+      expect(out[1].trim()).toBe('blocked');
+    } finally {
+      kubectl('delete', 'pod', podName, '--grace-period=0', '--force', '--wait=false');
+    }
+  });
+
+  it("the agent's ordinary work works inside: git add -A && git commit, and the committed work comes back in the patch", { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const { out, result } = await agentRuns(h, 'implementor', [
+      'printf "int main(){return 0;}\\n" > main.c && mkdir -p build && echo built > build/out.txt && git add -A && git commit -qm work && git log --oneline | head -1',
+    ]);
+    expect(out[0]).toContain('work');
+    expect(result.patch).toContain('+++ b/main.c');
+  });
+
+  it('the Planner and the Reviewer cannot change their checkout', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    for (const role of ['planner', 'reviewer']) {
+      const { out } = await agentRuns(h, role, ['touch /workspace/repo/x 2>&1; echo rc=$?; touch /tmp/ok && echo tmp-ok']);
+      expect(out[0]).toMatch(/Read-only file system/);
+      expect(out[0]).toContain('tmp-ok');
+    }
+  });
+});
