@@ -75,6 +75,44 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * (Linux).
    */
   sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; limits?: SandboxLimits }
+  /** where sessions run: 'local' (the default: a clone on this machine) or one pod per session on a Kubernetes cluster */
+  backend?: 'local' | { kubernetes: KubernetesBackend }
+}
+
+/** Every name, key and value is checked by the API server's rules at createClaudeAdapter (ERR_INVALID_PARAMS naming the field). */
+export interface KubernetesBackend {
+  /** a DNS-1123 label; must exist (the adapter creates no namespace) */
+  namespace: string
+  /** the session image (its contract: README, Kubernetes backend) */
+  image: string
+  /** default 'IfNotPresent' */
+  imagePullPolicy?: 'Always' | 'IfNotPresent' | 'Never'
+  /** path of a kubeconfig; default: KUBECONFIG, then ~/.kube/config, then the in-cluster service account */
+  kubeconfig?: string
+  /** a context of the kubeconfig; default its current context */
+  context?: string
+  /** quantities such as '500m', '2', '512Mi', '1G'; a request may not exceed its limit */
+  resources?: { requests?: KubernetesResources; limits?: KubernetesResources }
+  nodeSelector?: Record<string, string>
+  tolerations?: KubernetesToleration[]
+  /** e.g. 'gvisor' or 'kata' where the cluster has them */
+  runtimeClassName?: string
+  serviceAccountName?: string
+  /** added to each pod; keys `claude-runtime-adapter/*` and `app.kubernetes.io/managed-by` are the adapter's */
+  labels?: Record<string, string>
+  /** added to each pod; the same keys are reserved */
+  annotations?: Record<string, string>
+  /** seconds for a pod to reach Running; default 120; past it ERR_PROVISION with the last reason (e.g. Unschedulable) */
+  podStartTimeout?: number
+}
+export interface KubernetesResources { cpu?: string; memory?: string; 'ephemeral-storage'?: string }
+export interface KubernetesToleration {
+  key?: string
+  operator?: 'Exists' | 'Equal'
+  value?: string
+  effect?: 'NoSchedule' | 'PreferNoSchedule' | 'NoExecute'
+  /** only with effect 'NoExecute' */
+  tolerationSeconds?: number
 }
 
 /**

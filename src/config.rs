@@ -8,6 +8,9 @@ use serde_json::{Map, Value};
 
 use crate::error::AdapterError;
 
+mod kubernetes;
+pub use kubernetes::{KubernetesConfig, PullPolicy, Toleration};
+
 const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;
 const DEFAULT_SETUP_TIMEOUT_S: f64 = 600.0;
 const DEFAULT_EXTRACTION_TIMEOUT_S: f64 = 300.0;
@@ -50,6 +53,18 @@ pub struct AdapterConfig {
     pub output_retries: u32,
     /// The OS sandbox for agent commands; `None` = `sandbox: false` (knowingly off).
     pub sandbox: Option<SandboxConfig>,
+    /// Where sessions run (`backend`): this machine (the default) or one pod per session.
+    pub backend: BackendConfig,
+}
+
+/// `config.backend`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// `"local"` or absent: each session in a clone on this machine.
+    #[default]
+    Local,
+    /// `{ kubernetes: {...} }`: each session in a pod of its own.
+    Kubernetes(Box<KubernetesConfig>),
 }
 
 /// `config.sandbox` when on (the default, `{}`).
@@ -162,14 +177,21 @@ pub fn is_contained_relative(p: &str) -> bool {
 struct Reader<'a> {
     obj: &'a Map<String, Value>,
     problems: &'a mut Problems,
+    /// The path of `obj` in the config (`""` at the top, `"backend.kubernetes."` inside it),
+    /// so every problem names the field in full.
+    prefix: &'a str,
 }
 
 impl Reader<'_> {
+    fn add(&mut self, key: &str, why: impl std::fmt::Display) {
+        self.problems.add(&format!("{}{key}", self.prefix), why);
+    }
+
     fn string(&mut self, key: &str) -> String {
         match self.obj.get(key) {
             Some(Value::String(s)) => s.clone(),
             _ => {
-                self.problems.add(key, "must be a string");
+                self.add(key, "must be a string");
                 String::new()
             }
         }
@@ -181,12 +203,11 @@ impl Reader<'_> {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
             Some(Value::String(_)) => {
-                self.problems
-                    .add(key, "must be a non-empty string when given");
+                self.add(key, "must be a non-empty string when given");
                 None
             }
             Some(_) => {
-                self.problems.add(key, "must be a string when given");
+                self.add(key, "must be a string when given");
                 None
             }
         }
@@ -194,16 +215,14 @@ impl Reader<'_> {
 
     fn strings(&mut self, key: &str, v: Option<&Value>) -> Vec<String> {
         let Some(items) = v.and_then(Value::as_array) else {
-            self.problems.add(key, "must be an array of strings");
+            self.add(key, "must be an array of strings");
             return Vec::new();
         };
         let mut out = Vec::new();
         for (i, s) in items.iter().enumerate() {
             match s.as_str() {
                 Some(s) => out.push(s.to_string()),
-                None => self
-                    .problems
-                    .add(&format!("{key}[{i}]"), "must be a string"),
+                None => self.add(&format!("{key}[{i}]"), "must be a string"),
             }
         }
         out
@@ -238,7 +257,7 @@ impl Reader<'_> {
             Some(n) if n >= lo && n <= hi && n.fract() == 0.0 => Some(n as u64 * unit),
             other => {
                 let got = other.map_or_else(|| describe(self.obj.get(key)), |n| n.to_string());
-                self.problems.add(
+                self.add(
                     name,
                     format!("must be 0 (no limit) or an integer in [{lo}, {hi}] (got {got})"),
                 );
@@ -260,8 +279,7 @@ impl Reader<'_> {
             Some(n) if n >= lo && n <= hi && (!integer || n.fract() == 0.0) => n,
             other => {
                 let got = other.map_or_else(|| describe(self.obj.get(key)), |n| n.to_string());
-                self.problems
-                    .add(key, format!("must be {kind} in [{lo}, {hi}] (got {got})"));
+                self.add(key, format!("must be {kind} in [{lo}, {hi}] (got {got})"));
                 default.unwrap_or(lo)
             }
         }
@@ -296,7 +314,11 @@ pub fn parse_config(
         problems.push("config must be an object".into());
         return None;
     };
-    let mut r = Reader { obj, problems };
+    let mut r = Reader {
+        obj,
+        problems,
+        prefix: "",
+    };
     let repo_root = r.string("repoRoot");
     let default_branch = r.string("defaultBranch");
     let root = check_repository(&repo_root, &default_branch, r.problems);
@@ -332,6 +354,7 @@ pub fn parse_config(
     let model = r.opt_string("model");
     let env = env_vars(obj.get("env"), r.problems);
     let sandbox = sandbox(obj.get("sandbox"), r.problems);
+    let backend = kubernetes::backend(obj.get("backend"), r.problems);
     if !problems.is_empty() {
         return None;
     }
@@ -354,6 +377,7 @@ pub fn parse_config(
         hook_timeout: env_override(HOOK_TIMEOUT_ENV).unwrap_or_else(|| seconds(hook_timeout)),
         output_retries: retries as u32,
         sandbox,
+        backend,
     })
 }
 
@@ -494,7 +518,11 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
             return None;
         }
     };
-    let mut r = Reader { obj, problems };
+    let mut r = Reader {
+        obj,
+        problems,
+        prefix: "",
+    };
     let mut cfg = SandboxConfig::default();
     if obj.get("allowedDomains").is_some_and(|v| !v.is_null()) {
         cfg.allowed_domains = r.strings("sandbox.allowedDomains", obj.get("allowedDomains"));
@@ -527,7 +555,11 @@ fn limits(v: Option<&Value>, problems: &mut Problems) -> Limits {
             return d;
         }
     };
-    let mut r = Reader { obj, problems };
+    let mut r = Reader {
+        obj,
+        problems,
+        prefix: "",
+    };
     Limits {
         memory: r.limit(
             "memoryMiB",

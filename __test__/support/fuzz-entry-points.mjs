@@ -38,11 +38,25 @@ const note = (kind, err, input) => {
 
 const number = fc.oneof(fc.double(), fc.integer(), fc.constantFrom(Number.NaN, Infinity, -Infinity, 1e20, -0, 2 ** 53, 0));
 const value = fc.oneof(number, fc.string(), fc.boolean(), fc.constant(null), fc.constant(undefined), fc.array(fc.string()), fc.object(), fc.func(fc.anything()));
-const configField = fc.constantFrom(...Object.keys(validConfig), 'env', 'model', 'sandbox', 'worktreeSetupTimeout', 'extractionTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries');
+const configField = fc.constantFrom(...Object.keys(validConfig), 'env', 'model', 'sandbox', 'worktreeSetupTimeout', 'extractionTimeout', 'contextConcurrency', 'contextCallbackTimeout', 'hookTimeout', 'outputRetries', 'backend');
 // `sandbox` as an object of random fields too, not only as a random value.
 const paths = fc.oneof(value, fc.array(fc.oneof(fc.string(), fc.constantFrom('/', '/tmp', 'relative', '', '/no/such/dir'))));
 const sandboxShape = fc.record({ allowedDomains: paths, allowWrite: paths, allowRead: paths }, { requiredKeys: [] });
-const configPair = fc.oneof(fc.tuple(configField, value), fc.tuple(fc.constant('sandbox'), sandboxShape));
+// `backend.kubernetes` as an object of near-valid and random fields (names, quantities,
+// tolerations, label keys), so the validators see strings close to the rules' edges.
+const near = (...good) => fc.oneof(value, fc.constantFrom(...good, '', 'Bad_Name', '-x', 'a'.repeat(64), 'x/y/z', 'claude-runtime-adapter/owner'));
+const stringMap = fc.oneof(value, fc.dictionary(near('a', 'example.com/a'), near('v', '')));
+const quantities = fc.oneof(value, fc.dictionary(fc.constantFrom('cpu', 'memory', 'ephemeral-storage', 'gpu'), fc.oneof(value, fc.constantFrom('1', '500m', '2Gi', '1E', '1e400', '9'.repeat(400), '-1', '1Kb'))));
+const toleration = fc.oneof(value, fc.record({ key: near('k'), operator: near('Exists', 'Equal'), value: near('v'), effect: near('NoSchedule', 'NoExecute'), tolerationSeconds: number }, { requiredKeys: [] }));
+const kubeShape = fc.record({
+  namespace: near('agents'), image: near('local/busybox:1'), imagePullPolicy: near('Never', 'Always'),
+  kubeconfig: near('/nonexistent/kubeconfig'), context: near('ctx'),
+  resources: fc.oneof(value, fc.record({ requests: quantities, limits: quantities }, { requiredKeys: [] })),
+  nodeSelector: stringMap, tolerations: fc.oneof(value, fc.array(toleration, { maxLength: 3 })),
+  runtimeClassName: near('gvisor'), serviceAccountName: near('sa'), labels: stringMap, annotations: stringMap, podStartTimeout: number,
+}, { requiredKeys: [] });
+const backendShape = fc.oneof(value, fc.constant('local'), kubeShape.map((kubernetes) => ({ kubernetes })));
+const configPair = fc.oneof(fc.tuple(configField, value), fc.tuple(fc.constant('sandbox'), sandboxShape), fc.tuple(fc.constant('backend'), backendShape));
 const config = fc.oneof(
   fc.anything(),
   fc.array(configPair, { maxLength: 4 }).map((pairs) => ({ ...validConfig, ...Object.fromEntries(pairs) })),
