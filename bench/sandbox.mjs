@@ -2,7 +2,12 @@
 // startAgent, real Claude Code CLI, real bubblewrap, fake Messages API), with and without it in
 // the same run.
 //
-//   node bench/sandbox.mjs [--n=5] [--commands=1000] [--per-turn=10]
+//   node bench/sandbox.mjs [--n=5] [--commands=1000] [--per-turn=10] [--parallel=16]
+//
+// With KUBECONFIG and CRA_KUBE_IMAGE set (the session image on the nodes) a third mode runs
+// each session in a pod of that cluster (`backend: { kubernetes }`, issue 21): the remote column,
+// with its ratio against the local sandbox; and 3. <parallel> Implementors at once, local
+// sandbox against the cluster (wall time from the first start to the last result).
 //
 //   1. start → result   an Implementor session whose model runs one Bash command (a file write in
 //                       its worktree) and answers; and a Planner session that runs one `true`.
@@ -29,6 +34,16 @@ const arg = (name, dflt) => {
 const N = arg('n', 5);
 const COMMANDS = arg('commands', 1000);
 const PER_TURN = arg('per-turn', 10);
+const PARALLEL = arg('parallel', 16);
+const KUBE = Boolean(process.env.KUBECONFIG && process.env.CRA_KUBE_IMAGE);
+const kubeBackend = () => ({
+  kubernetes: {
+    namespace: process.env.CRA_KUBE_NAMESPACE ?? 'default',
+    image: process.env.CRA_KUBE_IMAGE,
+    imagePullPolicy: process.env.CRA_KUBE_PULL_POLICY ?? 'IfNotPresent',
+    kubeconfig: process.env.KUBECONFIG,
+  },
+});
 
 const AGENTS = {
   planner: { description: 'planner', tools: ['Bash', 'Read'], prompt: 'You are the planner.' },
@@ -39,21 +54,27 @@ const DONE = {
   planner: structured({ role: 'planner', create: [], close: [], update: [] }),
 };
 
-/** One repository + fake API per mode; sessions run one after the other. */
-async function mode(sandbox) {
+/** One repository + fake API per mode (`none`, `sandbox`, `kubernetes`); sessions run one after the other. */
+async function mode(name) {
   const h = await setup({
     repo: { agents: AGENTS },
-    state: engineState({ workItems: [{ id: '1', title: 'Item', status: 'open', linkedRevision: null }] }),
-    bodies: { 1: 'Body' },
-    config: { ...(sandbox ? {} : { sandbox: false }), logger: quietLogger, bashValidatorHook: addon.createBashValidatorHook(), logging: { agentSessions: false, logsDir: '' } },
+    state: engineState({ workItems: Array.from({ length: PARALLEL }, (_, i) => ({ id: String(i + 1), title: 'Item', status: 'open', linkedRevision: null })) }),
+    bodies: Object.fromEntries(Array.from({ length: PARALLEL }, (_, i) => [String(i + 1), 'Body'])),
+    config: {
+      ...(name === 'none' ? { sandbox: false } : {}),
+      ...(name === 'kubernetes' ? { backend: kubeBackend() } : {}),
+      logger: quietLogger,
+      bashValidatorHook: addon.createBashValidatorHook(),
+      logging: { agentSessions: false, logsDir: '' },
+    },
   });
-  return { h, adapter: h.adapter(), name: sandbox ? 'sandbox' : 'none' };
+  return { h, adapter: h.adapter(), name };
 }
 
 /** One session; `script` answers the model's turns. Returns { handleMs, resultMs }. */
-async function session(m, role, script, branchName) {
+async function session(m, role, script, branchName, workItemID = '1') {
   m.h.api.setScript(script);
-  const params = role === 'implementor' ? { role, workItemID: '1', branchName } : { role, specPaths: [] };
+  const params = role === 'implementor' ? { role, workItemID, branchName } : { role, specPaths: [] };
   const t0 = performance.now();
   const handle = await m.adapter.startAgent(params);
   const handleMs = performance.now() - t0;
@@ -91,13 +112,13 @@ function build() {
   }
 }
 
-const modes = { none: await mode(false), sandbox: await mode(true) };
-const results = { machine: machine(), cli: claudePackageVersion(), build: build(), n: N, commands: COMMANDS, perTurn: PER_TURN, latency: {}, bulk: {} };
+const modes = { none: await mode('none'), sandbox: await mode('sandbox'), ...(KUBE ? { kubernetes: await mode('kubernetes') } : {}) };
+const results = { machine: machine(), cli: claudePackageVersion(), build: build(), n: N, commands: COMMANDS, perTurn: PER_TURN, latency: {}, bulk: {}, parallel: {} };
 let seq = 0;
 const half = Math.ceil(COMMANDS / 2);
 try {
   for (const role of ['implementor', 'planner']) {
-    const lat = { none: [], sandbox: [] };
+    const lat = Object.fromEntries(Object.keys(modes).map((k) => [k, []]));
     for (const m of Object.values(modes)) await session(m, role, oneCommand(role, seq), `bench-${seq++}`); // warm-up
     for (let i = 0; i < N; i++) {
       for (const m of Object.values(modes)) lat[m.name].push(await session(m, role, oneCommand(role, seq), `bench-${seq++}`));
@@ -107,10 +128,23 @@ try {
   }
   // Two sessions of half the commands per mode, in the order none, sandbox, sandbox, none, so a
   // drift in the machine's load (it is shared) hits both modes alike.
-  for (const [k, name] of ['none', 'sandbox', 'sandbox', 'none'].entries()) {
+  const order = KUBE ? ['none', 'sandbox', 'kubernetes', 'kubernetes', 'sandbox', 'none'] : ['none', 'sandbox', 'sandbox', 'none'];
+  for (const [k, name] of order.entries()) {
     process.stderr.write(`  … ${half} commands, ${name}\n`);
     const ms = (await session(modes[name], 'implementor', bulkScript(half, PER_TURN), `bench-bulk-${k}`)).resultMs;
     results.bulk[name] = (results.bulk[name] ?? 0) + ms;
+  }
+  if (KUBE) {
+    // PARALLEL Implementors at once, each committing a file: the local sandbox, then the cluster.
+    for (const name of ['sandbox', 'kubernetes']) {
+      process.stderr.write(`  … ${PARALLEL} Implementors at once, ${name}\n`);
+      const m = modes[name];
+      m.h.api.setScript(oneCommand('implementor', 'parallel'));
+      const t0 = performance.now();
+      const handles = await Promise.all(Array.from({ length: PARALLEL }, (_, i) => m.adapter.startAgent({ role: 'implementor', workItemID: String(i + 1), branchName: `bench-par-${i}` })));
+      const settled = await Promise.allSettled(handles.map((x) => x.result));
+      results.parallel[name] = { ms: performance.now() - t0, failed: settled.filter((r) => r.status === 'rejected').length };
+    }
   }
 } finally {
   for (const m of Object.values(modes)) await m.h.cleanup();
@@ -119,22 +153,31 @@ try {
 /** `a − b` in ms, signed. */
 const delta = (a, b) => `${a >= b ? '+' : '−'}${fmtMs(Math.abs(a - b))}`;
 const rows = [];
+const kube = (r, sandboxValue) => (KUBE ? [fmtMs(r), ratio(r, sandboxValue), delta(r, sandboxValue)] : []);
 for (const [role, lat] of Object.entries(results.latency)) {
   for (const [key, label] of [
     ['resultMs', 'start → result'],
     ['handleMs', 'start → handle'],
   ]) {
-    const off = summary(lat.none.map((x) => x[key]));
-    const on = summary(lat.sandbox.map((x) => x[key]));
-    results.latency[`${role}.${key}`] = { none: off, sandbox: on };
-    rows.push([`${role}: ${label}, median (n=${N})`, fmtMs(off.median), fmtMs(on.median), ratio(on.median, off.median), delta(on.median, off.median)]);
-    rows.push([`${role}: ${label}, p95`, fmtMs(off.p95), fmtMs(on.p95), ratio(on.p95, off.p95), delta(on.p95, off.p95)]);
+    const s = Object.fromEntries(Object.entries(lat).map(([k, v]) => [k, summary(v.map((x) => x[key]))]));
+    results.latency[`${role}.${key}`] = s;
+    const { none: off, sandbox: on, kubernetes: remote } = s;
+    rows.push([`${role}: ${label}, median (n=${N})`, fmtMs(off.median), fmtMs(on.median), ratio(on.median, off.median), delta(on.median, off.median), ...(remote ? kube(remote.median, on.median) : [])]);
+    rows.push([`${role}: ${label}, p95`, fmtMs(off.p95), fmtMs(on.p95), ratio(on.p95, off.p95), delta(on.p95, off.p95), ...(remote ? kube(remote.p95, on.p95) : [])]);
   }
 }
-const { none, sandbox } = results.bulk;
-rows.push([`${2 * half} trivial Bash commands, two sessions (total)`, fmtMs(none), fmtMs(sandbox), ratio(sandbox, none), delta(sandbox, none)]);
-rows.push(['  per command', fmtMs(none / (2 * half)), fmtMs(sandbox / (2 * half)), ratio(sandbox, none), delta(sandbox / (2 * half), none / (2 * half))]);
+const { none, sandbox, kubernetes } = results.bulk;
+const per = (x) => x / (2 * half);
+rows.push([`${2 * half} trivial Bash commands, two sessions (total)`, fmtMs(none), fmtMs(sandbox), ratio(sandbox, none), delta(sandbox, none), ...kube(kubernetes, sandbox)]);
+rows.push(['  per command', fmtMs(per(none)), fmtMs(per(sandbox)), ratio(sandbox, none), delta(per(sandbox), per(none)), ...kube(per(kubernetes), per(sandbox))]);
+if (KUBE) {
+  const { sandbox: ps, kubernetes: pk } = results.parallel;
+  rows.push([`${PARALLEL} Implementors at once, wall time (failed: ${ps.failed} / ${pk.failed})`, '', fmtMs(ps.ms), '', '', ...kube(pk.ms, ps.ms)]);
+}
 console.log(`addon build: ${results.build}; CLI ${results.cli}; ${PER_TURN} Bash calls per model turn`);
-printTable(['measure (through the addon)', 'sandbox: false', 'sandbox (default)', 'ratio (sandbox / none)', 'difference'], rows);
+const head = ['measure (through the addon)', 'sandbox: false', 'sandbox (default)', 'ratio (sandbox / none)', 'difference'];
+printTable(KUBE ? [...head, 'kubernetes (remote)', 'ratio (remote / sandbox)', 'difference'] : head, rows);
 console.log('targets (issue 14): per command ≤ 1.2×; start → result ≤ +150 ms');
+if (KUBE) console.log('targets (issue 21): start → handle ≤ +2 s over local with the image on the node; per command as local');
+else console.log('(no remote column: set KUBECONFIG and CRA_KUBE_IMAGE to measure a cluster)');
 saveResults('sandbox', results);
