@@ -1,0 +1,3 @@
+//! The Kubernetes backend: one pod per session.
+
+pub mod cluster;
