@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::error::AdapterError;
 
-mod kubernetes;
+pub mod kubernetes;
 pub use kubernetes::{KubernetesConfig, PullPolicy, Toleration};
 
 const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;

@@ -9,6 +9,7 @@
 //! the file-tool hooks compare against; the local environment mounts everything at its host
 //! path, so the two coincide.
 
+pub mod kubernetes;
 pub mod local;
 pub mod process;
 

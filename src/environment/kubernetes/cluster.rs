@@ -1,0 +1,879 @@
+//! The cluster half of the Kubernetes backend: a client from the config, a session's pod (its
+//! spec by the image contract and the owner rule, created and waited for until Running), an
+//! exec stream into it, why it went away, its deletion, and the sweep of a dead engine's pods.
+//! Only the core v1 Pod and Namespace APIs, so a 1.20 API server serves it as well as a current
+//! one.
+//!
+//! Every call to the API server is bounded (connect 10 s, a request 30 s), so an unreachable or
+//! stuck API server is a clear `ERR_PROVISION` naming its URL, never a hang; only an exec
+//! stream, which lives as long as its session, has no read bound.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerStateTerminated, Namespace, Pod as KubePod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
+    Toleration as KubeToleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status as ExecStatus};
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::kubernetes::{is_label_value, MANAGED_BY};
+use crate::config::KubernetesConfig;
+use crate::domain::Role;
+use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::owner::Owner;
+
+/// The value of [`MANAGED_BY`] on every pod the adapter makes: what a sweep lists by.
+pub const MANAGER: &str = "claude-runtime-adapter";
+pub const LABEL_SESSION: &str = "claude-runtime-adapter/session";
+pub const LABEL_ROLE: &str = "claude-runtime-adapter/role";
+pub const LABEL_HOST: &str = "claude-runtime-adapter/host";
+/// [`Owner::to_record`] of the engine process that made the pod (the sweep's liveness check).
+pub const ANNOTATION_OWNER: &str = "claude-runtime-adapter/owner";
+/// The session id exactly (its label is sanitised to a label value).
+pub const ANNOTATION_SESSION_ID: &str = "claude-runtime-adapter/session-id";
+
+/// The image contract: the container's pid 1.
+pub const POD_COMMAND: [&str; 2] = ["/usr/local/bin/cra-pod", "idle"];
+/// The pod's one container.
+pub const CONTAINER: &str = "session";
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one ordinary request (create, get, list, delete, the start of an exec).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(200);
+/// Bound on a deleted pod disappearing (grace 0: the API server removes it at once; the
+/// bound covers an API server that is slow to say so).
+const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Stdio buffers of an exec stream: room for a frame of the pod protocol at a time.
+const EXEC_BUFFER: usize = 64 * 1024;
+
+/// Waiting reasons that never turn into Running by themselves (`restartPolicy: Never`): the
+/// start fails at once instead of at the timeout.
+const FATAL_WAITING: &[&str] = &[
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+fn provision(message: impl Into<String>) -> AdapterError {
+    AdapterError::new(ErrorCode::Provision, message)
+}
+
+/// `e` and its sources, `: `-joined (the kube error's own text names the layer, the sources
+/// the cause: a refused connection, a TLS failure).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// A connection to the cluster of a `backend.kubernetes` config.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Client,
+    namespace: String,
+    /// The API server's URL, for messages.
+    url: String,
+    config: KubernetesConfig,
+}
+
+/// What a session's pod is made for.
+#[derive(Debug, Clone)]
+pub struct PodRequest {
+    /// The session's id (any string: its label is sanitised, its annotation exact).
+    pub session_id: String,
+    pub role: Role,
+    /// The pod's `activeDeadlineSeconds` (rounded up): the cluster's own end of a session
+    /// whose engine is gone (`maxAgentDuration`); `None` = none.
+    pub active_deadline: Option<Duration>,
+    /// Recorded on the pod for the sweep; [`Owner::current`] unless a test stands in another.
+    pub owner: Owner,
+    /// The container's command; `None` = the image contract's [`POD_COMMAND`] (tests run a
+    /// plain image with their own).
+    pub command: Option<Vec<String>>,
+}
+
+impl PodRequest {
+    pub fn new(session_id: impl Into<String>, role: Role) -> PodRequest {
+        PodRequest {
+            session_id: session_id.into(),
+            role,
+            active_deadline: None,
+            owner: Owner::current(),
+            command: None,
+        }
+    }
+}
+
+/// A session's pod, Running.
+#[derive(Clone)]
+pub struct Pod {
+    api: Api<KubePod>,
+    pub name: String,
+    pub node: String,
+    /// The API server's URL, for messages.
+    url: String,
+    /// `resources.limits.memory`, named when the pod was killed for memory.
+    memory_limit: Option<String>,
+    active_deadline: Option<i64>,
+}
+
+/// How an exec's process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEnd {
+    /// It exited with this code.
+    Exited(i32),
+    /// The API server ended the stream with this failure (the container is gone, the
+    /// command could not start).
+    Failed(String),
+    /// The stream broke without a status (the pod was deleted, the connection lost): ask
+    /// [`Pod::why_gone`].
+    Broken,
+}
+
+/// A process started in the pod with its stdio attached. The stream lives as long as
+/// `status` (dropping it ends the stream). The 1.20 API server speaks the v4 protocol, which
+/// cannot half-close stdin: shutting `stdin` down closes the whole stream there, so a process
+/// must learn its input ended from the input itself.
+pub struct PodExec {
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
+    pub status: Pin<Box<dyn Future<Output = ExecEnd> + Send>>,
+}
+
+/// A label value standing for `s`: `s` itself when it is one, else its allowed characters
+/// plus a hash of the whole (so two different ids never share a label by sanitising).
+pub fn label_value(s: &str) -> String {
+    if !s.is_empty() && is_label_value(s) {
+        return s.to_string();
+    }
+    let hash = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, s.as_bytes())
+        .simple()
+        .to_string();
+    let kept: String = s
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(40)
+        .collect();
+    let kept = kept.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    match kept.is_empty() {
+        true => hash[..20].to_string(),
+        false => format!("{kept}-{}", &hash[..20]),
+    }
+}
+
+/// How the API server answered (or did not).
+enum Failure {
+    /// It answered with this status.
+    Api(Box<kube::core::Status>),
+    /// It could not be reached (or did not answer within the bound): the text says why.
+    Unreachable(String),
+}
+
+impl Cluster {
+    /// A client for `config`'s cluster: its kubeconfig file and context when given, else
+    /// `KUBECONFIG`, `~/.kube/config`, the in-cluster service account. Reads files only; the
+    /// API server is first contacted by a request ([`Cluster::preflight`]).
+    pub async fn connect(config: &KubernetesConfig) -> Result<Cluster> {
+        let options = KubeConfigOptions {
+            context: config.context.clone(),
+            ..Default::default()
+        };
+        let mut kube_config = match (&config.kubeconfig, &config.context) {
+            (Some(path), _) => {
+                let file = Kubeconfig::read_from(path).map_err(|e| {
+                    provision(format!(
+                        "the kubeconfig {} (backend.kubernetes.kubeconfig) cannot be read: {}",
+                        path.display(),
+                        chain(&e)
+                    ))
+                })?;
+                Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|e| kubeconfig_error(Some(path), config, &e))?
+            }
+            (None, Some(_)) => Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| kubeconfig_error(None, config, &e))?,
+            (None, None) => Config::infer().await.map_err(|e| {
+                provision(format!(
+                    "no Kubernetes cluster configured: no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a cluster ({}); set backend.kubernetes.kubeconfig",
+                    chain(&e)
+                ))
+            })?,
+        };
+        kube_config.connect_timeout = Some(CONNECT_TIMEOUT);
+        let url = kube_config.cluster_url.to_string();
+        let client = Client::try_from(kube_config).map_err(|e| {
+            provision(format!(
+                "cannot make a client for the Kubernetes API server at {url}: {}",
+                chain(&e)
+            ))
+        })?;
+        Ok(Cluster {
+            client,
+            namespace: config.namespace.clone(),
+            url,
+            config: config.clone(),
+        })
+    }
+
+    /// The namespace exists (a cheap GET, once before the first session).
+    pub async fn preflight(&self) -> Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        match bounded(namespaces.get(&self.namespace)).await {
+            Ok(_) => Ok(()),
+            Err(Failure::Api(s)) if s.is_not_found() => Err(self.no_namespace()),
+            // Credentials limited to the namespace may not read the Namespace object; listing
+            // pods there, which the adapter needs anyway, then shows the API server answers.
+            Err(Failure::Api(s)) if s.is_forbidden() => {
+                bounded(self.pods().list(&ListParams::default().limit(1)))
+                    .await
+                    .map(drop)
+                    .map_err(|f| {
+                        self.failed(&format!("list pods in namespace {}", self.namespace), f)
+                    })
+            }
+            Err(f) => Err(self.failed(&format!("read namespace {}", self.namespace), f)),
+        }
+    }
+
+    fn pods(&self) -> Api<KubePod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn no_namespace(&self) -> AdapterError {
+        provision(format!(
+            "namespace {} (backend.kubernetes.namespace) does not exist on the cluster at {}",
+            self.namespace, self.url
+        ))
+    }
+
+    fn failed(&self, what: &str, f: Failure) -> AdapterError {
+        failure(&self.url, what, f)
+    }
+
+    /// The pod spec for `req` (the image contract, the owner rule, the config's scheduling
+    /// and resources).
+    pub fn pod_spec(&self, name: &str, req: &PodRequest) -> KubePod {
+        let c = &self.config;
+        let mut labels = c.labels.clone();
+        labels.insert(MANAGED_BY.into(), MANAGER.into());
+        labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
+        labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
+        labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
+        let mut annotations = c.annotations.clone();
+        annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
+        annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
+        let quantities = |m: &BTreeMap<String, String>| {
+            (!m.is_empty()).then(|| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+                    .collect::<BTreeMap<_, _>>()
+            })
+        };
+        let resources =
+            (!c.requests.is_empty() || !c.limits.is_empty()).then(|| ResourceRequirements {
+                requests: quantities(&c.requests),
+                limits: quantities(&c.limits),
+                ..Default::default()
+            });
+        let command = req
+            .command
+            .clone()
+            .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
+        KubePod {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: CONTAINER.into(),
+                    image: Some(c.image.clone()),
+                    image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+                    command: Some(command),
+                    resources,
+                    security_context: Some(SecurityContext {
+                        allow_privilege_escalation: Some(false),
+                        capabilities: Some(Capabilities {
+                            drop: Some(vec!["ALL".into()]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                security_context: Some(PodSecurityContext {
+                    run_as_user: Some(1000),
+                    run_as_group: Some(1000),
+                    run_as_non_root: Some(true),
+                    ..Default::default()
+                }),
+                automount_service_account_token: Some(false),
+                enable_service_links: Some(false),
+                restart_policy: Some("Never".into()),
+                termination_grace_period_seconds: Some(1),
+                active_deadline_seconds: req.active_deadline.map(deadline_seconds),
+                node_selector: (!c.node_selector.is_empty()).then(|| c.node_selector.clone()),
+                tolerations: (!c.tolerations.is_empty()).then(|| {
+                    c.tolerations
+                        .iter()
+                        .map(|t| KubeToleration {
+                            key: t.key.clone(),
+                            operator: t.operator.clone(),
+                            value: t.value.clone(),
+                            effect: t.effect.clone(),
+                            toleration_seconds: t.toleration_seconds,
+                        })
+                        .collect()
+                }),
+                runtime_class_name: c.runtime_class_name.clone(),
+                service_account_name: c.service_account_name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Creates the pod for `req` and waits until its container runs (bounded by
+    /// `podStartTimeout`, obeying `stop`). On any failure, and on `stop`, the pod is deleted
+    /// before this returns: nothing is left behind.
+    pub async fn create_pod(&self, req: PodRequest, stop: &CancellationToken) -> Result<Pod> {
+        let name = format!(
+            "cra-{}-{}",
+            req.role.as_str(),
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let spec = self.pod_spec(&name, &req);
+        let pod = Pod {
+            api: self.pods(),
+            name: name.clone(),
+            node: String::new(),
+            url: self.url.clone(),
+            memory_limit: self.config.limits.get("memory").cloned(),
+            active_deadline: req.active_deadline.map(deadline_seconds),
+        };
+        let params = PostParams::default();
+        let created = tokio::select! {
+            r = bounded(pod.api.create(&params, &spec)) => r,
+            _ = stop.cancelled() => {
+                let _ = pod.delete().await;
+                return Err(cancelled(&name));
+            }
+        };
+        match created {
+            Ok(_) => {}
+            Err(Failure::Api(s)) if s.is_not_found() => return Err(self.no_namespace()),
+            // Refused: nothing was made.
+            Err(f @ Failure::Api(_)) => {
+                return Err(self.failed(&format!("create pod {name}"), f));
+            }
+            // The request may have reached the API server before the connection failed.
+            Err(f) => {
+                let _ = pod.delete().await;
+                return Err(self.failed(&format!("create pod {name}"), f));
+            }
+        }
+        let started = tokio::select! {
+            r = self.wait_running(&name) => r,
+            _ = stop.cancelled() => Err(cancelled(&name)),
+        };
+        match started {
+            Ok(node) => Ok(Pod { node, ..pod }),
+            Err(e) => {
+                let _ = pod.delete().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Polls the pod until its container runs; the node's name then.
+    async fn wait_running(&self, name: &str) -> Result<String> {
+        let timeout = self.config.pod_start_timeout;
+        let deadline = Instant::now() + timeout;
+        let api = self.pods();
+        loop {
+            let last;
+            match bounded(api.get(name)).await {
+                Ok(pod) => match start_state(&pod, &self.config.image) {
+                    Start::Running(node) => return Ok(node),
+                    Start::Failed(why) => {
+                        return Err(provision(format!("pod {name} cannot start: {why}")))
+                    }
+                    Start::Pending(why) => last = why,
+                },
+                Err(Failure::Api(s)) if s.is_not_found() => {
+                    return Err(provision(format!(
+                        "pod {name} was deleted (from outside the adapter) while it was starting"
+                    )))
+                }
+                // A passing failure of the API server is waited out like a slow start.
+                Err(f) => last = failure(&self.url, &format!("read pod {name}"), f).message,
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(provision(format!(
+                    "pod {name} was not running within {} s (backend.kubernetes.podStartTimeout): {last}",
+                    timeout.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(POLL.min(deadline - now)).await;
+        }
+    }
+
+    /// Deletes the pods of this host's engines that are no longer alive ([`Owner`]'s own
+    /// check, the same rule as the local sweep); pods of live engines and of other hosts are
+    /// never touched (theirs end by `activeDeadlineSeconds` or their own engine's sweep).
+    /// Returns the names deleted.
+    pub async fn sweep(&self) -> Result<Vec<String>> {
+        let host = Owner::current().host;
+        let selector = format!("{MANAGED_BY}={MANAGER},{LABEL_HOST}={}", label_value(&host));
+        let api = self.pods();
+        let list = bounded(api.list(&ListParams::default().labels(&selector)))
+            .await
+            .map_err(|f| {
+                self.failed(
+                    &format!("list the adapter's pods in namespace {}", self.namespace),
+                    f,
+                )
+            })?;
+        let dead: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_OWNER))
+                    .and_then(|r| Owner::parse(r))
+                    .is_some_and(|o| o.host == host && !o.is_alive())
+            })
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let api = &api;
+        let deletions = dead.iter().map(|name| async move {
+            match bounded(api.delete(name, &grace_zero())).await {
+                Ok(_) => Some(name.clone()),
+                Err(Failure::Api(s)) if s.is_not_found() => None,
+                Err(f) => {
+                    tracing::warn!(pod = %name, error = %self.failed("delete pod", f).message, "sweep");
+                    None
+                }
+            }
+        });
+        Ok(futures::future::join_all(deletions)
+            .await
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+}
+
+fn kubeconfig_error(
+    path: Option<&Path>,
+    config: &KubernetesConfig,
+    e: &kube::config::KubeconfigError,
+) -> AdapterError {
+    let file = path.map_or_else(
+        || "the kubeconfig (KUBECONFIG or ~/.kube/config)".to_string(),
+        |p| format!("the kubeconfig {}", p.display()),
+    );
+    let what = match (&config.context, e) {
+        (Some(ctx), kube::config::KubeconfigError::LoadContext(_)) => {
+            format!("{file} has no context {ctx:?} (backend.kubernetes.context)")
+        }
+        _ => format!("{file} cannot be used"),
+    };
+    provision(format!("{what}: {}", chain(e)))
+}
+
+fn cancelled(name: &str) -> AdapterError {
+    AdapterError::new(
+        ErrorCode::Cancelled,
+        format!("the session was stopped while its pod {name} was starting"),
+    )
+}
+
+fn grace_zero() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+fn deadline_seconds(d: Duration) -> i64 {
+    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).clamp(1, i64::MAX as u64) as i64
+}
+
+/// One request, bounded by [`REQUEST_TIMEOUT`].
+async fn bounded<T>(
+    request: impl Future<Output = kube::Result<T>>,
+) -> std::result::Result<T, Failure> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(kube::Error::Api(s))) => Err(Failure::Api(s)),
+        Ok(Err(e)) => Err(Failure::Unreachable(chain(&e))),
+        Err(_) => Err(Failure::Unreachable(format!(
+            "no answer within {} s",
+            REQUEST_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+fn failure(url: &str, what: &str, f: Failure) -> AdapterError {
+    match f {
+        Failure::Unreachable(why) => provision(format!(
+            "the Kubernetes API server at {url} is unreachable (trying to {what}): {why}"
+        )),
+        Failure::Api(s) => provision(format!(
+            "the Kubernetes API server at {url} refused to {what}: {} ({} {})",
+            s.message, s.code, s.reason
+        )),
+    }
+}
+
+enum Start {
+    Running(String),
+    Pending(String),
+    Failed(String),
+}
+
+/// Where a starting pod is: running, still on its way (why), or never going to run (why).
+fn start_state(pod: &KubePod, image: &str) -> Start {
+    let status = pod.status.clone().unwrap_or_default();
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let container = status
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER));
+    let state = container.and_then(|c| c.state.clone()).unwrap_or_default();
+    if let Some(t) = &state.terminated {
+        return Start::Failed(format!(
+            "its container terminated before it ran: {}",
+            terminated(t)
+        ));
+    }
+    if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+        return Start::Failed(format!(
+            "it ended ({}): {} {}",
+            status.phase.unwrap_or_default(),
+            status.reason.unwrap_or_default(),
+            status.message.unwrap_or_default()
+        ));
+    }
+    if state.running.is_some() && status.phase.as_deref() == Some("Running") {
+        return Start::Running(node);
+    }
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.clone().unwrap_or_default();
+        let message = w.message.clone().unwrap_or_default();
+        if FATAL_WAITING.contains(&reason.as_str()) {
+            return Start::Failed(match reason.as_str() {
+                "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
+                    format!("its container cannot be created on node {node}: {reason}: {message}")
+                }
+                _ => format!(
+                    "the image {image} (backend.kubernetes.image) is not available on node {node}: {reason}: {message}"
+                ),
+            });
+        }
+        if !reason.is_empty() {
+            return Start::Pending(format!("{reason} {message}").trim().to_string());
+        }
+    }
+    let unscheduled = status.conditions.as_ref().and_then(|cs| {
+        cs.iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    });
+    if let Some(c) = unscheduled {
+        return Start::Pending(format!(
+            "not scheduled: {}: {}",
+            c.reason.clone().unwrap_or_default(),
+            c.message.clone().unwrap_or_default()
+        ));
+    }
+    Start::Pending(format!(
+        "phase {}",
+        status.phase.unwrap_or_else(|| "unknown".into())
+    ))
+}
+
+fn terminated(t: &ContainerStateTerminated) -> String {
+    format!(
+        "{} (exit code {}{}){}",
+        t.reason.as_deref().unwrap_or("terminated"),
+        t.exit_code,
+        t.signal
+            .map(|s| format!(", signal {s}"))
+            .unwrap_or_default(),
+        t.message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default()
+    )
+}
+
+impl Pod {
+    /// Starts `argv` in the pod's container with stdin, stdout and stderr attached.
+    pub async fn exec(&self, argv: &[String]) -> Result<PodExec> {
+        let params = AttachParams {
+            container: Some(CONTAINER.into()),
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: false,
+            max_stdin_buf_size: Some(EXEC_BUFFER),
+            max_stdout_buf_size: Some(EXEC_BUFFER),
+            max_stderr_buf_size: Some(EXEC_BUFFER),
+        };
+        let what = format!("exec in pod {}", self.name);
+        let mut process = bounded(self.api.exec(&self.name, argv.to_vec(), &params))
+            .await
+            .map_err(|f| match f {
+                Failure::Api(s) if s.is_not_found() => AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    format!("pod {} is gone: {}", self.name, s.message),
+                ),
+                f => failure(&self.url, &what, f),
+            })?;
+        let missing = || {
+            AdapterError::new(
+                ErrorCode::Internal,
+                format!("{what}: a stdio stream is missing"),
+            )
+        };
+        let stdin = process.stdin().ok_or_else(missing)?;
+        let stdout = process.stdout().ok_or_else(missing)?;
+        let stderr = process.stderr().ok_or_else(missing)?;
+        let status = process.take_status().ok_or_else(missing)?;
+        Ok(PodExec {
+            stdin: Box::new(stdin),
+            stdout: Box::new(stdout),
+            stderr: Box::new(stderr),
+            status: Box::pin(async move {
+                // The stream's task belongs to `process`: it runs while this future lives.
+                let end = exec_end(status.await);
+                drop(process);
+                end
+            }),
+        })
+    }
+
+    /// Why the pod stopped serving (after an exec stream broke): `None` when it still runs.
+    /// Killed for memory = `ERR_RESOURCE_LIMIT`, past `activeDeadlineSeconds` =
+    /// `ERR_TIMEOUT`, deleted, evicted, its node lost or its container ended =
+    /// `ERR_AGENT_FAILED`, each with the cause.
+    pub async fn why_gone(&self) -> Option<AdapterError> {
+        let failed = |m: String| Some(AdapterError::new(ErrorCode::AgentFailed, m));
+        let pod = match bounded(self.api.get(&self.name)).await {
+            Ok(pod) => pod,
+            Err(Failure::Api(s)) if s.is_not_found() => {
+                return failed(format!(
+                    "pod {} was deleted (from outside the adapter)",
+                    self.name
+                ))
+            }
+            Err(f) => {
+                return failed(format!(
+                    "pod {} cannot be reached: {}",
+                    self.name,
+                    failure(&self.url, &format!("read pod {}", self.name), f).message
+                ))
+            }
+        };
+        let status = pod.status.clone().unwrap_or_default();
+        let terminated = status
+            .container_statuses
+            .as_ref()
+            .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER))
+            .and_then(|c| c.state.as_ref()?.terminated.clone());
+        if terminated.as_ref().and_then(|t| t.reason.as_deref()) == Some("OOMKilled") {
+            return Some(AdapterError::new(
+                ErrorCode::ResourceLimit,
+                format!(
+                    "pod {} was killed for memory: past its limit of {} (backend.kubernetes.resources.limits.memory)",
+                    self.name,
+                    self.memory_limit.as_deref().unwrap_or("the node's memory (no limit set)")
+                ),
+            ));
+        }
+        let (reason, message) = (
+            status.reason.clone().unwrap_or_default(),
+            status.message.clone().unwrap_or_default(),
+        );
+        if reason == "DeadlineExceeded" {
+            return Some(AdapterError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "pod {} ran past its activeDeadlineSeconds ({} s): {message}",
+                    self.name,
+                    self.active_deadline.unwrap_or_default()
+                ),
+            ));
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            return failed(format!(
+                "pod {} was deleted (from outside the adapter)",
+                self.name
+            ));
+        }
+        if !reason.is_empty() {
+            // Evicted (node pressure), NodeLost, and what else the cluster names.
+            return failed(format!("pod {} ended: {reason}: {message}", self.name));
+        }
+        if status.phase.as_deref() == Some("Unknown") {
+            return failed(format!(
+                "pod {} is unreachable: its node {} is lost (phase Unknown)",
+                self.name, self.node
+            ));
+        }
+        if let Some(t) = terminated {
+            return failed(format!(
+                "pod {}'s container ended: {}",
+                self.name,
+                self::terminated(&t)
+            ));
+        }
+        if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+            return failed(format!(
+                "pod {} ended (phase {})",
+                self.name,
+                status.phase.unwrap_or_default()
+            ));
+        }
+        None
+    }
+
+    /// Deletes the pod (grace 0) and waits until it is gone (bounded); already gone is
+    /// success.
+    pub async fn delete(&self) -> Result<()> {
+        let what = format!("delete pod {}", self.name);
+        match bounded(self.api.delete(&self.name, &grace_zero())).await {
+            Ok(_) => {}
+            Err(Failure::Api(s)) if s.is_not_found() => return Ok(()),
+            Err(f) => return Err(failure(&self.url, &what, f)),
+        }
+        let deadline = Instant::now() + DELETE_TIMEOUT;
+        loop {
+            match bounded(self.api.get(&self.name)).await {
+                Err(Failure::Api(s)) if s.is_not_found() => return Ok(()),
+                Err(Failure::Unreachable(why)) if Instant::now() >= deadline => {
+                    return Err(failure(&self.url, &what, Failure::Unreachable(why)))
+                }
+                _ if Instant::now() >= deadline => {
+                    return Err(provision(format!(
+                        "pod {} was still there {} s after its deletion",
+                        self.name,
+                        DELETE_TIMEOUT.as_secs()
+                    )))
+                }
+                _ => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+}
+
+/// The exec's end from the status the API server sent (`None`: the stream ended without one).
+fn exec_end(status: Option<ExecStatus>) -> ExecEnd {
+    let Some(s) = status else {
+        return ExecEnd::Broken;
+    };
+    if s.status.as_deref() == Some("Success") {
+        return ExecEnd::Exited(0);
+    }
+    let reason = s.reason.unwrap_or_default();
+    let code = (reason == "NonZeroExitCode")
+        .then(|| {
+            s.details?
+                .causes?
+                .into_iter()
+                .find(|c| c.reason.as_deref() == Some("ExitCode"))?
+                .message?
+                .parse()
+                .ok()
+        })
+        .flatten();
+    match code {
+        Some(code) => ExecEnd::Exited(code),
+        None => ExecEnd::Failed(format!("{} ({reason})", s.message.unwrap_or_default())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_stand_for_any_string_and_never_collide_by_sanitising() {
+        assert_eq!(label_value("host-1.example"), "host-1.example");
+        for s in ["", "a b", "-x-", "é", &"a".repeat(64), "a/b", "a b"] {
+            let v = label_value(s);
+            assert!(is_label_value(&v) && !v.is_empty(), "{s:?} -> {v:?}");
+        }
+        assert_ne!(label_value("a b"), label_value("a/b"));
+        assert_ne!(label_value("a b"), label_value("ab"));
+        assert!(label_value("sess ion").starts_with("session-"));
+    }
+
+    #[test]
+    fn deadlines_round_up_to_whole_seconds() {
+        assert_eq!(deadline_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(deadline_seconds(Duration::from_secs(7)), 7);
+        assert_eq!(deadline_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(deadline_seconds(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn exec_status_gives_the_exit_code() {
+        let s: ExecStatus = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "NonZeroExitCode", "message": "command terminated with non-zero exit code: error executing command [sh -c exit 3], exit code 3",
+            "details": { "causes": [{ "reason": "ExitCode", "message": "3" }] }
+        }))
+        .unwrap();
+        assert_eq!(exec_end(Some(s)), ExecEnd::Exited(3));
+        let ok: ExecStatus =
+            serde_json::from_value(serde_json::json!({ "status": "Success" })).unwrap();
+        assert_eq!(exec_end(Some(ok)), ExecEnd::Exited(0));
+        assert_eq!(exec_end(None), ExecEnd::Broken);
+        let other: ExecStatus = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "InternalError", "message": "container not found"
+        }))
+        .unwrap();
+        assert_eq!(
+            exec_end(Some(other)),
+            ExecEnd::Failed("container not found (InternalError)".into())
+        );
+    }
+}
