@@ -10,10 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::claude::session::StopSignal;
-use crate::config::AdapterConfig;
+use crate::config::{AdapterConfig, BackendConfig};
 use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
+use crate::environment::kubernetes::KubernetesBackend;
 use crate::environment::{Backend, LocalBackend};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::RepoGit;
@@ -43,13 +44,19 @@ impl Adapter {
         logger: Arc<dyn Logger>,
     ) -> Arc<Adapter> {
         let log_route = LogRoute::register(logger.clone());
+        let backend: Arc<dyn Backend> = match &config.backend {
+            BackendConfig::Local => Arc::new(LocalBackend),
+            BackendConfig::Kubernetes(k) => {
+                Arc::new(KubernetesBackend::new((**k).clone(), pod_deadline(&config)))
+            }
+        };
         Arc::new(Adapter {
             config,
             deps,
             hook,
             logger,
             registry: Arc::default(),
-            backend: Arc::new(LocalBackend),
+            backend,
             shut_down: CancellationToken::new(),
             log_route,
         })
@@ -112,6 +119,28 @@ impl Adapter {
         }
     }
 
+    /// Delete what the backend made for sessions of engine processes that are gone (a
+    /// Kubernetes backend: their pods); bounded, ended by `shutdown()`, logged.
+    pub async fn sweep_backend(&self) {
+        let swept = tokio::select! {
+            r = self.backend.sweep() => r,
+            () = self.shut_down.cancelled() => return,
+        };
+        match swept {
+            Ok(gone) if gone.is_empty() => {}
+            Ok(gone) => self.log(
+                LogLevel::Info,
+                "deleted what sessions of processes that are gone left in the backend",
+                json!({ "removed": gone }),
+            ),
+            Err(e) => self.log(
+                LogLevel::Warn,
+                "could not sweep the backend",
+                json!({ "error": e.to_string() }),
+            ),
+        }
+    }
+
     /// The enriched prompt `startAgent` would send; provisions and runs nothing.
     pub async fn preview_prompt(&self, params: &StartParams) -> Result<String> {
         params::validate_start_params(params, &self.config.repo_root)?;
@@ -164,3 +193,18 @@ const _: fn(Arc<Adapter>, StartParams) = |adapter, params| {
     let start = async move { adapter.start_agent(params, StartOptions::default()).await };
     assert_send(&start);
 };
+
+/// The cluster's own end of a session (`activeDeadlineSeconds`) when the engine is gone:
+/// `maxAgentDuration` plus the longest the steps around the agent may take (pod start, setup,
+/// extraction) and a minute; none without `maxAgentDuration`.
+fn pod_deadline(config: &AdapterConfig) -> Option<Duration> {
+    let BackendConfig::Kubernetes(k) = &config.backend else {
+        return None;
+    };
+    config.max_agent_duration.map(|d| {
+        d + k.pod_start_timeout
+            + config.worktree_setup_timeout
+            + config.extraction_timeout
+            + Duration::from_secs(60)
+    })
+}

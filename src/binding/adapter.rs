@@ -107,7 +107,9 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     // Worktrees a dead engine process left behind are removed in the background; the repo's
     // git lock orders the sweep before any provisioning that would race it.
     let sweeper = inner.clone();
-    napi::bindgen_prelude::spawn(async move { sweeper.sweep_stale_worktrees().await });
+    napi::bindgen_prelude::spawn(async move {
+        tokio::join!(sweeper.sweep_stale_worktrees(), sweeper.sweep_backend());
+    });
     Ok(RuntimeAdapter { inner })
 }
 

@@ -31,7 +31,7 @@ pub use local::LocalBackend;
 pub struct EnvRequest {
     /// The session's id and role (a remote environment labels what it makes with them).
     pub session_id: String,
-    pub role: String,
+    pub role: crate::domain::Role,
     /// The engine's repository.
     pub repo_root: PathBuf,
     /// What the agent works in.
@@ -92,6 +92,13 @@ pub trait Backend: Send + Sync {
     /// `None`: the engine's CLI, found by `claudeExecutable` and the search roots.
     fn cli_program(&self) -> Option<PathBuf> {
         None
+    }
+
+    /// Removes what this backend made for sessions whose engine process is gone (its own
+    /// records only); returns what it removed. The local backend's clones are swept by the
+    /// repository's sweep ([`crate::git::sweep`]) instead.
+    fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     /// Everything the session needs before its CLI starts. `stop` reaches every step; a

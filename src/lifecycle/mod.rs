@@ -202,7 +202,7 @@ impl Session {
         };
         let request = EnvRequest {
             session_id: self.id.clone(),
-            role: self.role().as_str().to_string(),
+            role: self.role(),
             repo_root: cfg.repo_root.clone(),
             workspace,
             sandbox: cfg.sandbox.clone(),

@@ -87,6 +87,10 @@ impl Backend for KubernetesBackend {
         Some(PathBuf::from(CLI))
     }
 
+    fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move { self.cluster().await?.sweep().await })
+    }
+
     fn provision<'a>(
         &'a self,
         req: EnvRequest,
@@ -94,12 +98,9 @@ impl Backend for KubernetesBackend {
     ) -> BoxFuture<'a, Result<Box<dyn Environment>>> {
         Box::pin(async move {
             let cluster = self.cluster().await?;
-            let pod = cluster
-                .create_pod(
-                    PodRequest::new(&req.session_id, &req.role, self.deadline),
-                    stop,
-                )
-                .await?;
+            let mut request = PodRequest::new(req.session_id.clone(), req.role);
+            request.active_deadline = self.deadline;
+            let pod = cluster.create_pod(request, stop).await?;
             let pod = Arc::new(pod);
             let made = tokio::select! {
                 r = prepare(pod.clone(), req) => r,
@@ -116,7 +117,7 @@ impl Backend for KubernetesBackend {
                         None => e,
                     };
                     if let Err(d) = pod.delete().await {
-                        tracing::warn!(pod = %pod.name(), error = %d, "could not delete a pod");
+                        tracing::warn!(pod = %pod.name, error = %d, "could not delete a pod");
                     }
                     Err(e)
                 }
@@ -127,7 +128,21 @@ impl Backend for KubernetesBackend {
 
 /// Everything between a Running pod and a session ready for its CLI.
 async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment> {
-    let exec = pod.exec(MUX).await?;
+    let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
+    let exec = pod.exec(&mux).await?;
+    // The stream lives as long as its status future: held by a task that also drains the pod
+    // agent's own diagnostics (stderr) into the log, until the stream ends.
+    let (status, mut diagnostics) = (exec.status, exec.stderr);
+    let name = pod.name.clone();
+    tokio::spawn(async move {
+        let mut text = Vec::new();
+        let _ = (&mut diagnostics)
+            .take(MAX_STEP_OUTPUT as u64)
+            .read_to_end(&mut text)
+            .await;
+        let end = status.await;
+        tracing::debug!(pod = %name, ?end, diagnostics = %String::from_utf8_lossy(&text), "the pod's stream ended");
+    });
     let shell = RemoteShell::start(exec.stdout, exec.stdin).await?;
     let allowed: &[String] = req
         .sandbox
@@ -383,15 +398,18 @@ async fn send_repository(step: &Steps<'_>, repo_root: &Path, default_branch: &st
         .spawn()
         .map_err(|e| provision_error("cannot run git bundle").with_cause(e))?;
     let mut bundle_out = bundle.stdout.take().expect("piped");
-    let receive = step.shell.spawn(RemoteCommand {
+    let receive = step
+        .shell
+        .spawn(RemoteCommand {
         argv: vec![
             "sh".into(),
             "-c".into(),
             format!("cat > {STATE}/in.bundle"),
         ],
-        env: step.env.to_vec(),
-        cwd: "/".into(),
-    })?;
+            env: step.env.to_vec(),
+            cwd: "/".into(),
+        })
+        .await?;
     let mut stdin = receive.stdin;
     let mut control = receive.control;
     let copied = tokio::time::timeout(STEP_TIMEOUT * 10, async {
@@ -473,11 +491,13 @@ impl KubernetesEnvironment {
         let mut env = self.env.clone();
         env.push(("G".into(), neutral_git_sh()));
         env.push(("C".into(), COMMIT_ENV.into()));
-        let mut exec = shell.spawn(RemoteCommand {
-            argv,
-            env,
-            cwd: WORKDIR.into(),
-        })?;
+        let mut exec = shell
+            .spawn(RemoteCommand {
+                argv,
+                env,
+                cwd: WORKDIR.into(),
+            })
+            .await?;
         let scratch = Scratch::create(&self.repo_root).await?;
         let bundle_path = scratch.dir.join("work.bundle");
         let mut file = tokio::fs::File::create(&bundle_path)
@@ -607,8 +627,8 @@ impl Environment for KubernetesEnvironment {
         format!(
             "Kubernetes pod {} on node {}; {}; network only through the egress proxy, over the \
              pod's exec stream; the pod's resources are its limits",
-            self.pod.name(),
-            self.pod.node().unwrap_or("?"),
+            self.pod.name,
+            self.pod.node,
             if self.sandboxed {
                 "bubblewrap in the pod"
             } else {
@@ -642,11 +662,13 @@ impl Environment for KubernetesEnvironment {
                     .into_iter()
                     .map(|a| a.to_string_lossy().into_owned()),
             );
-            self.shell()?.spawn(RemoteCommand {
-                argv,
-                env: self.env.clone(),
-                cwd: WORKDIR.into(),
-            })
+            self.shell()?
+                .spawn(RemoteCommand {
+                    argv,
+                    env: self.env.clone(),
+                    cwd: WORKDIR.into(),
+                })
+                .await
         })
     }
 
@@ -664,7 +686,9 @@ impl Environment for KubernetesEnvironment {
         // read was read; the pod goes either way (the issue: deleted on every end).
         Box::pin(async move {
             if let Some(shell) = self.shell.take() {
-                shell.shutdown().await;
+                if let Err(e) = shell.shutdown().await {
+                    tracing::debug!(pod = %self.pod.name, error = %e, "the pod's stream ended before Bye");
+                }
             }
             self.gateway = None;
             self.pod.delete().await
