@@ -170,6 +170,19 @@ describe('session image', () => {
     expect(podSh(pod, 'git -C /workspace/repo log -1 --format=%s')).toBe('first\n');
   });
 
+  it('keeps the sandbox alive when the process that started cra-jail ends, and ends it all on a signal to its process group', () => {
+    // The starter (a shell here, a short-lived thread of the pod agent there) ends after 1 s.
+    const out = podSh(pod, `
+      setsid sh -c '${JAIL} rw /workspace/repo -- sleep 777 </dev/null >/dev/null 2>&1 & sleep 1' &
+      sleep 2
+      echo "after the starter ended: $(pgrep -c -f '^sleep 777$')"
+      pg=$(ps -o pgid= -p "$(pgrep -o -f '^/bin/sh ${JAIL} rw')" | tr -d ' ')
+      kill -TERM -"$pg"
+      for i in $(seq 100); do pgrep -f '^(sleep 777|/usr/bin/bwrap)' >/dev/null || break; sleep 0.05; done
+      echo "after the signal: $(pgrep -c -f '^(sleep 777|/usr/bin/bwrap|/bin/sh ${JAIL})')"`);
+    expect(out).toBe('after the starter ended: 1\nafter the signal: 0\n');
+  });
+
   it('refuses with exit 125 and a cra-jail: line before the command runs when the pod forbids user namespaces', () => {
     // seccomp RuntimeDefault refuses unshare(CLONE_NEWUSER) to a process without CAP_SYS_ADMIN.
     const strict = createPod({ seccompProfile: { type: 'RuntimeDefault' } });
