@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The Kubernetes part of CI (.ci/run calls it): bring the local two-node test cluster up, build
+# the session image without a registry, import it into both nodes, run `npm run test:kube`
+# against it, and bring the cluster down again, also when a step fails or CI is interrupted.
+# Says which step failed and exits with its status.
+#
+# CRA_KUBE_DIR: the cluster's scripts (default ../shared/kube, next to the project); the
+# kubeconfig is the one `up` writes (under KUBE_LOCAL_DIR, default /var/tmp/kube-local).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+kube_dir=${CRA_KUBE_DIR:-../shared/kube}
+image_tar=target/session-image/session.tar
+step=
+
+# step NAME CMD...: runs CMD as the step NAME, with its time.
+step() {
+  step=$1
+  shift
+  echo "== kube-ci: $step" >&2
+  local start=$SECONDS
+  "$@"
+  echo "== kube-ci: $step: done in $((SECONDS - start)) s" >&2
+}
+
+finish() {
+  local status=$?
+  trap - EXIT
+  if [ "$status" -ne 0 ]; then
+    echo "== kube-ci: FAILED in step '${step:-start}' (exit $status)" >&2
+  fi
+  echo "== kube-ci: cluster down" >&2
+  if ! "$kube_dir/down"; then
+    echo "== kube-ci: FAILED to bring the cluster down ($kube_dir/down)" >&2
+    [ "$status" -ne 0 ] || status=1
+  fi
+  exit "$status"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+step "cluster up ($kube_dir/up)" "$kube_dir/up"
+export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
+
+mkdir -p target/session-image
+step "session image build (scripts/session-image.mjs)" \
+  node scripts/session-image.mjs --out "$image_tar" --mkimage "$kube_dir/mkimage.py" >target/session-image/ref
+CRA_KUBE_IMAGE=$(cat target/session-image/ref)
+export CRA_KUBE_IMAGE
+echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
+
+step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
+step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube

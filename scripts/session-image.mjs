@@ -1,0 +1,187 @@
+// The registry-free build of the session image (the same image as image/Dockerfile): a Debian
+// bookworm rootfs made by mmdebstrap from the Debian archive, plus the CLI from node_modules,
+// the static cra-pod binary and image/cra-jail, written as a one-layer docker-archive tar by
+// ../shared/kube/mkimage.py (for `import-image`, `ctr images import`, `podman load`).
+//
+//   node scripts/session-image.mjs [--out FILE.tar] [--cra-pod PATH] [--mkimage PATH]
+//                                  [--mirror URL] [--force]
+//
+// Prints the image reference (and nothing else) on stdout; progress and timings on stderr.
+// The tag is a hash of every input, and a stamp next to the tar holds it: when nothing changed
+// (packages, CLI version, cra-pod, cra-jail, this script, mkimage.py) the build is skipped.
+// Needs root (mmdebstrap's root mode keeps the files' owners, which the image needs) and
+// installs mmdebstrap with apt-get when missing.
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, openSync, readFileSync, readSync, closeSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const log = (msg) => process.stderr.write(`session-image: ${msg}\n`);
+const fail = (msg) => {
+  log(`error: ${msg}`);
+  process.exit(1);
+};
+
+// The image contract's packages (kube-design.md; image/Dockerfile installs the same list).
+const PACKAGES = [
+  'git', 'bash', 'coreutils', 'ca-certificates', 'bubblewrap', 'socat', 'findutils', 'grep',
+  'sed', 'procps', 'util-linux',
+];
+const SUITE = 'bookworm';
+// Nothing in a session reads manuals, docs or translations: ~40 MB less. Licences stay.
+const DPKG_EXCLUDES = [
+  'path-exclude=/usr/share/man/*',
+  'path-exclude=/usr/share/info/*',
+  'path-exclude=/usr/share/doc/*',
+  'path-include=/usr/share/doc/*/copyright',
+  'path-exclude=/usr/share/locale/*',
+  'path-exclude=/usr/share/lintian/*',
+];
+const CLI_PACKAGE = '@anthropic-ai/claude-agent-sdk-linux-x64';
+const CRA_POD_DEFAULT = join(root, 'target', 'x86_64-unknown-linux-musl', 'release', 'cra-pod');
+
+const { values: opt } = parseArgs({
+  options: {
+    out: { type: 'string', default: join(root, 'target', 'session-image', 'session.tar') },
+    'cra-pod': { type: 'string', default: process.env.CRA_POD_BIN },
+    mkimage: { type: 'string', default: join(root, '..', 'shared', 'kube', 'mkimage.py') },
+    mirror: { type: 'string', default: 'http://deb.debian.org/debian' },
+    force: { type: 'boolean', default: false },
+  },
+});
+
+const t0 = performance.now();
+const secs = (since) => `${((performance.now() - since) / 1000).toFixed(1)} s`;
+// A step's command, its output on stderr (stdout carries only the reference).
+function run(cmd, args, opts = {}) {
+  try {
+    execFileSync(cmd, args, { stdio: ['ignore', process.stderr, 'inherit'], ...opts });
+  } catch (e) {
+    fail(`${cmd} ${args.join(' ')} failed: ${e.status != null ? `exit ${e.status}` : e.message}`);
+  }
+}
+const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex');
+const fileHash = (path) => sha256(readFileSync(path));
+
+if (process.getuid?.() !== 0) fail('run as root (mmdebstrap must keep the owners of the rootfs files)');
+
+// The CLI: exactly the version package.json pins.
+const pinned = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).optionalDependencies?.[CLI_PACKAGE];
+const cliDir = join(root, 'node_modules', ...CLI_PACKAGE.split('/'));
+const cliBin = join(cliDir, 'claude');
+if (!existsSync(cliBin)) fail(`${cliBin} is missing: run npm install first`);
+const cliVersion = JSON.parse(readFileSync(join(cliDir, 'package.json'), 'utf8')).version;
+if (cliVersion !== pinned) fail(`node_modules has ${CLI_PACKAGE} ${cliVersion}, package.json pins ${pinned}: run npm install`);
+
+// cra-pod: the given binary as is, or the workspace's, built (cargo: a no-op when up to date).
+let craPod = opt['cra-pod'] && resolve(opt['cra-pod']);
+if (!craPod) {
+  const t = performance.now();
+  run('cargo', ['build', '-p', 'cra-pod', '--release', '--target', 'x86_64-unknown-linux-musl'], { cwd: root });
+  craPod = CRA_POD_DEFAULT;
+  log(`cargo build -p cra-pod: ${secs(t)}`);
+}
+if (!existsSync(craPod)) fail(`cra-pod binary ${craPod} does not exist`);
+if (!isStaticElf(craPod)) fail(`${craPod} is not a static executable (build it for x86_64-unknown-linux-musl)`);
+
+const jailScript = join(root, 'image', 'cra-jail');
+const mkimage = resolve(opt.mkimage);
+if (!existsSync(mkimage)) fail(`mkimage.py not found at ${mkimage} (pass --mkimage PATH)`);
+
+// The inputs: the tag and the stamp both come from them.
+const inputs = {
+  suite: SUITE,
+  packages: PACKAGES,
+  dpkg: DPKG_EXCLUDES,
+  mirror: opt.mirror,
+  cli: cliVersion,
+  craPod: fileHash(craPod),
+  craJail: fileHash(jailScript),
+  script: fileHash(fileURLToPath(import.meta.url)),
+  mkimage: fileHash(mkimage),
+};
+const digest = sha256(JSON.stringify(inputs)).slice(0, 12);
+const ref = `local/claude-runtime-adapter-session:${cliVersion}-${digest}`;
+const out = resolve(opt.out);
+const stampFile = `${out}.stamp`;
+const stamp = JSON.stringify({ ref, inputs }, null, 2);
+
+if (!opt.force && existsSync(out) && existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) {
+  log(`up to date: ${out} (${mib(statSync(out).size)}), checked in ${secs(t0)}`);
+  process.stdout.write(`${ref}\n`);
+  process.exit(0);
+}
+
+mkdirSync(dirname(out), { recursive: true });
+const rootfs = `${out}.rootfs`;
+rmSync(rootfs, { recursive: true, force: true });
+rmSync(stampFile, { force: true });
+
+if (!existsSync('/usr/bin/mmdebstrap')) {
+  const t = performance.now();
+  run('apt-get', ['install', '-y', 'mmdebstrap']);
+  log(`apt-get install mmdebstrap: ${secs(t)}`);
+}
+
+// Everything that goes in beyond the packages is done by mmdebstrap's hooks, in the rootfs
+// (`$1`), before it is finished: the binaries, the user and the directories of the contract.
+const hooks = [
+  `upload ${cliBin} /usr/local/bin/claude`,
+  `upload ${craPod} /usr/local/bin/cra-pod`,
+  `upload ${jailScript} /usr/local/bin/cra-jail`,
+  'chmod 0755 "$1/usr/local/bin/claude" "$1/usr/local/bin/cra-pod" "$1/usr/local/bin/cra-jail"',
+  'chroot "$1" groupadd --gid 1000 agent',
+  'chroot "$1" useradd --uid 1000 --gid 1000 --home-dir /home/agent --create-home --shell /bin/bash agent',
+  'install -d -o 1000 -g 1000 -m 0755 "$1/workspace" "$1/var/lib/cra"',
+  'install -d -o 1000 -g 1000 -m 0700 "$1/var/lib/cra/sockets"',
+];
+let t = performance.now();
+run('mmdebstrap', [
+  '--mode=root',
+  '--variant=minbase',
+  `--include=${PACKAGES.join(',')}`,
+  ...DPKG_EXCLUDES.map((o) => `--dpkgopt=${o}`),
+  ...hooks.map((h) => `--customize-hook=${h}`),
+  SUITE,
+  rootfs,
+  opt.mirror,
+]);
+const rootfsBytes = Number(execFileSync('du', ['-sb', rootfs], { encoding: 'utf8' }).split('\t')[0]);
+log(`mmdebstrap (rootfs ${mib(rootfsBytes)}): ${secs(t)}`);
+
+t = performance.now();
+const tmpOut = `${out}.partial`;
+run('python3', [mkimage, rootfs, ref, tmpOut, '/usr/local/bin/cra-pod', 'idle']);
+renameSync(tmpOut, out);
+rmSync(rootfs, { recursive: true, force: true });
+writeFileSync(stampFile, stamp);
+log(`mkimage (tar ${mib(statSync(out).size)}): ${secs(t)}`);
+log(`built ${ref} -> ${out} in ${secs(t0)}`);
+process.stdout.write(`${ref}\n`);
+
+function mib(n) {
+  return `${(n / 1048576).toFixed(1)} MiB`;
+}
+
+// A 64-bit little-endian ELF executable with no program interpreter (PT_INTERP): it runs in
+// any image, whatever libc the image has or lacks.
+function isStaticElf(path) {
+  const fd = openSync(path, 'r');
+  try {
+    const h = Buffer.alloc(64);
+    readSync(fd, h, 0, 64, 0);
+    if (h.readUInt32BE(0) !== 0x7f454c46 || h[4] !== 2 || h[5] !== 1) return false;
+    const phoff = Number(h.readBigUInt64LE(32));
+    const phentsize = h.readUInt16LE(54);
+    const phnum = h.readUInt16LE(56);
+    const ph = Buffer.alloc(phentsize * phnum);
+    readSync(fd, ph, 0, ph.length, phoff);
+    for (let i = 0; i < phnum; i++) if (ph.readUInt32LE(i * phentsize) === 3) return false;
+    return true;
+  } finally {
+    closeSync(fd);
+  }
+}
