@@ -51,4 +51,6 @@ export CRA_KUBE_IMAGE
 echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
 
 step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
+step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
+  env CRA_KUBE_TESTS=1 cargo test --test kube_cluster
 step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube
