@@ -11,6 +11,8 @@
 
 pub mod local;
 pub mod process;
+#[cfg(unix)]
+pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
