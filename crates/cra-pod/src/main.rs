@@ -16,7 +16,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
@@ -24,6 +24,8 @@ use pod_wire::{Decoder, Exit, Failure, Frame, Hello, Kind, Listen, Open, SignalR
 
 /// Bytes read from a pipe or connection per `Stdout`/`Stderr`/`Data` frame.
 const CHUNK: usize = 64 * 1024;
+/// Frames waiting for the stream writer (at most 16 MiB).
+const OUT_QUEUE: usize = 256;
 
 fn main() {
     let mode = std::env::args().nth(1);
@@ -84,7 +86,10 @@ struct Conn {
 }
 
 struct State {
-    out: Mutex<Sender<Vec<u8>>>,
+    /// Frames for the stream writer. Bounded: a process that writes faster than the stream
+    /// carries waits in its pipe (as it would on a terminal) instead of growing this queue.
+    /// The engine reads the stream without ever waiting on a consumer, so this drains.
+    out: SyncSender<Vec<u8>>,
     procs: Mutex<HashMap<u32, Proc>>,
     conns: Mutex<HashMap<u32, Conn>>,
     listeners: Mutex<Vec<String>>,
@@ -102,7 +107,7 @@ impl State {
     fn send(&self, kind: Kind, id: u32, payload: &[u8]) {
         match pod_wire::encode(kind, id, payload) {
             Ok(bytes) => {
-                let _ = lock(&self.out).send(bytes);
+                let _ = self.out.send(bytes);
             }
             Err(e) => eprintln!("cra-pod: not sent: {e}"),
         }
@@ -121,9 +126,9 @@ impl State {
 }
 
 fn mux() {
-    let (out_tx, out_rx) = channel::<Vec<u8>>();
+    let (out_tx, out_rx) = sync_channel::<Vec<u8>>(OUT_QUEUE);
     let state = Arc::new(State {
-        out: Mutex::new(out_tx),
+        out: out_tx,
         procs: Mutex::new(HashMap::new()),
         conns: Mutex::new(HashMap::new()),
         listeners: Mutex::new(Vec::new()),
