@@ -14,6 +14,7 @@ use crate::config::{AdapterConfig, BackendConfig};
 use crate::context::{self, FetchOptions};
 use crate::deps::{BashHook, Deps, LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
+#[cfg(unix)]
 use crate::environment::kubernetes::KubernetesBackend;
 use crate::environment::{Backend, LocalBackend};
 use crate::error::{AdapterError, ErrorCode, Result};
@@ -46,9 +47,13 @@ impl Adapter {
         let log_route = LogRoute::register(logger.clone());
         let backend: Arc<dyn Backend> = match &config.backend {
             BackendConfig::Local => Arc::new(LocalBackend),
+            #[cfg(unix)]
             BackendConfig::Kubernetes(k) => {
                 Arc::new(KubernetesBackend::new((**k).clone(), pod_deadline(&config)))
             }
+            // Refused by the config's validation off Unix.
+            #[cfg(not(unix))]
+            BackendConfig::Kubernetes(_) => Arc::new(LocalBackend),
         };
         Arc::new(Adapter {
             config,
@@ -194,6 +199,7 @@ const _: fn(Arc<Adapter>, StartParams) = |adapter, params| {
     assert_send(&start);
 };
 
+#[cfg(unix)]
 /// The cluster's own end of a session (`activeDeadlineSeconds`) when the engine is gone:
 /// `maxAgentDuration` plus the longest the steps around the agent may take (pod start, setup,
 /// extraction) and a minute; none without `maxAgentDuration`.

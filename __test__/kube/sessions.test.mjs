@@ -8,7 +8,7 @@ import { agentRuns } from '../support/agent-bash.mjs';
 import { engineProcess } from '../support/engine-process.mjs';
 import { engineState, rejection, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
-import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
+import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, eventually, kubeBackend, podLine } from './support.mjs';
 
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
@@ -39,7 +39,9 @@ describe('each role in a pod of its own', () => {
   for (const role of ['planner', 'implementor', 'reviewer']) {
     it(`a ${role} runs in a pod of the session image and its pod is gone when it settles`, { timeout: 180_000 }, async () => {
       await kubeSetup();
-      const { handle, result, out } = await agentRuns(h, role, ['pwd; ls; git log --oneline | head -1; git remote -v | wc -l; cat /etc/hostname']);
+      // The Implementor also writes a file: its work is what its session returns.
+      const write = role === 'implementor' ? 'echo work > role.txt; ' : '';
+      const { handle, result, out } = await agentRuns(h, role, [`${write}pwd; ls; git log --oneline | head -1; git remote -v | wc -l; cat /etc/hostname`]);
       expect(result.role).toBe(role);
       const [cwd, ...rest] = out[0].trim().split('\n');
       expect(cwd).toBe('/workspace/repo');
@@ -51,6 +53,7 @@ describe('each role in a pod of its own', () => {
       const line = podLine(transcriptOf(handle));
       expect(line).toMatch(/Kubernetes pod \S+ on node node-|Kubernetes pod \S+ on node \S+/);
       expect(line).toContain(out[0].trim().split('\n').at(-1));
+      if (role === 'implementor') expect(result.patch).toContain('+++ b/role.txt');
       expect(adapterPods(handle.sessionID)).toEqual([]);
     });
   }
@@ -166,7 +169,7 @@ describe('every end deletes the pod', () => {
   it('an engine SIGKILLed mid-session leaves its pod, which the next createClaudeAdapter deletes (its own only)', { timeout: 180_000 }, async () => {
     await kubeSetup();
     h.api.setScript(waiting());
-    const { engine } = await engineProcess(h, ROLES.implementor.params(), engines);
+    const { engine } = await engineProcess(h, implementorParams, engines);
     const ownedByEngine = () => adapterPods().filter((p) => p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${engine.pid} `));
     const orphans = await eventually(() => ownedByEngine().length && ownedByEngine(), 60_000, 'the engine made a pod');
     expect(orphans).toHaveLength(1);

@@ -168,6 +168,14 @@ pub(super) fn backend(v: Option<&Value>, problems: &mut Problems) -> BackendConf
         None | Some(Value::Null) => BackendConfig::Local,
         Some(Value::String(s)) if s == "local" => BackendConfig::Local,
         Some(Value::Object(o)) if o.len() == 1 && o.contains_key("kubernetes") => {
+            if cfg!(not(unix)) {
+                // The pod's stream tunnels to the relay's and proxy's unix sockets.
+                problems.add(
+                    "backend.kubernetes",
+                    "needs an engine on Linux or macOS (the pod's network goes through unix sockets of the engine)",
+                );
+                return BackendConfig::Local;
+            }
             match o.get("kubernetes") {
                 Some(Value::Object(k)) => kubernetes(k, problems)
                     .map(Box::new)

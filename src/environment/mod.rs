@@ -9,9 +9,12 @@
 //! the file-tool hooks compare against; the local environment mounts everything at its host
 //! path, so the two coincide.
 
+#[cfg(unix)]
 pub mod kubernetes;
 pub mod local;
 pub mod process;
+#[cfg(unix)]
+pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;

@@ -510,11 +510,11 @@ impl KubernetesEnvironment {
             .await
             .map_err(|e| patch_error("cannot write the work's bundle").with_cause(e))?;
         let mut stderr = Vec::new();
+        let mut bundle = (&mut exec.stdout).take(MAX_WORK_BUNDLE);
+        let mut diagnostics = (&mut exec.stderr).take(MAX_STEP_OUTPUT as u64);
         let (copied, _) = tokio::join!(
-            tokio::io::copy(&mut (&mut exec.stdout).take(MAX_WORK_BUNDLE), &mut file),
-            (&mut exec.stderr)
-                .take(MAX_STEP_OUTPUT as u64)
-                .read_to_end(&mut stderr)
+            tokio::io::copy(&mut bundle, &mut file),
+            diagnostics.read_to_end(&mut stderr)
         );
         let copied = copied.map_err(|e| patch_error("cannot read the work out of the pod").with_cause(e))?;
         file.flush().await.ok();
