@@ -25,6 +25,9 @@ async function kubeSetup(config = {}) {
   return h;
 }
 
+/** The Implementor's probes, then a file it writes: its session must have work to return. */
+const implementorRuns = (commands) => agentRuns(h, 'implementor', [...commands, 'echo probed > probed.txt']);
+
 /** A TCP connect from bash, bounded: `reached` or `blocked`. */
 const probe = (host, port) => `timeout 5 bash -c 'exec 3<>/dev/tcp/${host}/${port}' 2>/dev/null && echo reached || echo blocked`;
 
@@ -32,7 +35,7 @@ describe('the boundary inside the pod', () => {
   it('the model key is in no environment the agent can read: its own, and every readable /proc/*/environ', { timeout: 180_000 }, async () => {
     await kubeSetup();
     const key = h.config.env.ANTHROPIC_API_KEY;
-    const { out } = await agentRuns(h, 'implementor', [
+    const { out } = await implementorRuns([
       'env | grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" ; echo end',
       'for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" < "$f" 2>/dev/null; done | grep -c . ; for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" < "$f" 2>/dev/null; done | grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" | sort -u',
     ]);
@@ -43,7 +46,7 @@ describe('the boundary inside the pod', () => {
 
   it("files outside the checkout are not there: the pod's state, other workspaces, its service account, the engine's repository", { timeout: 180_000 }, async () => {
     await kubeSetup();
-    const { out } = await agentRuns(h, 'implementor', [
+    const { out } = await implementorRuns([
       `for p in /var/lib/cra /var/lib/cra/gitconfig /workspace/other /var/run/secrets/kubernetes.io/serviceaccount/token ${h.repo.root}/README.md /usr/local/bin/cra-pod; do cat "$p" >/dev/null 2>&1 && echo "read $p" || echo "no $p"; done; ls /workspace`,
     ]);
     expect(out[0]).not.toMatch(/^read /m);
@@ -53,7 +56,7 @@ describe('the boundary inside the pod', () => {
 
   it("the egress proxy refuses a host not allowed, and push fails (no remote, no route)", { timeout: 180_000 }, async () => {
     await kubeSetup();
-    const { out } = await agentRuns(h, 'implementor', [
+    const { out } = await implementorRuns([
       "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n' >&3 && head -1 <&3",
       'git push https://example.com/x.git HEAD 2>&1; echo "push rc=$?"; git remote -v | wc -l',
     ]);
@@ -72,7 +75,7 @@ describe('the boundary inside the pod', () => {
       const hostIP = JSON.parse(kubectl('get', 'pod', podName, '-o', 'json')).status.hostIP;
       expect(kubectl('exec', podName, '--', 'bash', '-c', probe(hostIP, 10250)).trim()).toBe('reached');
       // …and the agent, in its session's pod, does not.
-      const { out } = await agentRuns(h, 'implementor', [probe(hostIP, 10250), probe('1.1.1.1', 443)]);
+      const { out } = await implementorRuns([probe(hostIP, 10250), probe('1.1.1.1', 443)]);
       expect(out[0].trim()).toBe('blocked');
       expect(out[1].trim()).toBe('blocked');
     } finally {

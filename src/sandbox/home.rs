@@ -8,6 +8,7 @@
 //!   pyenv, rustup, `~/.local/bin`) are found inside without the profile being there.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,10 +35,15 @@ const GIT_KEYS: &[&str] = &[
 const HOST_COMMAND_LIMIT: Duration = Duration::from_secs(5);
 
 /// The generated global git config: [`GIT_KEYS`] of the user's global config (read with the
-/// CLI's `HOME`), written in git's config syntax.
-pub async fn git_config(cli_env: &[(String, String)]) -> String {
+/// CLI's `HOME`), or of the configuration as it applies in `repo` when given (system, global
+/// and the repository's own: what a commit there would use), written in git's config syntax.
+pub async fn git_config(cli_env: &[(String, String)], repo: Option<&Path>) -> String {
     let mut cmd = Command::new("git");
-    cmd.args(["config", "--global", "--get-regexp", &keys_regex()]);
+    match repo {
+        Some(dir) => cmd.arg("-C").arg(dir).args(["config", "--get-regexp"]),
+        None => cmd.args(["config", "--global", "--get-regexp"]),
+    };
+    cmd.arg(keys_regex());
     let out = host_output(cmd, cli_env).await.unwrap_or_default();
     render_git_config(&out)
 }

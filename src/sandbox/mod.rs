@@ -106,11 +106,13 @@ pub struct Gateway {
 
 impl Gateway {
     /// Starts the proxy (allowing `allowed_domains` and the model API's host) and the relay.
-    /// `cli_env` is the CLI's environment as the adapter built it (credentials included).
+    /// `cli_env` is the CLI's environment as the adapter built it (credentials included); the
+    /// git identity is the user's global one, or as it applies in `identity_repo` when given.
     pub async fn start(
         allowed_domains: &[String],
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
+        identity_repo: Option<&Path>,
     ) -> Result<Gateway> {
         let upstream = credentials::env_value(cli_env, "ANTHROPIC_BASE_URL")
             .filter(|v| !v.is_empty())
@@ -132,7 +134,7 @@ impl Gateway {
             _proxy: proxy,
             _relay: relay,
             sockets,
-            git_config: home::git_config(cli_env).await,
+            git_config: home::git_config(cli_env, identity_repo).await,
         })
     }
 
@@ -183,7 +185,7 @@ impl SessionSandbox {
         sink: Option<EgressSink>,
     ) -> Result<SessionSandbox> {
         let (mut gateway, profile_path) = tokio::try_join!(
-            Gateway::start(&cfg.allowed_domains, cli_env, sink),
+            Gateway::start(&cfg.allowed_domains, cli_env, sink, None),
             async { Ok(home::profile_path(cli_env).await) }
         )?;
         let cli_path = credentials::env_value(cli_env, "PATH");

@@ -148,7 +148,8 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         .sandbox
         .as_ref()
         .map_or(&[], |s| s.allowed_domains.as_slice());
-    let gateway = Gateway::start(allowed, &req.env, req.egress.clone()).await?;
+    let gateway =
+        Gateway::start(allowed, &req.env, req.egress.clone(), Some(&req.repo_root)).await?;
     for (name, engine_side) in gateway.sockets() {
         shell
             .listen(&format!("{SOCKETS}/{name}"), engine_side)
@@ -159,8 +160,11 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         shell: &shell,
         env: &env,
     };
-    step.write_file(&format!("{STATE}/gitconfig"), gateway.git_config().as_bytes())
-        .await?;
+    step.write_file(
+        &format!("{STATE}/gitconfig"),
+        with_identity(gateway.git_config()).as_bytes(),
+    )
+    .await?;
     let (default_branch, checkout) = match &req.workspace {
         Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
         Workspace::View(v) => (v.default_branch.clone(), None),
@@ -240,6 +244,29 @@ fn pod_env(inside: &[(String, String)]) -> Vec<(String, String)> {
         env.push(("LANG".into(), "C.UTF-8".into()));
     }
     env
+}
+
+/// The session's git config with an identity: where the repository's configuration names no
+/// one, a fixed one (in a pod git cannot make one up from the host name as it does locally,
+/// and an agent's `git commit` must work).
+fn with_identity(config: &str) -> String {
+    let mut config = config.to_string();
+    let has = |key: &str| {
+        config
+            .lines()
+            .any(|l| l.trim_start().starts_with(&format!("{key} = ")))
+    };
+    let (name, email) = (has("name"), has("email"));
+    if !name || !email {
+        config.push_str("[user]\n");
+        if !name {
+            config.push_str("\tname = \"Claude agent\"\n");
+        }
+        if !email {
+            config.push_str("\temail = \"agent@claude-runtime-adapter.invalid\"\n");
+        }
+    }
+    config
 }
 
 /// `'…'` for sh.
@@ -360,7 +387,9 @@ impl Steps<'_> {
              {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c\""
         );
         let argv = self.confined(sandboxed, vec!["sh".into(), "-c".into(), script]);
-        let out = self.run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR).await?;
+        let out = self
+            .run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR)
+            .await?;
         Ok(String::from_utf8_lossy(&out).trim().to_string())
     }
 }
@@ -386,10 +415,18 @@ $G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
 
 /// The repository goes in: a bundle of `default_branch` streamed into the pod, cloned at
 /// [`WORKDIR`] without a remote. Returns the base commit.
-async fn send_repository(step: &Steps<'_>, repo_root: &Path, default_branch: &str) -> Result<String> {
+async fn send_repository(
+    step: &Steps<'_>,
+    repo_root: &Path,
+    default_branch: &str,
+) -> Result<String> {
     let base = run_git(
         repo_root,
-        &["rev-parse", "--verify", &format!("{default_branch}^{{commit}}")],
+        &[
+            "rev-parse",
+            "--verify",
+            &format!("{default_branch}^{{commit}}"),
+        ],
     )
     .await
     .map_err(|e| provision_error(format!("cannot resolve {default_branch}")).with_cause(e))?;
@@ -405,11 +442,7 @@ async fn send_repository(step: &Steps<'_>, repo_root: &Path, default_branch: &st
     let receive = step
         .shell
         .spawn(RemoteCommand {
-        argv: vec![
-            "sh".into(),
-            "-c".into(),
-            format!("cat > {STATE}/in.bundle"),
-        ],
+            argv: vec!["sh".into(), "-c".into(), format!("cat > {STATE}/in.bundle")],
             env: step.env.to_vec(),
             cwd: "/".into(),
         })
@@ -516,7 +549,8 @@ impl KubernetesEnvironment {
             tokio::io::copy(&mut bundle, &mut file),
             diagnostics.read_to_end(&mut stderr)
         );
-        let copied = copied.map_err(|e| patch_error("cannot read the work out of the pod").with_cause(e))?;
+        let copied =
+            copied.map_err(|e| patch_error("cannot read the work out of the pod").with_cause(e))?;
         file.flush().await.ok();
         let status = exec.control.wait().await;
         if copied >= MAX_WORK_BUNDLE {
@@ -570,12 +604,11 @@ impl Scratch {
             .iter()
             .map(|d| format!("{}\n", d.display()))
             .collect();
-        tokio::fs::write(
-            scratch.dir.join(".git/objects/info/alternates"),
-            alternates,
-        )
-        .await
-        .map_err(|e| patch_error("cannot write the scratch repository's alternates").with_cause(e))?;
+        tokio::fs::write(scratch.dir.join(".git/objects/info/alternates"), alternates)
+            .await
+            .map_err(|e| {
+                patch_error("cannot write the scratch repository's alternates").with_cause(e)
+            })?;
         Ok(scratch)
     }
 
@@ -587,26 +620,45 @@ impl Scratch {
         let bundle = bundle.display().to_string();
         run_git(
             &self.dir,
-            &["fetch", "-q", &bundle, "refs/cra/snapshot:refs/cra/snapshot", "refs/cra/final:refs/cra/final"],
+            &[
+                "fetch",
+                "-q",
+                &bundle,
+                "refs/cra/snapshot:refs/cra/snapshot",
+                "refs/cra/final:refs/cra/final",
+            ],
         )
         .await
         .map_err(fail("cannot read the bundle of the agent's work"))?;
         let trees = run_git(
             &self.dir,
-            &["rev-parse", "refs/cra/snapshot^{tree}", "refs/cra/final^{tree}"],
+            &[
+                "rev-parse",
+                "refs/cra/snapshot^{tree}",
+                "refs/cra/final^{tree}",
+            ],
         )
         .await
         .map_err(fail("the bundle of the agent's work lacks its trees"))?;
         let trees = String::from_utf8_lossy(&trees.stdout);
         let mut trees = trees.split_whitespace();
         let (Some(snapshot), Some(final_tree)) = (trees.next(), trees.next()) else {
-            return Err(patch_error("the bundle of the agent's work lacks its trees"));
+            return Err(patch_error(
+                "the bundle of the agent's work lacks its trees",
+            ));
         };
         let at = At {
             dir: &self.dir,
             jail: None,
         };
-        patch_of_trees(at, &self.dir.join(".git/index"), base, Some(snapshot), final_tree).await
+        patch_of_trees(
+            at,
+            &self.dir.join(".git/index"),
+            base,
+            Some(snapshot),
+            final_tree,
+        )
+        .await
     }
 }
 
