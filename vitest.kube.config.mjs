@@ -8,6 +8,9 @@ export default defineConfig({
     include: ['__test__/kube/**/*.test.{mjs,ts}'],
     // Pods run on the cluster's nodes, but on this machine the nodes share the two cores.
     pool: 'forks',
+    // One file at a time: the suites count the namespace's adapter pods, and 16 sessions at once
+    // is meant to have the cluster to itself.
+    fileParallelism: false,
     poolOptions: { forks: { maxForks: 2, minForks: 1 } },
     // Pod creation, image unpacking and scheduling add to every test's time.
     testTimeout: 180_000,
