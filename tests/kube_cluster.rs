@@ -477,38 +477,6 @@ async fn a_pod_killed_for_memory_is_err_resource_limit_naming_the_limit() {
     assert_no_pod_left(&cfg).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_process_killed_for_memory_leaves_the_pod_running_and_raises_its_oom_kill_count() {
-    if !enabled("a_process_killed_for_memory_leaves_the_pod_running_and_raises_its_oom_kill_count")
-    {
-        return;
-    }
-    let cfg = KubernetesConfig {
-        limits: BTreeMap::from([("memory".into(), "32Mi".into())]),
-        ..config("exec_oom")
-    };
-    let cluster = Cluster::connect(&cfg).await.unwrap();
-    let pod = cluster
-        .create_pod(request("s"), &CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(pod.oom_kills().await.unwrap(), 0);
-    let (end, out) = exec_output(
-        &pod,
-        "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived",
-    )
-    .await;
-    assert_eq!((end, out.as_str()), (ExecEnd::Exited(137), ""));
-    // pid 1 lives on, so the pod's status says nothing; the cgroup's count does.
-    assert!(pod.why_gone().await.is_none());
-    assert_eq!(pod.oom_kills().await.unwrap(), 1);
-    let e = pod.killed_for_memory();
-    assert_eq!(e.code, ErrorCode::ResourceLimit);
-    assert!(e.message.contains("past its limit of 32Mi"), "{e:?}");
-    pod.delete().await.unwrap();
-    assert_no_pod_left(&cfg).await;
-}
-
 /// An owner record of a process that has exited (this host, a real pid and start time).
 fn dead_owner() -> Owner {
     let mut child = std::process::Command::new("sleep")

@@ -42,11 +42,7 @@ fn main() {
 /// pid 1 of the session pod: nothing runs it but the container runtime, and the processes
 /// `mux` starts are re-parented to it when their parent dies, so it reaps them.
 fn idle() -> ! {
-    // The first the kernel kills when the pod runs out of memory: pid 1 going takes every
-    // process of the container with it, so the pod ends `OOMKilled` and the whole session with
-    // it (as a local session ends on an OOM kill), instead of the agent's build dying alone
-    // while the session goes on. Raising one's own score needs no privilege.
-    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+    let oom_kills_at_start = oom_kills();
     // SAFETY: signal-mask calls on this single-threaded process with a zeroed, initialised set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -54,21 +50,48 @@ fn idle() -> ! {
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGCHLD);
-        // Blocked, so they are taken by sigwait below, not by default dispositions (which pid 1
-        // does not have anyway: the kernel drops signals pid 1 does not handle).
+        // Blocked, so they are taken by sigtimedwait below, not by default dispositions (which
+        // pid 1 does not have anyway: the kernel drops signals pid 1 does not handle).
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let tick = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 250_000_000,
+        };
         loop {
-            let mut sig: libc::c_int = 0;
-            if libc::sigwait(&set, &mut sig) != 0 {
-                continue;
-            }
+            let sig = libc::sigtimedwait(&set, std::ptr::null_mut(), &tick);
             if sig == libc::SIGTERM || sig == libc::SIGINT {
                 std::process::exit(0);
             }
-            // SIGCHLD: reap every exited child (several may share one signal).
-            while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            if sig == libc::SIGCHLD {
+                // Reap every exited child (several may share one signal).
+                while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            }
+            // A process of the pod killed for memory ends the whole pod (and so the session),
+            // as an OOM kill ends a local session: the container's runtime then reports it
+            // `OOMKilled`, which the engine names. Without this only the biggest process (the
+            // agent's build, say) would die and the session go on without it.
+            if oom_kills() > oom_kills_at_start {
+                eprintln!("cra-pod: a process of this pod was killed for memory; ending the pod");
+                std::process::exit(137);
+            }
         }
     }
+}
+
+/// The container's count of processes killed for memory (cgroup v2 `memory.events`, v1
+/// `memory.oom_control`); 0 when neither can be read.
+fn oom_kills() -> u64 {
+    [
+        "/sys/fs/cgroup/memory.events",
+        "/sys/fs/cgroup/memory/memory.oom_control",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .find_map(|text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+    })
+    .unwrap_or(0)
 }
 
 enum Input {

@@ -769,9 +769,9 @@ impl Pod {
         None
     }
 
-    /// `ERR_RESOURCE_LIMIT` naming the pod's memory limit: the error of a pod, or a process
-    /// in it, killed for memory.
-    pub fn killed_for_memory(&self) -> AdapterError {
+    /// `ERR_RESOURCE_LIMIT` naming the pod's memory limit: the error of a pod killed for
+    /// memory (`cra-pod idle` ends the pod when any process of it is).
+    fn killed_for_memory(&self) -> AdapterError {
         AdapterError::new(
             ErrorCode::ResourceLimit,
             format!(
@@ -780,44 +780,6 @@ impl Pod {
                 self.memory_limit.as_deref().unwrap_or("the node's memory (no limit set)")
             ),
         )
-    }
-
-    /// How many times the kernel killed a process of the container for memory (its cgroup's
-    /// `oom_kill` count, v2 or v1). A process started by [`Pod::exec`] that is killed for
-    /// memory leaves the container running (pid 1 is small), so the pod's status never says
-    /// `OOMKilled`: a rise of this count after a SIGKILL does.
-    pub async fn oom_kills(&self) -> Result<u64> {
-        let script = "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control";
-        let e = self
-            .exec(&["sh".into(), "-c".into(), script.into()])
-            .await?;
-        let mut out = String::new();
-        let read = async {
-            use tokio::io::AsyncReadExt;
-            e.stdout.take(64 * 1024).read_to_string(&mut out).await
-        };
-        let unreadable = |why: String| {
-            AdapterError::new(
-                ErrorCode::AgentFailed,
-                format!(
-                    "the memory events of pod {} cannot be read: {why}",
-                    self.name
-                ),
-            )
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => return Err(unreadable(err.to_string())),
-            Err(_) => {
-                return Err(unreadable(format!(
-                    "no answer within {} s",
-                    REQUEST_TIMEOUT.as_secs()
-                )))
-            }
-        }
-        out.lines()
-            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-            .ok_or_else(|| unreadable(format!("no oom_kill count in {out:?}")))
     }
 
     /// Deletes the pod (grace 0) and waits until it is gone (bounded); already gone is

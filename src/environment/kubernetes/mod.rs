@@ -187,11 +187,7 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         }
         snapshot = Some(step.snapshot(&base, sandboxed).await?);
     }
-    // The pod's count of processes killed for memory so far: a rise means one of the agent's
-    // was (the pod itself keeps running then; see `Pod::oom_kills`).
-    let oom_kills = pod.oom_kills().await.ok();
     Ok(KubernetesEnvironment {
-        oom_kills,
         pod,
         shell: Some(shell),
         gateway: Some(gateway),
@@ -492,8 +488,6 @@ fn provision_error(message: impl Into<String>) -> AdapterError {
 /// One session's pod.
 pub struct KubernetesEnvironment {
     pod: Arc<Pod>,
-    /// [`Pod::oom_kills`] when the session started.
-    oom_kills: Option<u64>,
     shell: Option<RemoteShell>,
     gateway: Option<Gateway>,
     env: Vec<(String, String)>,
@@ -704,14 +698,9 @@ impl Environment for KubernetesEnvironment {
     }
 
     fn lost(&self) -> BoxFuture<'_, Option<AdapterError>> {
-        Box::pin(async move {
-            if let Some(gone) = self.pod.why_gone().await {
-                return Some(gone);
-            }
-            let before = self.oom_kills?;
-            let now = self.pod.oom_kills().await.ok()?;
-            (now > before).then(|| self.pod.killed_for_memory())
-        })
+        // A process killed for memory ends the whole pod (`cra-pod idle`), so the pod's own
+        // status says it.
+        Box::pin(self.pod.why_gone())
     }
 
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
