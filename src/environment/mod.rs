@@ -129,6 +129,11 @@ pub trait Environment: Send + Sync {
     /// The kernel limit the session ran into (memory, processes), in words naming the config
     /// field; asked after the agent ended, before [`Environment::destroy`].
     fn limit_hit(&self) -> Option<String>;
+    /// True when a checkout whose work could not be read is left in place (for an operator or
+    /// the next sweep) by [`Environment::destroy`]`(true)`; a pod cannot be.
+    fn keeps_unreadable_work(&self) -> bool {
+        true
+    }
     /// Why the environment itself ended under the agent (a pod deleted, evicted or
     /// OOM-killed), asked when the agent failed; `None` when it did not.
     fn lost(&self) -> BoxFuture<'_, Option<crate::error::AdapterError>> {

@@ -518,8 +518,20 @@ impl Session {
                 ),
             }),
         };
+        let read = match read {
+            // The work could not be read because the environment went (its pod was deleted or
+            // OOM-killed meanwhile): that is the reason.
+            Err(e) => match env.lost().await {
+                Some(lost) => Err(lost.with_shared_cause(Arc::new(e))),
+                None => Err(e),
+            },
+            ok => ok,
+        };
         read.map_err(|e| {
             self.unsaved.store(true, Ordering::SeqCst);
+            if !env.keeps_unreadable_work() {
+                return e;
+            }
             let message = format!(
                 "{}; the checkout is kept as it is at {} (the next adapter's sweep tries to save it \
                  again; remove it once you have what you need)",

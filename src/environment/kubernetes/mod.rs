@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +51,8 @@ const MAX_STEP_OUTPUT: usize = 64 << 10;
 /// Bound on the small provisioning steps in the pod (clone excepted: it is bounded by the
 /// setup timeout with the setup command).
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a pod whose stream broke is given to show why in its status.
+const LOST_WAIT: Duration = Duration::from_secs(15);
 
 /// Makes [`KubernetesEnvironment`]s; connects to the cluster on first use.
 pub struct KubernetesBackend {
@@ -500,6 +503,23 @@ pub struct KubernetesEnvironment {
 }
 
 impl KubernetesEnvironment {
+    /// The pod still runs commands (bounded).
+    async fn answers(&self, shell: &RemoteShell) -> Result<()> {
+        let alive = RemoteCommand {
+            argv: vec!["true".into()],
+            env: self.env.clone(),
+            cwd: "/".into(),
+        };
+        match tokio::time::timeout(Duration::from_secs(5), shell.run(alive, &[], 0)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(AdapterError::new(
+                ErrorCode::AgentFailed,
+                "the pod did not answer within 5 s",
+            )),
+        }
+    }
+
     fn shell(&self) -> Result<&RemoteShell> {
         self.shell
             .as_ref()
@@ -693,14 +713,48 @@ impl Environment for KubernetesEnvironment {
         false
     }
 
+    fn keeps_unreadable_work(&self) -> bool {
+        false
+    }
+
     fn limit_hit(&self) -> Option<String> {
         None
     }
 
     fn lost(&self) -> BoxFuture<'_, Option<AdapterError>> {
         // A process killed for memory ends the whole pod (`cra-pod idle`), so the pod's own
-        // status says it.
-        Box::pin(self.pod.why_gone())
+        // status says it — once the kubelet has noticed, a second or two after the stream
+        // broke: a broken stream waits (bounded) for the pod's status to say why.
+        Box::pin(async move {
+            // The agent may have ended as the pod went, before its stream broke: a command
+            // the pod no longer answers tells.
+            let broke = match &self.shell {
+                Some(shell) => match shell.closed().now_or_never() {
+                    Some(e) => Some(e),
+                    None => self.answers(shell).await.err(),
+                },
+                None => None,
+            };
+            let Some(broke) = broke else {
+                return self.pod.why_gone().await;
+            };
+            let deadline = tokio::time::Instant::now() + LOST_WAIT;
+            loop {
+                if let Some(gone) = self.pod.why_gone().await {
+                    return Some(gone);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Some(AdapterError::new(
+                        ErrorCode::AgentFailed,
+                        format!(
+                            "the stream to pod {} broke ({}) while the pod still shows as running",
+                            self.pod.name, broke.message
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
     }
 
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
