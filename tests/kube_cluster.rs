@@ -1,12 +1,13 @@
 //! The cluster half of the Kubernetes backend against a real cluster: pod creation by the
 //! image contract, exec, deletion, the start failures (namespace, image, scheduling, API
-//! server), a pod killed from outside, a pod killed for memory, and the sweep's owner rule.
+//! server), a pod killed from outside, a pod killed for memory (its own command), and the sweep's owner rule.
 //!
 //! Runs when `KUBECONFIG` is set and `CRA_KUBE_TESTS=1` (otherwise each test prints a skip
 //! line). The image (`CRA_KUBE_TEST_IMAGE`, default `local/busybox:1`, already on the nodes)
 //! needs `sh`, `sleep`, `cat`, `head` and `tr`; the namespace is `CRA_KUBE_NAMESPACE`
 //! (default `default`). Every pod is labelled `test-owner=claude-runtime-adapter-tests` and
 //! `test-case=<test>`, and each test proves it left none.
+#![cfg(unix)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -6,6 +6,7 @@
 //! `cra-pod` is another package of the workspace, so cargo does not build it for these tests:
 //! the first test to need it runs `cargo build -p cra-pod` (a no-op once built) and takes the
 //! binary's path from cargo's own build report.
+#![cfg(unix)]
 
 use std::path::PathBuf;
 use std::process::Stdio;
