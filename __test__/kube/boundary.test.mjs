@@ -32,14 +32,18 @@ const implementorRuns = (commands) => agentRuns(h, 'implementor', [...commands, 
 const probe = (host, port) => `timeout 5 bash -c 'exec 3<>/dev/tcp/${host}/${port}' 2>/dev/null && echo reached || echo blocked`;
 
 describe('the boundary inside the pod', () => {
-  it('the model key is in no environment the agent can read: its own, and every readable /proc/*/environ', { timeout: 180_000 }, async () => {
+  it('the model key is in no environment the agent can read (its own, every readable /proc/*/environ), nor any path of the engine's machine', { timeout: 180_000 }, async () => {
     await kubeSetup();
     const key = h.config.env.ANTHROPIC_API_KEY;
     const { out } = await implementorRuns([
       'env | grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" ; echo end',
       'for f in /proc/[0-9]*/environ; do { tr "\\0" "\\n" < "$f"; } 2>/dev/null; done > /tmp/all-env; grep -c . /tmp/all-env; grep -E "^ANTHROPIC_(API_KEY|AUTH_TOKEN)=" /tmp/all-env | sort -u',
+      'env',
     ]);
     expect(out[0]).toMatch(/ANTHROPIC_API_KEY=sk-ant-sandbox-placeholder-/);
+    // Nothing of the engine's machine either: no path of it in the agent's environment.
+    for (const enginePath of [h.repo.root, h.scratch, process.env.HOME, process.cwd()]) expect(out[2]).not.toContain(enginePath);
+    expect(out[2]).toContain('HOME=/home/agent');
     expect(Number(out[1].split('\n')[0])).toBeGreaterThan(5); // environments were read
     for (const o of out) expect(o).not.toContain(key);
   });
