@@ -59,6 +59,16 @@ describe('each role in a pod of its own', () => {
   }
 });
 
+describe('sandbox: false', () => {
+  it('runs the CLI in the pod without its jail (the explicit opt-out), still through the relay, and the Implementor\'s work comes back', { timeout: 180_000 }, async () => {
+    await kubeSetup({ config: { sandbox: false } });
+    const { result, out } = await agentRuns(h, 'implementor', ['echo work > work.txt; ls /var/lib/cra/sockets']);
+    // Unjailed, the pod's own state is visible: the opt-out is what it says.
+    expect(out[0]).toContain('model.sock');
+    expect(result.patch).toContain('+++ b/work.txt');
+  });
+});
+
 // The agent's work covering what a patch must carry: a rename, a mode change, a symlink, a
 // binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file.
 const EDGE_FILES = {

@@ -437,7 +437,10 @@ async fn send_repository(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| provision_error("cannot run git bundle").with_cause(e))?;
-    let mut bundle_out = bundle.stdout.take().expect("piped");
+    let mut bundle_out = bundle
+        .stdout
+        .take()
+        .ok_or_else(|| provision_error("git bundle has no stdout"))?;
     let receive = step
         .shell
         .spawn(RemoteCommand {
