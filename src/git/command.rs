@@ -153,6 +153,7 @@ const NEUTRALISED: &[&str] = &[
 ];
 
 /// `git` with [`NEUTRALISED`], as a shell command (for git run in a remote checkout).
+#[cfg(unix)]
 pub(crate) fn neutral_git_sh() -> String {
     std::iter::once("git")
         .chain(NEUTRALISED.iter().copied())
