@@ -194,6 +194,32 @@ enum Failure {
     Unreachable(String),
 }
 
+/// kube's own client, but with `TCP_NODELAY` on its connections. A session's exec stream
+/// carries many small frames each way (a hook's answer, a tunnelled connection's few bytes
+/// and its end), and without it Nagle's algorithm holds a small write back until the previous
+/// one is acknowledged: measured through the local test cluster, one proxied connection took
+/// 41 ms instead of 1. (A kubeconfig's proxy keeps kube's own stack.)
+fn client_for(config: Config) -> std::result::Result<Client, kube::Error> {
+    use kube::client::ConfigExt;
+    if config.proxy_url.is_some() {
+        return Client::try_from(config);
+    }
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(client);
+    Ok(Client::new(service, config.default_namespace))
+}
+
 impl Cluster {
     /// A client for `config`'s cluster: its kubeconfig file and context when given, else
     /// `KUBECONFIG`, `~/.kube/config`, the in-cluster service account. Reads files only; the
@@ -228,7 +254,7 @@ impl Cluster {
         };
         kube_config.connect_timeout = Some(CONNECT_TIMEOUT);
         let url = kube_config.cluster_url.to_string();
-        let client = Client::try_from(kube_config).map_err(|e| {
+        let client = client_for(kube_config).map_err(|e| {
             provision(format!(
                 "cannot make a client for the Kubernetes API server at {url}: {}",
                 chain(&e)
