@@ -137,8 +137,6 @@ const hooks = [
   'chroot "$1" useradd --uid 1000 --gid 1000 --home-dir /home/agent --create-home --shell /bin/bash agent',
   'install -d -o 1000 -g 1000 -m 0755 "$1/workspace" "$1/var/lib/cra"',
   'install -d -o 1000 -g 1000 -m 0700 "$1/var/lib/cra/sockets"',
-  // Where the bridge script finds the sockets when the CLI runs without the jail (sandbox: false).
-  'ln -sfn /var/lib/cra/sockets "$1/run/claude-runtime-adapter"',
 ];
 let t = performance.now();
 run('mmdebstrap', [

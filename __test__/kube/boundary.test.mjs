@@ -32,7 +32,7 @@ const implementorRuns = (commands) => agentRuns(h, 'implementor', [...commands, 
 const probe = (host, port) => `timeout 5 bash -c 'exec 3<>/dev/tcp/${host}/${port}' 2>/dev/null && echo reached || echo blocked`;
 
 describe('the boundary inside the pod', () => {
-  it('the model key is in no environment the agent can read (its own, every readable /proc/*/environ), nor any path of the engine's machine', { timeout: 180_000 }, async () => {
+  it("the model key is in no environment the agent can read (its own, every readable /proc/*/environ), nor any path of the engine's machine", { timeout: 180_000 }, async () => {
     await kubeSetup();
     const key = h.config.env.ANTHROPIC_API_KEY;
     const { out } = await implementorRuns([

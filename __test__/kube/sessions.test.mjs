@@ -59,6 +59,25 @@ describe('each role in a pod of its own', () => {
   }
 });
 
+describe('worktreeSetupCommand', () => {
+  it('runs in the pod before the agent, in its sandbox; what it writes is not the agent\'s work', { timeout: 180_000 }, async () => {
+    await kubeSetup({ config: { worktreeSetupCommand: ['sh', '-c', 'echo installed > install-state.txt; pwd > setup-cwd.txt'] } });
+    const { result, out } = await agentRuns(h, 'implementor', ['cat install-state.txt setup-cwd.txt; echo work > work.txt']);
+    expect(out[0]).toContain('installed');
+    expect(out[0]).toContain('/workspace/repo');
+    expect(result.patch).toContain('+++ b/work.txt');
+    expect(result.patch).not.toContain('install-state.txt');
+  });
+
+  it('a failing setup command is ERR_PROVISION with its output, and no pod is left', { timeout: 180_000 }, async () => {
+    await kubeSetup({ config: { worktreeSetupCommand: ['sh', '-c', 'echo setup-broke >&2; exit 3'] } });
+    const err = await rejection(h.adapter().startAgent(ROLES.implementor.params()));
+    expect(err.code).toBe('ERR_PROVISION');
+    expect(err.message).toContain('setup-broke');
+    expect(adapterPods()).toEqual([]);
+  });
+});
+
 describe('sandbox: false', () => {
   it('runs the CLI in the pod without its jail (the explicit opt-out), still through the relay, and the Implementor\'s work comes back', { timeout: 180_000 }, async () => {
     await kubeSetup({ config: { sandbox: false } });

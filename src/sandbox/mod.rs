@@ -57,9 +57,11 @@ const DEFAULT_API: &str = "https://api.anthropic.com";
 const EGRESS_PORT: u16 = 3128;
 const MODEL_PORT: u16 = 3129;
 
-/// Inside the sandbox, before the CLI: the two socat bridges, then wait (bounded) until both
-/// listen — the CLI's first API request must not race them — then exec the CLI (`"$@"`).
-const BRIDGE_SCRIPT: &str = r#"d=/run/claude-runtime-adapter
+/// Inside the sandbox, before the CLI: the two socat bridges (to the sockets in
+/// `$CRA_SOCKET_DIR`, where a pod without its jail has them, else the sandbox's mount point),
+/// then wait (bounded) until both listen — the CLI's first API request must not race them —
+/// then exec the CLI (`"$@"`).
+const BRIDGE_SCRIPT: &str = r#"d=${CRA_SOCKET_DIR:-/run/claude-runtime-adapter}
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/egress.sock </dev/null >/dev/null 2>&1 &
 socat TCP-LISTEN:3129,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/model.sock </dev/null >/dev/null 2>&1 &
 n=0

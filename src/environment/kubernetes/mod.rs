@@ -34,7 +34,7 @@ use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, neutral_git_sh, run_git, At};
 use crate::git::patch::{patch_error, patch_of_trees};
-use crate::sandbox::{bridged_argv, Gateway};
+use crate::sandbox::{bridged_argv, env_value, Gateway};
 
 /// Where the session image keeps what the adapter relies on (its contract: `image/`).
 const CLI: &str = "/usr/local/bin/claude";
@@ -158,7 +158,19 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
             .listen(&format!("{SOCKETS}/{name}"), engine_side)
             .await?;
     }
-    let env = pod_env(gateway.env());
+    let engine_dirs: Vec<String> = [
+        env_value(&req.env, "HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+        Some(req.repo_root.clone()),
+        std::env::current_dir().ok(),
+    ]
+    .into_iter()
+    .flatten()
+    // `/` (a HOME of root's on some systems) would name everything.
+    .filter(|d| d.parent().is_some())
+    .map(|d| d.display().to_string())
+    .collect();
+    let env = pod_env(gateway.env(), &engine_dirs);
     let step = Steps {
         shell: &shell,
         env: &env,
@@ -204,9 +216,11 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
 }
 
 /// The environment of a process in the pod: the gateway's environment inside (credentials
-/// as placeholders) without what names the engine's machine (its paths, user, shell), plus
-/// the pod's own.
-fn pod_env(inside: &[(String, String)]) -> Vec<(String, String)> {
+/// as placeholders) without what names the engine's machine — its paths, user and shell
+/// variables, and any value naming one of `engine_dirs` (its HOME and the CLI's, the repository,
+/// its working directory: `npm_config_cache=/home/me/.npm` means nothing in a pod and tells the agent about
+/// the engine) — plus the pod's own.
+fn pod_env(inside: &[(String, String)], engine_dirs: &[String]) -> Vec<(String, String)> {
     const ENGINE_ONLY: &[&str] = &[
         "PATH",
         "HOME",
@@ -224,9 +238,12 @@ fn pod_env(inside: &[(String, String)]) -> Vec<(String, String)> {
         "XDG_STATE_HOME",
         "XDG_RUNTIME_DIR",
     ];
+    let names_engine = |v: &str| engine_dirs.iter().any(|d| v.contains(d.as_str()));
     let mut env: Vec<(String, String)> = inside
         .iter()
-        .filter(|(k, _)| !ENGINE_ONLY.contains(&k.to_ascii_uppercase().as_str()))
+        .filter(|(k, v)| {
+            !ENGINE_ONLY.contains(&k.to_ascii_uppercase().as_str()) && !names_engine(v)
+        })
         .cloned()
         .collect();
     for (k, v) in [
@@ -773,10 +790,15 @@ impl Environment for KubernetesEnvironment {
                     .into_iter()
                     .map(|a| a.to_string_lossy().into_owned()),
             );
+            let mut env = self.env.clone();
+            if !self.sandboxed {
+                // Without the jail the sockets are where the pod agent made them.
+                env.push(("CRA_SOCKET_DIR".into(), SOCKETS.into()));
+            }
             self.shell()?
                 .spawn(RemoteCommand {
                     argv,
-                    env: self.env.clone(),
+                    env,
                     cwd: WORKDIR.into(),
                 })
                 .await
@@ -804,5 +826,42 @@ impl Environment for KubernetesEnvironment {
             self.gateway = None;
             self.pod.delete().await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_environment_names_nothing_of_the_engines_machine() {
+        let inside: Vec<(String, String)> = [
+            ("PATH", "/home/me/.cargo/bin:/usr/bin"),
+            ("HOME", "/home/me"),
+            ("npm_config_cache", "/home/me/.npm"),
+            ("INIT_CWD", "/srv/engine"),
+            ("REPO_HINT", "/srv/repo/sub"),
+            ("ANTHROPIC_API_KEY", "sk-ant-sandbox-placeholder-x"),
+            ("LANG", "de_DE.UTF-8"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let dirs = ["/home/me", "/srv/repo", "/srv/engine"].map(String::from);
+        let env = pod_env(&inside, &dirs);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HOME"), Some(HOME));
+        assert_eq!(get("PATH"), Some("/usr/local/bin:/usr/bin:/bin"));
+        assert_eq!(get("LANG"), Some("de_DE.UTF-8"));
+        assert_eq!(
+            get("ANTHROPIC_API_KEY"),
+            Some("sk-ant-sandbox-placeholder-x")
+        );
+        for k in ["npm_config_cache", "INIT_CWD", "REPO_HINT"] {
+            assert_eq!(get(k), None, "{k}");
+        }
+        assert!(!env
+            .iter()
+            .any(|(_, v)| v.contains("/home/me") || v.contains("/srv")));
     }
 }
