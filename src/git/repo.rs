@@ -114,6 +114,40 @@ impl RepoGit {
             .cloned()
     }
 
+    /// A new repository at `path` that reads this repository's objects (`objects/info/
+    /// alternates`) with their hash (a SHA-256 repository needs `--object-format=sha256`; git
+    /// 2.30 knows both) and, of a shallow repository, where its history ends (without the
+    /// `shallow` file `git log` would fail on the first missing parent). The Planner's and
+    /// Reviewer's view, and the scratch repository where a remote checkout's patch is computed.
+    pub(crate) async fn init_borrowing(&self, path: &Path) -> Result<(), CommandError> {
+        let common = self.common_dir().await?;
+        let format = run_git(&self.root, &["rev-parse", "--show-object-format"]).await?;
+        let format = format!(
+            "--object-format={}",
+            String::from_utf8_lossy(&format.stdout).trim()
+        );
+        let init: [&std::ffi::OsStr; 5] = [
+            "init".as_ref(),
+            "--quiet".as_ref(),
+            format.as_ref(),
+            "--".as_ref(),
+            path.as_os_str(),
+        ];
+        run_git(&self.root, &init).await?;
+        let git_dir = path.join(".git");
+        let io = |what: &str, e: std::io::Error| CommandError::spawn(what.into(), &e);
+        let mut alternates = common.join("objects").into_os_string().into_encoded_bytes();
+        alternates.push(b'\n');
+        std::fs::write(git_dir.join("objects/info/alternates"), alternates)
+            .map_err(|e| io("writing objects/info/alternates", e))?;
+        match std::fs::copy(common.join("shallow"), git_dir.join("shallow")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io("copying the repository's shallow file", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`RepoGit::common_dir`] as a provision error, for the steps that cannot go on without it.
     pub(crate) async fn git_dir(&self) -> Result<PathBuf> {
         self.common_dir()

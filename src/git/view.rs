@@ -206,36 +206,7 @@ impl RepoGit {
         commit: &str,
         branch: Option<&str>,
     ) -> std::result::Result<(), CommandError> {
-        let common = self.common_dir().await?;
-        // The view reads the repository's objects, so it has their hash (a SHA-256 repository
-        // needs `--object-format=sha256`; git 2.30 knows both).
-        let format = run_git(&self.root, &["rev-parse", "--show-object-format"]).await?;
-        let format = format!(
-            "--object-format={}",
-            String::from_utf8_lossy(&format.stdout).trim()
-        );
-        let init: [&std::ffi::OsStr; 5] = [
-            "init".as_ref(),
-            "--quiet".as_ref(),
-            format.as_ref(),
-            "--".as_ref(),
-            path.as_os_str(),
-        ];
-        run_git(&self.root, &init).await?;
-        let git_dir = path.join(".git");
-        let io = |what: &str, e: std::io::Error| CommandError::spawn(what.into(), &e);
-        let mut alternates = common.join("objects").into_os_string().into_encoded_bytes();
-        alternates.push(b'\n');
-        std::fs::write(git_dir.join("objects/info/alternates"), alternates)
-            .map_err(|e| io("writing the view's objects/info/alternates", e))?;
-        // A shallow repository's history ends where its `shallow` file says; without it,
-        // `git log` in the view would fail on the first missing parent.
-        match std::fs::copy(common.join("shallow"), git_dir.join("shallow")) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(io("copying the repository's shallow file", e))
-            }
-            _ => {}
-        }
+        self.init_borrowing(path).await?;
         match branch {
             Some(b) => {
                 run_git(path, &["update-ref", b, commit]).await?;

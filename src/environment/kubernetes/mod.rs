@@ -34,6 +34,7 @@ use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, neutral_git_sh, run_git, At};
 use crate::git::patch::{patch_error, patch_of_trees};
+use crate::git::RepoGit;
 use crate::sandbox::{bridged_argv, env_value, Gateway};
 
 /// Where the session image keeps what the adapter relies on (its contract: `image/`).
@@ -285,6 +286,17 @@ fn with_identity(config: &str) -> String {
     config
 }
 
+/// `argv` in the pod's jail with the checkout in `mode` (`rw`, `ro`); as it is for `None`
+/// (`sandbox: false`).
+fn confined(mode: Option<&str>, argv: Vec<String>) -> Vec<String> {
+    let Some(mode) = mode else { return argv };
+    [JAIL, mode, WORKDIR, "--"]
+        .into_iter()
+        .map(String::from)
+        .chain(argv)
+        .collect()
+}
+
 /// `'…'` for sh.
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -351,13 +363,7 @@ impl Steps<'_> {
 
     /// The jail starts in this pod (user namespaces allowed): otherwise nothing runs.
     async fn jail_works(&self) -> Result<()> {
-        let argv = vec![
-            JAIL.to_string(),
-            "ro".into(),
-            WORKDIR.into(),
-            "--".into(),
-            "true".into(),
-        ];
+        let argv = confined(Some("ro"), vec!["true".into()]);
         self.run("cra-jail", argv, &[], STEP_TIMEOUT, WORKDIR)
             .await
             .map(drop)
@@ -374,18 +380,8 @@ impl Steps<'_> {
             })
     }
 
-    /// `argv` as the agent would run it: in the jail (read-write checkout) when sandboxed.
-    fn confined(&self, sandboxed: bool, argv: Vec<String>) -> Vec<String> {
-        if !sandboxed {
-            return argv;
-        }
-        let mut jailed = vec![JAIL.into(), "rw".into(), WORKDIR.into(), "--".into()];
-        jailed.extend(argv);
-        jailed
-    }
-
     async fn setup(&self, setup: &[String], sandboxed: bool, limit: Duration) -> Result<()> {
-        let argv = self.confined(sandboxed, setup.to_vec());
+        let argv = confined(sandboxed.then_some("rw"), setup.to_vec());
         self.run("worktreeSetupCommand", argv, &[], limit, WORKDIR)
             .await
             .map(drop)
@@ -402,7 +398,10 @@ impl Steps<'_> {
              c=$({COMMIT_ENV} {g} commit-tree \"$t\" -p {base} -m snapshot); \
              {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c\""
         );
-        let argv = self.confined(sandboxed, vec!["sh".into(), "-c".into(), script]);
+        let argv = confined(
+            sandboxed.then_some("rw"),
+            vec!["sh".into(), "-c".into(), script],
+        );
         let out = self
             .run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR)
             .await?;
@@ -548,19 +547,17 @@ impl KubernetesEnvironment {
 
     async fn read_work(&self, snapshot: &str) -> Result<String> {
         let shell = self.shell()?;
-        let mut argv = vec![
-            "sh".to_string(),
-            "-c".into(),
-            EXTRACT_SCRIPT.into(),
-            "sh".into(),
-            self.base.clone(),
-            snapshot.to_string(),
-        ];
-        if self.sandboxed {
-            let mut jailed = vec![JAIL.into(), "rw".into(), WORKDIR.into(), "--".into()];
-            jailed.append(&mut argv);
-            argv = jailed;
-        }
+        let argv = confined(
+            self.sandboxed.then_some("rw"),
+            vec![
+                "sh".to_string(),
+                "-c".into(),
+                EXTRACT_SCRIPT.into(),
+                "sh".into(),
+                self.base.clone(),
+                snapshot.to_string(),
+            ],
+        );
         let mut env = self.env.clone();
         env.push(("G".into(), neutral_git_sh()));
         env.push(("C".into(), COMMIT_ENV.into()));
@@ -615,33 +612,11 @@ impl Scratch {
             uuid::Uuid::new_v4().simple()
         ));
         let scratch = Scratch { dir };
-        let fail = |e| patch_error("cannot make a scratch repository for the patch").with_cause(e);
-        let format = run_git(repo_root, &["rev-parse", "--show-object-format"])
-            .await
-            .map_err(fail)?;
-        let format = String::from_utf8_lossy(&format.stdout).trim().to_string();
-        let dir = scratch.dir.display().to_string();
-        run_git(
-            Path::new("/"),
-            &["init", "-q", &format!("--object-format={format}"), &dir],
-        )
-        .await
-        .map_err(fail)?;
-        let common = run_git(
-            repo_root,
-            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
-        )
-        .await
-        .map_err(fail)?;
-        let common = PathBuf::from(String::from_utf8_lossy(&common.stdout).trim());
-        let alternates: String = crate::git::repo::object_dirs(&common)
-            .iter()
-            .map(|d| format!("{}\n", d.display()))
-            .collect();
-        tokio::fs::write(scratch.dir.join(".git/objects/info/alternates"), alternates)
+        RepoGit::for_repo(repo_root)
+            .init_borrowing(&scratch.dir)
             .await
             .map_err(|e| {
-                patch_error("cannot write the scratch repository's alternates").with_cause(e)
+                patch_error("cannot make a scratch repository for the patch").with_cause(e)
             })?;
         Ok(scratch)
     }
@@ -780,16 +755,14 @@ impl Environment for KubernetesEnvironment {
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
         Box::pin(async move {
             let mode = if self.snapshot.is_some() { "rw" } else { "ro" };
-            let mut argv: Vec<String> = Vec::new();
-            if self.sandboxed {
-                argv.extend([JAIL.into(), mode.into(), WORKDIR.into(), "--".into()]);
-            }
-            argv.push("sh".into());
-            argv.extend(
-                bridged_argv(std::ffi::OsStr::new(CLI), &cmd.args)
-                    .into_iter()
-                    .map(|a| a.to_string_lossy().into_owned()),
-            );
+            let cli = std::iter::once("sh".to_string())
+                .chain(
+                    bridged_argv(std::ffi::OsStr::new(CLI), &cmd.args)
+                        .into_iter()
+                        .map(|a| a.to_string_lossy().into_owned()),
+                )
+                .collect();
+            let argv = confined(self.sandboxed.then_some(mode), cli);
             let mut env = self.env.clone();
             if !self.sandboxed {
                 // Without the jail the sockets are where the pod agent made them.
