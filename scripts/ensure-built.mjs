@@ -23,7 +23,10 @@ const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
 
 const marker = join(root, 'node_modules', '.package-lock.json');
 const stale = !existsSync(marker) || statSync(marker).mtimeMs < statSync(join(root, 'package.json')).mtimeMs;
-if (stale) run(npm, ['install', '--no-audit', '--no-fund']);
+// `npm ci` where the lockfile is (a clone): installs exactly what it pins and never rewrites it, so
+// the README's commands leave a newcomer's checkout clean; it fails when the two are out of sync.
+const locked = existsSync(join(root, 'package-lock.json'));
+if (stale) run(npm, [locked ? 'ci' : 'install', '--no-audit', '--no-fund']);
 
 const release = process.argv.includes('--release');
 const napi = join(root, 'node_modules', '@napi-rs', 'cli', 'dist', 'cli.js');
