@@ -141,8 +141,10 @@ impl std::ops::Deref for At<'_> {
 /// Settings of the clone's config that the adapter's git never honours, jailed or not: the
 /// agent's `core.fsmonitor` (a program git runs on every index read: `sleep 100000` would wedge
 /// the extraction), hooks, and any transport (a partial clone's lazy fetch would run
-/// `core.sshCommand` or an `ext::` helper). Passed as `-c`, which outranks the clone's config
-/// and reaches the git processes git itself starts (`GIT_CONFIG_PARAMETERS`).
+/// `core.sshCommand` or an `ext::` helper), and the settings that would make git trust an
+/// index entry's stat data further than its racy-clean rule allows (a file judged unchanged
+/// by its size and mtime alone: `super::patch`'s module docs). Passed as `-c`, which outranks
+/// the clone's config and reaches the git processes git itself starts (`GIT_CONFIG_PARAMETERS`).
 const NEUTRALISED: &[&str] = &[
     "-c",
     "core.fsmonitor=",
@@ -150,6 +152,14 @@ const NEUTRALISED: &[&str] = &[
     "core.hooksPath=/dev/null",
     "-c",
     "protocol.allow=never",
+    "-c",
+    "core.checkStat=default",
+    "-c",
+    "core.trustctime=true",
+    "-c",
+    "core.ignoreStat=false",
+    "-c",
+    "core.untrackedCache=false",
 ];
 
 /// `git` with [`NEUTRALISED`], as a shell command (for git run in a remote checkout).

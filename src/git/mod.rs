@@ -38,6 +38,7 @@ pub mod worktree;
 
 pub use command::CommandError;
 pub use owner::Owner;
+pub use patch::Snapshot;
 pub use provision::ProvisionRequest;
 pub use record::SessionRecord;
 pub use repo::{RepoGit, WORKTREES_DIR};

@@ -21,9 +21,23 @@
 //! applied. Plumbing only (all in git 2.30), so user configuration (`diff.noprefix`,
 //! `diff.external`, colour, textconv) cannot change the format; non-UTF-8 content is handled by
 //! [`super::binary`].
+//!
+//! What the stat cache is trusted for. Git judges a file unchanged when its stat data (mtime,
+//! ctime, size, inode) matches the index entry, except for a "racily clean" entry, one whose
+//! mtime is not older than the index file itself: that one it compares by content. A copy of the
+//! index is a new file with a new mtime, which made every entry look safely older than the index:
+//! a same-size edit in the second of the checkout (`printf … > src/index.js`) matched its entry
+//! and was judged unchanged, and the agent's work was lost. So the copy's mtime is set to
+//! [`stat_trust_limit`]: the original's, and never later than shortly before the snapshot, so
+//! that every entry git recorded at or after the snapshot is compared by content, and an older
+//! entry matches only a file whose ctime (which no user can set back) is older than the snapshot.
+//! The settings that would let git trust stat data further (`core.checkStat=minimal`,
+//! `core.trustctime=false`, `core.ignoreStat`, the untracked cache) are overridden on every
+//! command ([`super::command`]), and `update-index --really-refresh` clears "assume unchanged"
+//! bits in the copy, which `git add -A` would otherwise honour by not looking at the file at all.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::binary::binarize_non_utf8;
 use super::command::{run, run_with_input, At, CommandError};
@@ -54,24 +68,57 @@ pub(crate) fn timed_out(worktree: &Path, limit: Duration) -> AdapterError {
     ))
 }
 
-/// The tree object of everything in `worktree` now (what `git add -A` would stage), as hex.
-pub(crate) async fn snapshot(worktree: At<'_>) -> Result<String> {
-    let temp = TempIndex::copy_of(&index_path(worktree)?)?;
-    stage_all(worktree, &temp.path).await
+/// How far before the snapshot an index entry's stat data stops being trusted: a margin for
+/// file systems whose timestamps are coarser than git's one-second comparison (FAT: 2 s).
+pub(crate) const STAT_TRUST_MARGIN_SECS: u64 = 2;
+
+/// The worktree after its setup step: the tree the agent's work is measured against, and the
+/// time (Unix seconds, before the tree was staged) that bounds what the stat cache is trusted
+/// for afterwards (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub tree: String,
+    pub taken: u64,
+}
+
+/// The latest index timestamp extraction lets git see for a worktree snapshotted at `taken`
+/// (Unix seconds; `None`: unknown, as for a record an older version wrote, so nothing is
+/// trusted): entries recorded at or after it are compared by content. Never 0, which git reads
+/// as "no timestamp" and then trusts every entry.
+pub(crate) fn stat_trust_limit(taken: Option<u64>) -> u64 {
+    taken.map_or(1, |t| t.saturating_sub(STAT_TRUST_MARGIN_SECS).max(1))
+}
+
+/// Everything in `worktree` now (what `git add -A` would stage), as a [`Snapshot`].
+pub(crate) async fn snapshot(worktree: At<'_>) -> Result<Snapshot> {
+    let taken = unix_now();
+    // The index as git left it after checkout and setup, its own mtime kept: git's racy-clean
+    // rule then applies exactly as it would in the worktree itself.
+    let temp = TempIndex::copy_of(&index_path(worktree)?, None)?;
+    let tree = stage_all(worktree, &temp.path).await?;
+    Ok(Snapshot { tree, taken })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The patch from `base` (a commit) to the worktree's files now, limited to the paths that
-/// differ from the `since` snapshot tree when one is given (see the module docs). Empty when
+/// differ from the `since` snapshot tree when one is given (see the module docs). Index stat
+/// data is trusted only when older than `trust_before` ([`stat_trust_limit`]). Empty when
 /// nothing counts. Failures carry `ERR_EXTRACT` with git's error as cause. Unbounded: callers
 /// bound it (dropping the future kills the git it runs).
 pub(crate) async fn agent_patch(
     worktree: At<'_>,
     base: &str,
     since: Option<&str>,
+    trust_before: u64,
 ) -> Result<String> {
     let index = index_path(worktree)?;
     let final_tree = {
-        let temp = TempIndex::copy_of(&index)?;
+        let temp = TempIndex::copy_of(&index, Some(trust_before))?;
         stage_all(worktree, &temp.path).await?
     };
     patch_of_trees(worktree, &index, base, since, &final_tree).await
@@ -106,7 +153,16 @@ pub(crate) async fn patch_of_trees(
 /// `git add -A` into `index`, then `git write-tree`: the tree's hex oid. Every git step here
 /// runs in the clone's sandbox when it has one: not only staging (clean filters) but any
 /// command that reads an index runs the clone's `core.fsmonitor` (measured: `write-tree` does).
+/// First `update-index --really-refresh`: it clears the "assume unchanged" bits (`git add -A`
+/// skips such a file whatever its content) and, with `-q`, goes on past modified files.
 async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
+    git_with_index(
+        worktree.git(&["update-index", "-q", "--really-refresh"]),
+        index,
+        "git update-index -q --really-refresh (temporary index)",
+    )
+    .await
+    .map_err(|e| patch_error("cannot refresh the temporary index").with_cause(e))?;
     git_with_index(
         worktree.git(&["add", "-A"]),
         index,
@@ -336,12 +392,22 @@ impl TempIndex {
     }
 
     /// A copy of the index (see [`open_index`] for what is refused), at most the size it had
-    /// when it was checked.
-    fn copy_of(index: &Path) -> Result<TempIndex> {
+    /// when it was checked, with the original's mtime, or `not_after` (Unix seconds) when that
+    /// is earlier: the timestamp git's racy-clean rule measures entries against (module docs).
+    fn copy_of(index: &Path, not_after: Option<u64>) -> Result<TempIndex> {
         let temp = TempIndex::empty_beside(index);
         let Some((file, len)) = open_index(index)? else {
             // No index yet: git treats a missing index file as empty.
             return Ok(temp);
+        };
+        let copy_failed = |e| patch_error("cannot copy the worktree's index").with_cause(e);
+        let mtime = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_err(copy_failed)?;
+        let mtime = match not_after.map(|s| UNIX_EPOCH + Duration::from_secs(s)) {
+            Some(limit) if limit < mtime => limit,
+            _ => mtime,
         };
         let mut create = std::fs::OpenOptions::new();
         create.write(true).create_new(true);
@@ -349,8 +415,11 @@ impl TempIndex {
         std::os::unix::fs::OpenOptionsExt::custom_flags(&mut create, libc::O_NOFOLLOW);
         create
             .open(&temp.path)
-            .and_then(|mut out| std::io::copy(&mut std::io::Read::take(file, len), &mut out))
-            .map_err(|e| patch_error("cannot copy the worktree's index").with_cause(e))?;
+            .and_then(|mut out| {
+                std::io::copy(&mut std::io::Read::take(file, len), &mut out)?;
+                out.set_modified(mtime)
+            })
+            .map_err(copy_failed)?;
         Ok(temp)
     }
 }

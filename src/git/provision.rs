@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::command::{display_argv, git_command, run, run_git, At};
 use super::hooks;
 use super::owner::Owner;
-use super::patch;
+use super::patch::{self, Snapshot};
 use super::record::{AdminRecord, SessionRecord};
 use super::repo::{lock_std, provision_error, RepoGit};
 use super::setup::{run_bounded, seconds, RunError};
@@ -81,14 +81,14 @@ impl RepoGit {
         // From here on any failure (or the future being dropped) removes what was made.
         let mut guard = ProvisionGuard::new(self, &path);
         match self.prepare(req, &path, &base_commit, stop).await {
-            Ok(snapshot_tree) => {
+            Ok(snapshot) => {
                 let jail = self.extraction_jail(&path).await?;
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
                     branch: req.branch.clone(),
                     base_commit,
-                    snapshot_tree,
+                    snapshot,
                     jail,
                     state: Arc::new(WorktreeState {
                         repo: self.arc(),
@@ -268,7 +268,7 @@ impl RepoGit {
         path: &Path,
         base: &str,
         stop: &CancellationToken,
-    ) -> Result<String> {
+    ) -> Result<Snapshot> {
         let checkout_failed = |e| {
             provision_error(format!(
                 "cannot check out the worktree at {}",
@@ -345,7 +345,8 @@ impl RepoGit {
         let record_dir = self.record_dir(path).await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, base);
         record.path = path.to_str().map(str::to_string);
-        record.snapshot_tree = Some(snapshot.clone());
+        record.snapshot_tree = Some(snapshot.tree.clone());
+        record.snapshot_taken = Some(snapshot.taken);
         record
             .write(&record_dir)
             .map_err(|e| provision_error("cannot record the worktree's snapshot").with_cause(e))?;

@@ -5,7 +5,8 @@
 //!
 //! ```json
 //! { "sessionId": "…", "branch": "feat/x", "baseCommit": "<hex>",
-//!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null, "path": "<clone>" }
+//!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null,
+//!   "snapshotTaken": <unix seconds> | null, "path": "<clone>" }
 //! ```
 //!
 //! Written when the path is claimed and before the owner record (so every clone that
@@ -36,6 +37,11 @@ pub(crate) struct AdminRecord {
     pub base_commit: String,
     pub transcript: Option<String>,
     pub snapshot_tree: Option<String>,
+    /// When the snapshot was taken (Unix seconds): what the index's stat data is trusted for
+    /// when the work is saved (`super::patch::stat_trust_limit`). Absent in records of older
+    /// versions: then no stat data is trusted.
+    #[serde(default)]
+    pub snapshot_taken: Option<u64>,
     /// The clone's path (records of clones live apart from them; worktrees' records do not
     /// need it).
     #[serde(default)]
@@ -54,6 +60,7 @@ impl AdminRecord {
                 .and_then(Path::to_str)
                 .map(str::to_string),
             snapshot_tree: None,
+            snapshot_taken: None,
             path: None,
         }
     }

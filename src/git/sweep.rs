@@ -174,16 +174,17 @@ impl RepoGit {
             return Ok(None);
         }
         let merge_base;
-        let (base, since) = match record {
+        let (base, since, taken) = match record {
             Some(r) => match r.snapshot_tree.as_deref() {
-                Some(s) => (r.base_commit.as_str(), Some(s)),
+                Some(s) => (r.base_commit.as_str(), Some(s), r.snapshot_taken),
                 None => return Ok(None),
             },
             None => {
                 merge_base = self.merge_base_or_head(&wt.path, base).await;
-                (merge_base.as_str(), None)
+                (merge_base.as_str(), None, None)
             }
         };
+        let trust_before = patch::stat_trust_limit(taken);
         let jail = if wt.clone {
             self.extraction_jail(&wt.path).await?
         } else {
@@ -195,7 +196,7 @@ impl RepoGit {
         };
         // Dropping the extraction (past the limit, or stopped) kills the git it runs.
         let patch = tokio::select! {
-            p = tokio::time::timeout(limit, patch::agent_patch(at, base, since)) => {
+            p = tokio::time::timeout(limit, patch::agent_patch(at, base, since, trust_before)) => {
                 p.unwrap_or_else(|_| Err(patch::timed_out(&wt.path, limit)))?
             }
             _ = stop.cancelled() => return Err(AdapterError::new(

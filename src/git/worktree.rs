@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::command::At;
-use super::patch;
+use super::patch::{self, Snapshot};
 use super::repo::{lock_std, RepoGit};
 use crate::error::Result;
 use crate::sandbox::Jail;
@@ -22,8 +22,8 @@ pub struct Worktree {
     pub branch: String,
     /// Hex oid the default branch resolved to when the worktree was created: the patch base.
     pub base_commit: String,
-    /// Hex oid of the tree the worktree held after the setup step: what the agent started from.
-    pub snapshot_tree: String,
+    /// The tree the worktree held after the setup step (what the agent started from), and when.
+    pub snapshot: Snapshot,
     /// The sandbox the adapter's git runs in here (`None` with `sandbox: false`).
     pub(crate) jail: Option<Jail>,
     pub(crate) state: Arc<WorktreeState>,
@@ -35,7 +35,7 @@ impl std::fmt::Debug for Worktree {
             .field("path", &self.path)
             .field("branch", &self.branch)
             .field("base_commit", &self.base_commit)
-            .field("snapshot_tree", &self.snapshot_tree)
+            .field("snapshot", &self.snapshot)
             .finish()
     }
 }
@@ -66,7 +66,13 @@ impl Worktree {
             dir: &self.path,
             jail: self.jail.as_ref(),
         };
-        patch::agent_patch(at, &self.base_commit, Some(&self.snapshot_tree)).await
+        patch::agent_patch(
+            at,
+            &self.base_commit,
+            Some(&self.snapshot.tree),
+            patch::stat_trust_limit(Some(self.snapshot.taken)),
+        )
+        .await
     }
 
     /// Removes the clone (its branch lives only there) and its owner and session records.

@@ -33,7 +33,7 @@ use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, neutral_git_sh, run_git, At};
-use crate::git::patch::{patch_error, patch_of_trees};
+use crate::git::patch::{patch_error, patch_of_trees, STAT_TRUST_MARGIN_SECS};
 use crate::git::RepoGit;
 use crate::sandbox::{bridged_argv, env_value, Gateway};
 
@@ -388,15 +388,18 @@ impl Steps<'_> {
     }
 
     /// The checkout now, as a commit on `base` kept under `refs/cra/snapshot` (so the agent's
-    /// `git gc` keeps it): what the patch is measured against.
-    async fn snapshot(&self, base: &str, sandboxed: bool) -> Result<String> {
+    /// `git gc` keeps it): what the patch is measured against; with the pod's clock before it
+    /// was staged, less the margin, which bounds what extraction trusts the index's stat data
+    /// for (`git::patch`'s module docs: the same rule as locally, with the pod's own clock).
+    async fn snapshot(&self, base: &str, sandboxed: bool) -> Result<PodSnapshot> {
         // Git in the pod ignores what the agent may configure to run, as the local one does.
         let g = neutral_git_sh();
         let script = format!(
-            "set -e; i=/tmp/cra-snapshot.index; cp .git/index \"$i\"; \
+            "set -e; l=$(( $(date +%s) - {STAT_TRUST_MARGIN_SECS} )); i=/tmp/cra-snapshot.index; \
+             cp -p .git/index \"$i\"; GIT_INDEX_FILE=$i {g} update-index -q --really-refresh; \
              GIT_INDEX_FILE=$i {g} add -A; t=$(GIT_INDEX_FILE=$i {g} write-tree); \
              c=$({COMMIT_ENV} {g} commit-tree \"$t\" -p {base} -m snapshot); \
-             {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c\""
+             {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c $l\""
         );
         let argv = confined(
             sandboxed.then_some("rw"),
@@ -405,8 +408,26 @@ impl Steps<'_> {
         let out = self
             .run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR)
             .await?;
-        Ok(String::from_utf8_lossy(&out).trim().to_string())
+        let out = String::from_utf8_lossy(&out);
+        let mut words = out.split_whitespace();
+        match (words.next(), words.next().map(str::parse::<u64>)) {
+            (Some(commit), Some(Ok(limit))) => Ok(PodSnapshot {
+                commit: commit.to_string(),
+                trust_before: limit.max(1),
+            }),
+            _ => Err(provision_error(format!(
+                "the snapshot step in the pod answered {:?}, not a commit and a time",
+                out.trim()
+            ))),
+        }
     }
+}
+
+/// An Implementor's post-setup snapshot in its pod: the commit, and the index timestamp
+/// extraction caps the agent's index at (Unix seconds, the pod's clock).
+struct PodSnapshot {
+    commit: String,
+    trust_before: u64,
 }
 
 /// `commit-tree` with a fixed identity and date: only the commit's tree is ever used.
@@ -415,11 +436,17 @@ const COMMIT_ENV: &str = "GIT_AUTHOR_NAME=cra GIT_AUTHOR_EMAIL=cra@localhost \
     GIT_AUTHOR_DATE='@0 +0000' GIT_COMMITTER_DATE='@0 +0000'";
 
 /// Extraction in the jail: stage everything into a temporary index (the agent's index copied
-/// only when it is a regular file), commit the final tree, and write a bundle of the snapshot
-/// and final commits to stdout. `$1` base, `$2` snapshot commit.
+/// only when it is a regular file, its mtime capped at `$3` so that git compares by content
+/// every entry recorded since the snapshot: `git::patch`'s module docs), commit the final
+/// tree, and write a bundle of the snapshot and final commits to stdout. `$1` base, `$2`
+/// snapshot commit, `$3` the snapshot's trust limit (Unix seconds).
 const EXTRACT_SCRIPT: &str = r#"set -e
 i=/tmp/cra-final.index
-if [ -f .git/index ] && [ ! -L .git/index ]; then cp .git/index "$i"; fi
+if [ -f .git/index ] && [ ! -L .git/index ]; then
+  cp -p .git/index "$i"
+  [ "$(stat -c %Y "$i")" -le "$3" ] || touch -m -d "@$3" "$i"
+fi
+GIT_INDEX_FILE=$i $G update-index -q --really-refresh
 GIT_INDEX_FILE=$i $G add -A
 t=$(GIT_INDEX_FILE=$i $G write-tree)
 c=$(eval "$C $G commit-tree $t -p $1 -m final")
@@ -516,8 +543,8 @@ pub struct KubernetesEnvironment {
     workdir: PathBuf,
     repo_root: PathBuf,
     base: String,
-    /// The Implementor's snapshot commit (None: a read-only session).
-    snapshot: Option<String>,
+    /// The Implementor's snapshot (None: a read-only session).
+    snapshot: Option<PodSnapshot>,
     sandboxed: bool,
 }
 
@@ -545,7 +572,7 @@ impl KubernetesEnvironment {
             .ok_or_else(|| AdapterError::new(ErrorCode::Internal, "the pod's stream is closed"))
     }
 
-    async fn read_work(&self, snapshot: &str) -> Result<String> {
+    async fn read_work(&self, snapshot: &PodSnapshot) -> Result<String> {
         let shell = self.shell()?;
         let argv = confined(
             self.sandboxed.then_some("rw"),
@@ -555,7 +582,8 @@ impl KubernetesEnvironment {
                 EXTRACT_SCRIPT.into(),
                 "sh".into(),
                 self.base.clone(),
-                snapshot.to_string(),
+                snapshot.commit.clone(),
+                snapshot.trust_before.to_string(),
             ],
         );
         let mut env = self.env.clone();
