@@ -41,7 +41,8 @@ const DPKG_EXCLUDES = [
   'path-exclude=/usr/share/lintian/*',
 ];
 const CLI_PACKAGE = '@anthropic-ai/claude-agent-sdk-linux-x64';
-const CRA_POD_DEFAULT = join(root, 'target', 'x86_64-unknown-linux-musl', 'release', 'cra-pod');
+const MUSL_TARGET = 'x86_64-unknown-linux-musl';
+const CRA_POD_DEFAULT = join(root, 'target', MUSL_TARGET, 'release', 'cra-pod');
 
 const { values: opt } = parseArgs({
   options: {
@@ -79,8 +80,16 @@ if (cliVersion !== pinned) fail(`node_modules has ${CLI_PACKAGE} ${cliVersion}, 
 // cra-pod: the given binary as is, or the workspace's, built (cargo: a no-op when up to date).
 let craPod = opt['cra-pod'] && resolve(opt['cra-pod']);
 if (!craPod) {
+  // A fresh machine has only the host's Rust target: add the static one cra-pod is built for.
+  const installed = execFileSync('rustup', ['target', 'list', '--installed'], { encoding: 'utf8' }).split('\n');
+  if (!installed.includes(MUSL_TARGET)) {
+    const t = performance.now();
+    log(`installing the Rust target ${MUSL_TARGET} (rustup target add)`);
+    run('rustup', ['target', 'add', MUSL_TARGET]);
+    log(`rustup target add ${MUSL_TARGET}: ${secs(t)}`);
+  }
   const t = performance.now();
-  run('cargo', ['build', '-p', 'cra-pod', '--release', '--target', 'x86_64-unknown-linux-musl'], { cwd: root });
+  run('cargo', ['build', '-p', 'cra-pod', '--release', '--target', MUSL_TARGET], { cwd: root });
   craPod = CRA_POD_DEFAULT;
   log(`cargo build -p cra-pod: ${secs(t)}`);
 }
@@ -122,6 +131,9 @@ rmSync(stampFile, { force: true });
 
 if (!existsSync('/usr/bin/mmdebstrap')) {
   const t = performance.now();
+  log('installing mmdebstrap (apt-get update && apt-get install -y mmdebstrap)');
+  // A fresh machine's package lists may be empty or stale: update them first.
+  run('apt-get', ['update']);
   run('apt-get', ['install', '-y', 'mmdebstrap']);
   log(`apt-get install mmdebstrap: ${secs(t)}`);
 }
