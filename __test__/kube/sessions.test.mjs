@@ -7,6 +7,7 @@ import { bash, scenario, structured } from '../support/fake-api.mjs';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { engineProcess } from '../support/engine-process.mjs';
 import { engineState, rejection, setup } from '../support/harness.mjs';
+import { atTheStartOfASecond, RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-edits.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, eventually, kubeBackend, podLine } from './support.mjs';
@@ -123,6 +124,31 @@ describe("the Implementor's patch", () => {
     }
     expect(remote.result.patch).toBe(local.result.patch);
   });
+});
+
+// Issue 26: a same-size edit (Bash, Write, Edit, back-dated, staged) was lost in 2 of 10 pods.
+describe("the Implementor's patch of a same-size edit", () => {
+  for (const [name, calls] of Object.entries(RACY_CASES)) {
+    it(`${name}: ${RACY_RUNS} of ${RACY_RUNS} pods return the local backend's patch, byte for byte`, { timeout: 120_000 + RACY_RUNS * 30_000 }, async () => {
+      await kubeSetup({ local: true, repo: RACY_REPO });
+      const local = await agentRuns(h, 'implementor', calls(`${h.repo.root}/.worktrees/racy-local`), { branchName: 'racy-local' });
+      expect(local.result.patch).toContain(RACY_CHANGE);
+      await h.cleanup();
+      await kubeSetup({ repo: RACY_REPO });
+      const adapter = h.adapter();
+      const differ = [];
+      for (let run = 0; run < RACY_RUNS; run += 1) {
+        await atTheStartOfASecond();
+        try {
+          const { result } = await agentRuns(h, 'implementor', calls('/workspace/repo'), { adapter, branchName: `racy-${run}` });
+          if (result.patch !== local.result.patch) differ.push(`run ${run}: ${result.patch}`);
+        } catch (e) {
+          differ.push(`run ${run}: ${e.code} ${e.message}`);
+        }
+      }
+      expect(differ).toEqual([]);
+    });
+  }
 });
 
 describe('16 sessions at once', () => {
