@@ -4,8 +4,12 @@
 // sleeping processes against a lower limit, a write past a small tmpfs, a memory hog that stops
 // at 1.5 GiB against a limit far below it. This host has a writable cgroup v1 hierarchy; the
 // rlimit fallback is forced by pointing the engine at a cgroup root without cgroups.
+// Issue 26: the agent's commands run under a share of those limits of their own, so that one
+// busy command (forks, memory) fails as it would in a person's shell while the CLI keeps its
+// headroom and the session goes on to its result; only the CLI itself out of memory ends it.
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-limits-tests';
@@ -13,7 +17,7 @@ mkdirSync(process.env.TMPDIR, { recursive: true });
 import { bash, scenario } from './support/fake-api.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
 import { engineProcess } from './support/engine-process.mjs';
-import { rejection, setup } from './support/harness.mjs';
+import { addon, rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -104,21 +108,37 @@ print("survived")
 '`;
 
 describe('sandbox.limits, enforced by the kernel', () => {
-  it('processes: thousands of sleeping processes against processes: 200 — forks beyond it fail with EAGAIN, the session goes on and settles; the transcript names the cgroup and the limit hit; the cgroup is gone after', async () => {
+  it('processes: thousands of sleeping processes against processes: 200 — the command\'s forks beyond its share (136) fail with EAGAIN, the next command runs, the session settles; the transcript names the cgroup and the commands\' limit; the cgroup is gone after', async () => {
     await limitsSetup({ processes: 200 });
     const { result, out, transcript } = await run([FORKS, 'echo still-here', 'cat /proc/self/cgroup']);
     const [started, errno] = out[0].trim().split(' ').map(Number);
     expect(errno, out[0]).toBe(11); // EAGAIN
-    expect(started).toBeGreaterThan(50); // the CLI and its bridges count too
-    expect(started).toBeLessThan(200);
+    expect(started).toBeGreaterThan(50);
+    expect(started).toBeLessThan(136);
     expect(out[1]).toBe('still-here');
     expect(result.create).toEqual([]);
-    expect(transcript).toMatch(/\[sandbox\] .*limits by cgroup v[12] .*200 tasks/);
-    expect(transcript).toMatch(/\[limits\] the session reached its process limit \(sandbox\.limits\.processes = 200\): \d+ fork\(s\) refused/);
-    // The agent's command ran in the session's cgroup (every controller of it), gone now.
+    expect(transcript).toMatch(/\[sandbox\] .*limits by cgroup v[12] .*200 tasks \(the agent's commands: memory \d+ MiB, 136 tasks\)/);
+    expect(transcript).toMatch(/\[limits\] the agent's commands reached their process limit \(136 of sandbox\.limits\.processes = 200, the rest kept for the CLI\): \d+ fork\(s\) refused/);
+    expect(transcript).not.toMatch(/the session reached its process limit/);
+    // The agent's command ran in the commands' cgroup of the session (every controller), gone now.
     const inside = cgroupPaths(out[2]).filter((p) => p.includes(`/claude-runtime-adapter-${process.pid}-`));
     expect(inside.length, out[2]).toBeGreaterThan(0);
+    for (const p of inside) expect(p).toMatch(/\/tools$/);
     expect(inside.filter(existsSync)).toEqual([]);
+    expect(sessionCgroups(process.pid)).toEqual([]);
+  });
+
+  it('6,000 background sleeps under the default limits (1,024 tasks): the command reports its refused fork, the next command runs while they still sleep, the session resolves with its result', async () => {
+    await limitsSetup({});
+    const spawnAll = "sh -c 'i=0; while [ $i -lt 6000 ]; do sleep 60 & i=$((i+1)); done; echo all-started' 2>&1; echo rc=$?";
+    // While the sleeps hold the commands' share (768 of 1,024 tasks) a command that forks fails
+    // the same way; one of shell builtins runs, and the CLI answers.
+    const { result, out, transcript } = await run([spawnAll, 'echo still-here']);
+    expect(out[0]).toMatch(/Cannot fork/);
+    expect(out[0]).not.toMatch(/all-started/);
+    expect(out[1]).toBe('still-here');
+    expect(result.create).toEqual([]);
+    expect(transcript).toMatch(/\[limits\] the agent's commands reached their process limit \(768 of sandbox\.limits\.processes = 1024/);
     expect(sessionCgroups(process.pid)).toEqual([]);
   });
 
@@ -140,22 +160,33 @@ describe('sandbox.limits, enforced by the kernel', () => {
     expect(result.create).toEqual([]);
   });
 
-  it('memory: a hog against memoryMiB: 768 is killed, the session ends with ERR_RESOURCE_LIMIT naming the limit, the host is unharmed and nothing is left', async () => {
+  it('memory: a hog in one command against memoryMiB: 768 is killed (its share: 384 MiB), the next command runs, the session resolves; the transcript says so; nothing is left', async () => {
     await limitsSetup({ memoryMiB: 768 });
-    h.api.setScript(scenario.steps([bash(`${HOG}; echo "rc=$?"`), bash('echo after'), ROLES.planner.done]));
-    const handle = await h.adapter().startAgent(ROLES.planner.params());
+    const { result, out, transcript } = await run([`${HOG}; echo "rc=$?"`, 'echo after']);
+    expect(out[0]).toMatch(/Killed[^]*rc=137$/);
+    expect(out[0]).not.toMatch(/^survived$/m);
+    expect(out[1]).toBe('after');
+    expect(result.create).toEqual([]);
+    expect(transcript).toMatch(/\[sandbox\] .*memory 768 MiB.*\(the agent's commands: memory 384 MiB/);
+    expect(transcript).toMatch(/\[limits\] the kernel killed 1 process\(es\) of the agent's commands for memory \(their share: 384 MiB of sandbox\.limits\.memoryMiB = 768\); the session went on/);
+    expect(sessionCgroups(process.pid)).toEqual([]);
+  });
+
+  it('memory: the CLI itself past the session\'s memoryMiB: 768 ends the session with ERR_RESOURCE_LIMIT naming the limit, and nothing is left (a CLI that grows: the fake CLI)', async () => {
+    await limitsSetup({ memoryMiB: 768 });
+    const fakeCli = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url));
+    const adapter = addon.createClaudeAdapter({ ...h.config, claudeExecutable: fakeCli, env: { ...h.config.env, FAKE_CLI_MODE: 'memory-hog' } }, h.deps);
+    const handle = await adapter.startAgent(ROLES.planner.params());
     const err = await rejection(handle.result);
     expect(err.code).toBe('ERR_RESOURCE_LIMIT');
     expect(err.message).toMatch(/^\[ERR_RESOURCE_LIMIT\] the session reached its memory limit \(sandbox\.limits\.memoryMiB = 768\)/);
-    const transcript = readFileSync(handle.logFilePath, 'utf8');
-    expect(transcript).toMatch(/\[limits\] the session reached its memory limit/);
-    expect(transcript).toMatch(/\[sandbox\] .*memory 768 MiB/);
+    expect(readFileSync(handle.logFilePath, 'utf8')).toMatch(/\[limits\] the session reached its memory limit/);
     expect(sessionCgroups(process.pid)).toEqual([]);
     const failed = h.logger.entries.find((e) => e.message === 'agent session failed');
     expect(failed.data.code).toBe('ERR_RESOURCE_LIMIT');
   });
 
-  it('no usable cgroup (the engine pointed at a cgroup root without one): rlimits apply — an allocation past memoryMiB fails in the process while the session goes on — and the transcript and a logger warning say so', async () => {
+  it('no usable cgroup (the engine pointed at a cgroup root without one): rlimits apply — an allocation past memoryMiB fails in the process, the commands\' forks stop at their share of processes (RLIMIT_NPROC in the sandbox\'s user namespace), while the session goes on — and the transcript and a logger warning say so', async () => {
     const root = mkdtempSync(join(process.env.TMPDIR, 'no-cgroups-'));
     process.env.CLAUDE_RUNTIME_ADAPTER_CGROUP_ROOT = root;
     after.push(() => {
@@ -163,8 +194,8 @@ describe('sandbox.limits, enforced by the kernel', () => {
       rmSync(root, { recursive: true, force: true });
     });
     await limitsSetup({ memoryMiB: 1024, processes: 200 });
-    // RLIMIT_NPROC counts every task of the user id and does not bind uid 0 at all (the kernel
-    // exempts root): only a non-root engine can see its forks refused.
+    // RLIMIT_NPROC does not bind a process whose real user is the host's root (the kernel
+    // exempts it, in a user namespace too): only a non-root engine can see its forks refused.
     const root0 = process.getuid() === 0;
     const { result, out, transcript } = await run([
       'grep -E "^Max (data size|processes)" /proc/self/limits',
@@ -173,14 +204,15 @@ describe('sandbox.limits, enforced by the kernel', () => {
       'echo still-here',
     ]);
     expect(out[0]).toMatch(/^Max data size +1073741824 +1073741824 +bytes/m);
-    expect(out[0]).toMatch(/^Max processes +\d+ +\d+ +processes/m);
+    // The commands' share of 200 (the sandbox's user namespace counts its own tasks, root's too).
+    expect(out[0]).toMatch(/^Max processes +136 +136 +processes/m);
     expect(out[1]).toMatch(/MemoryError[^]*rc=1$/);
     const [started, errno] = out[2].trim().split(' ').map(Number);
     expect(errno, out[2]).toBe(11);
-    expect(started).toBeLessThan(3000);
+    expect(started).toBeLessThan(136);
     expect(out[3]).toBe('still-here');
     expect(result.create).toEqual([]);
-    expect(transcript).toMatch(/\[sandbox\] .*limits by rlimits \(no usable cgroup\): memory 1024 MiB per process \(RLIMIT_DATA\), 200 tasks more for the user id \(RLIMIT_NPROC\); 1024 MiB per tmpfs/);
+    expect(transcript).toMatch(/\[sandbox\] .*limits by rlimits \(no usable cgroup\): memory 1024 MiB per process \(RLIMIT_DATA\), 200 tasks more for the user id \(RLIMIT_NPROC\) \(the agent's commands: 136 tasks in the sandbox, RLIMIT_NPROC\); 1024 MiB per tmpfs/);
     const warning = h.logger.entries.find((e) => /no usable cgroup/.test(e.message));
     expect(warning.level).toBe('warn');
   });
@@ -194,7 +226,11 @@ describe('sandbox.limits, enforced by the kernel', () => {
     expect(cgroups.length).toBeGreaterThan(0);
     // A removed cgroup holds no process. (Any adapter's next session removes a dead engine's
     // leftovers, so another test file's session running meanwhile may remove them first.)
-    const procs = () => cgroups.filter(existsSync).flatMap((c) => readFileSync(join(c, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean));
+    const procs = () =>
+      cgroups
+        .flatMap((c) => [c, join(c, 'cli'), join(c, 'tools')])
+        .filter(existsSync)
+        .flatMap((c) => readFileSync(join(c, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean));
     const cmdline = (pid) => (existsSync(`/proc/${pid}/cmdline`) ? readFileSync(`/proc/${pid}/cmdline`, 'utf8') : '');
     // The agent's command is running (bwrap, its bridges, the CLI, sh, sleep).
     for (let i = 0; i < 400 && !procs().some((p) => cmdline(p).startsWith('sleep')); i++) await new Promise((r) => setTimeout(r, 25));

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A scripted stand-in for the Claude Code CLI, for fault injection the real CLI cannot do.
 // Speaks stream-json like the real one (see PROTOCOL-NOTES.md). Selected by env:
-//   FAKE_CLI_MODE = ok | hang | crash-mid-stream | garbage-line | huge-line | exit-without-result | ignore-sigterm
+//   FAKE_CLI_MODE = ok | hang | crash-mid-stream | garbage-line | huge-line | exit-without-result | ignore-sigterm | memory-hog
 //   FAKE_CLI_OUTPUT        JSON put in result.structured_output (mode ok / garbage-line / huge-line; default {})
 //   FAKE_CLI_TEXT          assistant text to emit (default "working on it")
 //   FAKE_CLI_HUGE_BYTES    size of the huge-line text (default 100 MB)
@@ -9,6 +9,8 @@
 // ignore-sigterm: ignores SIGTERM/SIGINT, spawns a detached grandchild (own process group) that
 // also ignores SIGTERM and sleeps forever, reports its pid as {"type":"system","subtype":"fake_child","pid":N},
 // never answers `interrupt` and never ends on its own.
+// memory-hog: the CLI process itself grows by 16 MiB steps (touched) up to 4 GiB, then hangs:
+// what ends a session is the CLI out of memory, not one of the agent's commands.
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
@@ -21,7 +23,7 @@ const envKeys = (process.env.FAKE_CLI_ENV_KEYS ?? '').split(',').filter(Boolean)
 const env = Object.fromEntries(envKeys.map((k) => [k, process.env[k] ?? null]));
 if (process.env.FAKE_CLI_ARGV_FILE) writeFileSync(process.env.FAKE_CLI_ARGV_FILE, JSON.stringify({ argv: process.argv.slice(2), cwd: process.cwd(), pid: process.pid, env }));
 
-const KNOWN = ['ok', 'hang', 'crash-mid-stream', 'garbage-line', 'huge-line', 'exit-without-result', 'ignore-sigterm'];
+const KNOWN = ['ok', 'hang', 'crash-mid-stream', 'garbage-line', 'huge-line', 'exit-without-result', 'ignore-sigterm', 'memory-hog'];
 if (!KNOWN.includes(mode)) {
   process.stderr.write(`fake-cli: unknown FAKE_CLI_MODE ${mode}\n`);
   process.exit(2);
@@ -123,6 +125,16 @@ async function runTurn() {
       await emit(assistantText(text));
       process.exit(0);
       return;
+    case 'memory-hog': {
+      await emit(assistantText(text));
+      const held = [];
+      for (let i = 0; i < 256; i += 1) {
+        held.push(Buffer.alloc(16 << 20, 1));
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      keepAlive = setInterval(() => held.length, 1e9);
+      return;
+    }
     case 'ignore-sigterm': {
       const child = spawn(
         process.execPath,

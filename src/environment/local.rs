@@ -172,6 +172,10 @@ impl Environment for LocalEnvironment {
         self.running.as_ref().and_then(SessionSandbox::limit_hit)
     }
 
+    fn commands_limited(&self) -> Option<String> {
+        self.running.as_ref().and_then(SessionSandbox::commands_hit)
+    }
+
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
         Box::pin(async move {
             #[cfg(target_os = "linux")]

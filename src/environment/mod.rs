@@ -129,6 +129,12 @@ pub trait Environment: Send + Sync {
     /// The kernel limit the session ran into (memory, processes), in words naming the config
     /// field; asked after the agent ended, before [`Environment::destroy`].
     fn limit_hit(&self) -> Option<String>;
+    /// The limits of the agent's commands they ran into while the session went on (forks
+    /// refused, a process killed for memory), in words; asked when [`Environment::limit_hit`]
+    /// is.
+    fn commands_limited(&self) -> Option<String> {
+        None
+    }
     /// True when a checkout whose work could not be read is left in place (for an operator or
     /// the next sweep) by [`Environment::destroy`]`(true)`; a pod cannot be.
     fn keeps_unreadable_work(&self) -> bool {

@@ -565,6 +565,10 @@ impl Session {
     /// A kernel limit the session ran into goes in the transcript; when the session failed
     /// (other than by cancel or timeout), the limit is why: `ERR_RESOURCE_LIMIT` naming it.
     fn past_limits(&self, outcome: Result<Value>) -> Result<Value> {
+        let commands = self.environment.as_ref().and_then(|e| e.commands_limited());
+        if let (Some(t), Some(c)) = (&self.transcript, commands) {
+            t.note("limits", &c);
+        }
         let Some(hit) = self.environment.as_ref().and_then(|e| e.limit_hit()) else {
             return outcome;
         };

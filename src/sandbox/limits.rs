@@ -13,7 +13,20 @@
 //!   set to the tasks the user has when the session starts plus the limit (shared with
 //!   everything else the user starts meanwhile). Nothing is known of a limit being hit.
 //!
-//! The session's first process (bubblewrap) joins the cgroup before it executes anything
+//! Inside the session's cgroup the agent's commands get one of their own with a smaller share
+//! ([`commands_share`]): the session's cgroup has a child for the CLI (`cli`) and one for the
+//! agent's commands (`tools`), which every Bash command joins first (`CLAUDE_CODE_SHELL_PREFIX`:
+//! [`TOOLS_PREFIX_SCRIPT`], given the `tools` cgroup's `cgroup.procs` and nothing else of the
+//! cgroup filesystem). `pids.max` counts threads and the CLI is one of the session's tasks: a
+//! command that forks thousands of processes would otherwise take every task and the CLI, unable
+//! to make a thread, would abort and lose the session. Now the command's forks fail with EAGAIN
+//! and a command that outgrows its memory share is killed by the kernel (the agent sees both,
+//! as in a person's shell), while the CLI keeps its headroom and the session goes on. What still
+//! ends a session: the CLI itself killed for memory (the session's whole limit reached), or the
+//! session's own task limit reached by the CLI. With rlimits the commands' share is a lower
+//! `RLIMIT_NPROC` set by the same prefix (`ulimit`), counted in the sandbox's user namespace.
+//!
+//! The session's first process (bubblewrap) joins the `cli` cgroup before it executes anything
 //! ([`SessionLimits::pre_exec`], run in the forked child), so everything it starts is inside.
 //! The cgroup's process list is the kill-all of the session; the cgroup is removed when the
 //! session ends. An engine that crashed leaves its empty directories (bubblewrap's
@@ -32,6 +45,43 @@ pub const CGROUP_ROOT_ENV: &str = "CLAUDE_RUNTIME_ADAPTER_CGROUP_ROOT";
 const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Session cgroups are `<prefix><engine pid>-<uuid>`.
 const PREFIX: &str = "claude-runtime-adapter-";
+/// The child cgroups of a session's: the CLI's and the agent's commands'.
+const CLI: &str = "cli";
+const TOOLS: &str = "tools";
+/// The Bash prefix inside the sandbox: joins the commands' cgroup (every `tools-*.procs` file
+/// beside it: one per hierarchy) and applies the commands' rlimit (`$1` of the generated
+/// wrapper, see [`tools_prefix`]), then runs the command string the CLI passes with the CLI's
+/// shell. Fail-closed: a command that cannot be put under its limits does not run.
+pub const TOOLS_PREFIX_SCRIPT: &str = r#"d=$(dirname "$0")
+for f in "$d"/tools-*.procs; do
+  [ -e "$f" ] || continue
+  echo 0 > "$f" || { echo "claude-runtime-adapter: cannot put the command under its limits ($f)" >&2; exit 126; }
+done
+if [ -n "$CRA_TOOLS_NPROC" ]; then
+  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the command's processes" >&2; exit 126; }
+fi
+unset CRA_TOOLS_NPROC
+if [ -n "$CRA_SHELL_PREFIX" ]; then
+  p=$CRA_SHELL_PREFIX
+  unset CRA_SHELL_PREFIX
+  exec $p "$1"
+fi
+exec "${SHELL:-/bin/bash}" -c "$1"
+"#;
+
+/// The agent's commands' share of the session's limits: what is left after the CLI's
+/// headroom — a quarter of the tasks (at least 64) and of the memory (at least 512 MiB), never
+/// more than half of either. The CLI (a runtime with its worker threads, the two bridges and
+/// their connections) stays well inside that headroom.
+pub fn commands_share(limits: &Limits) -> Limits {
+    let share = |total: u64, floor: u64| total - (total / 4).max(floor).min(total / 2);
+    Limits {
+        memory: limits.memory.map(|m| share(m, 512 * MIB)),
+        tasks: limits.tasks.map(|t| share(t, 64).max(1)),
+        tmpfs: limits.tmpfs,
+    }
+}
+
 /// How often the memory watcher looks for an OOM kill.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
 const MIB: u64 = 1024 * 1024;
@@ -40,6 +90,8 @@ const MIB: u64 = 1024 * 1024;
 /// removes the cgroup.
 pub struct SessionLimits {
     limits: Limits,
+    /// The agent's commands' part of `limits` ([`commands_share`]).
+    commands: Limits,
     how: How,
     watcher: Option<tokio::task::JoinHandle<()>>,
 }
@@ -54,16 +106,21 @@ type RlimitResource = libc::__rlimit_resource_t;
 #[cfg(not(target_env = "gnu"))]
 type RlimitResource = libc::c_int;
 
-/// One session's cgroup: one directory (v2) or one per hierarchy (v1: memory, pids).
+/// One session's cgroup: one directory (v2) or one per hierarchy (v1: pids, memory), each with
+/// its [`CLI`] and [`TOOLS`] children.
 struct Cgroup {
     version: u8,
-    /// Every directory made, the one listing the session's processes first.
+    /// The session's directory in each hierarchy, the one with the pids controller first.
     dirs: Vec<PathBuf>,
-    /// Their `cgroup.procs`, opened before the child is forked (writing `0` moves the writer).
+    /// The CLI children's `cgroup.procs`, opened before the child is forked (writing `0` moves
+    /// the writer).
     procs: Vec<OwnedFd>,
-    /// The file with the `oom_kill` counter, and the one with the pids `max` counter.
+    /// The `oom_kill` counters of the CLI's part and of the commands' part.
     oom_events: PathBuf,
+    tools_oom_events: PathBuf,
+    /// The pids `max` counters of the session's own limit and of the commands' limit.
     pids_events: PathBuf,
+    tools_pids_events: PathBuf,
 }
 
 impl SessionLimits {
@@ -78,7 +135,8 @@ impl SessionLimits {
 
     /// [`SessionLimits::create`] with the cgroup filesystem at `root`.
     fn create_in(root: &Path, limits: Limits) -> SessionLimits {
-        let how = match Cgroup::create(root, &limits) {
+        let commands = commands_share(&limits);
+        let how = match Cgroup::create(root, &limits, &commands) {
             Some(cg) => How::Cgroup(cg),
             None => How::Rlimits(rlimits(&limits)),
         };
@@ -90,8 +148,42 @@ impl SessionLimits {
         };
         SessionLimits {
             limits,
+            commands,
             how,
             watcher,
+        }
+    }
+
+    /// The files inside the sandbox that put a command under the commands' limits: the `tools`
+    /// cgroups' `cgroup.procs` (host path, name beside the prefix script), and the environment
+    /// the prefix needs (the commands' `RLIMIT_NPROC` with rlimits).
+    pub fn commands_setup(&self) -> (Vec<(PathBuf, String)>, Vec<(String, String)>) {
+        match &self.how {
+            How::Cgroup(cg) => {
+                let files = cg
+                    .dirs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        (
+                            d.join(TOOLS).join("cgroup.procs"),
+                            format!("tools-{i}.procs"),
+                        )
+                    })
+                    .collect();
+                (files, Vec::new())
+            }
+            How::Rlimits(r) => {
+                // The sandbox's user namespace counts its own tasks: the commands may have the
+                // share, the CLI the rest up to the session's limit.
+                let env = r
+                    .iter()
+                    .any(|(res, _)| *res == libc::RLIMIT_NPROC)
+                    .then_some(self.commands.tasks)
+                    .flatten()
+                    .map(|n| ("CRA_TOOLS_NPROC".to_string(), n.to_string()));
+                (Vec::new(), env.into_iter().collect())
+            }
         }
     }
 
@@ -142,16 +234,36 @@ impl SessionLimits {
             || "tmpfs unsized".into(),
             |t| format!("{} MiB per tmpfs", t / MIB),
         );
+        let c = &self.commands;
+        let share = match (c.memory, c.tasks) {
+            (None, None) => String::new(),
+            (m, t) => format!(
+                " (the agent's commands: {})",
+                [
+                    m.map(|m| format!("memory {} MiB", m / MIB)),
+                    t.map(|t| format!("{t} tasks"))
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(", ")
+            ),
+        };
         match &self.how {
             How::Cgroup(cg) => format!(
-                "limits by cgroup v{} ({}): {mem}, {tasks}; {tmp}",
+                "limits by cgroup v{} ({}): {mem}, {tasks}{share}; {tmp}",
                 cg.version,
                 cg.dirs[0].display()
             ),
-            How::Rlimits(_) => format!(
-                "limits by rlimits (no usable cgroup): {mem} per process (RLIMIT_DATA), {tasks} \
-                 more for the user id (RLIMIT_NPROC); {tmp}"
-            ),
+            How::Rlimits(_) => {
+                let share = c.tasks.map_or_else(String::new, |t| {
+                    format!(" (the agent's commands: {t} tasks in the sandbox, RLIMIT_NPROC)")
+                });
+                format!(
+                    "limits by rlimits (no usable cgroup): {mem} per process (RLIMIT_DATA), \
+                     {tasks} more for the user id (RLIMIT_NPROC){share}; {tmp}"
+                )
+            }
         }
     }
 
@@ -180,6 +292,32 @@ impl SessionLimits {
                 self.limits.tasks.unwrap_or(0)
             )
         })
+    }
+
+    /// The commands' limits the agent's commands ran into (the session went on), in words.
+    pub fn commands_hit(&self) -> Option<String> {
+        let How::Cgroup(cg) = &self.how else {
+            return None;
+        };
+        let mut said = Vec::new();
+        let refused = counter(&cg.tools_pids_events, "max");
+        if let (Some(t), true) = (self.commands.tasks, refused > 0) {
+            said.push(format!(
+                "the agent's commands reached their process limit ({t} of sandbox.limits.processes \
+                 = {}, the rest kept for the CLI): {refused} fork(s) refused",
+                self.limits.tasks.unwrap_or(0)
+            ));
+        }
+        let killed = counter(&cg.tools_oom_events, "oom_kill");
+        if let (Some(m), true) = (self.commands.memory, killed > 0) {
+            said.push(format!(
+                "the kernel killed {killed} process(es) of the agent's commands for memory (their \
+                 share: {} MiB of sandbox.limits.memoryMiB = {}); the session went on",
+                m / MIB,
+                self.limits.memory.unwrap_or(0) / MIB
+            ));
+        }
+        (!said.is_empty()).then(|| said.join("; "))
     }
 }
 
@@ -211,9 +349,11 @@ async fn watch_oom(killer: Killer) {
 /// What killing a session's processes needs (owned, for the watcher).
 #[derive(Clone)]
 struct Killer {
-    procs: PathBuf,
-    /// cgroup v2's `cgroup.kill` (Linux 5.14).
+    /// The `cgroup.procs` of every directory of the session in the pids (or unified) hierarchy.
+    procs: Vec<PathBuf>,
+    /// cgroup v2's `cgroup.kill` (Linux 5.14): the session's, recursive.
     kill: Option<PathBuf>,
+    /// The CLI part's OOM counter: a kill there ends the session.
     oom_events: PathBuf,
 }
 
@@ -227,8 +367,16 @@ impl Killer {
             }
         }
         for _ in 0..50 {
-            let pids = std::fs::read_to_string(&self.procs).unwrap_or_default();
-            let pids: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            let pids: Vec<i32> = self
+                .procs
+                .iter()
+                .flat_map(|p| {
+                    let list = std::fs::read_to_string(p).unwrap_or_default();
+                    list.lines()
+                        .filter_map(|l| l.trim().parse().ok())
+                        .collect::<Vec<i32>>()
+                })
+                .collect();
             if pids.is_empty() {
                 return;
             }
@@ -244,9 +392,10 @@ impl Killer {
 }
 
 impl Cgroup {
-    /// The session's cgroup under `root`, with the limits written; `None` when the host offers
-    /// none the engine may use (nothing is left behind then).
-    fn create(root: &Path, limits: &Limits) -> Option<Cgroup> {
+    /// The session's cgroup under `root`, with the limits written (the commands' share on its
+    /// `tools` child); `None` when the host offers none the engine may use (nothing is left
+    /// behind then).
+    fn create(root: &Path, limits: &Limits, commands: &Limits) -> Option<Cgroup> {
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let name = format!(
             "{PREFIX}{}-{}",
@@ -254,13 +403,19 @@ impl Cgroup {
             uuid::Uuid::new_v4().simple()
         );
         if root.join("cgroup.controllers").is_file() {
-            Cgroup::create_v2(root, &own, &name, limits)
+            Cgroup::create_v2(root, &own, &name, limits, commands)
         } else {
-            Cgroup::create_v1(root, &own, &name, limits)
+            Cgroup::create_v1(root, &own, &name, limits, commands)
         }
     }
 
-    fn create_v2(root: &Path, own: &str, name: &str, limits: &Limits) -> Option<Cgroup> {
+    fn create_v2(
+        root: &Path,
+        own: &str,
+        name: &str,
+        limits: &Limits,
+        commands: &Limits,
+    ) -> Option<Cgroup> {
         let parent = v2_parent(root, own)?;
         sweep_leftovers(&parent);
         let dir = parent.join(name);
@@ -268,15 +423,26 @@ impl Cgroup {
         let cg = Cgroup {
             version: 2,
             procs: Vec::new(),
-            oom_events: dir.join("memory.events"),
-            pids_events: dir.join("pids.events"),
+            oom_events: dir.join(CLI).join("memory.events"),
+            tools_oom_events: dir.join(TOOLS).join("memory.events"),
+            pids_events: local_events(&dir),
+            tools_pids_events: dir.join(TOOLS).join("pids.events"),
             dirs: vec![dir.clone()],
         };
-        let written = limits.memory.is_none_or(|m| {
-            write(&dir, "memory.max", m)
-                && write_optional(&dir, "memory.swap.max", "0")
-                && write_optional(&dir, "memory.oom.group", "1")
-        }) && limits.tasks.is_none_or(|t| write(&dir, "pids.max", t));
+        let v2_limits = |dir: &Path, l: &Limits| {
+            l.memory.is_none_or(|m| {
+                write(dir, "memory.max", m) && write_optional(dir, "memory.swap.max", "0")
+            }) && l.tasks.is_none_or(|t| write(dir, "pids.max", t))
+        };
+        // A v2 cgroup whose children have controllers holds no process itself: the CLI's part
+        // is a child too. An OOM kill there ends the session; in the commands' part it ends
+        // only the process the kernel picked.
+        let written = v2_limits(&dir, limits)
+            && std::fs::write(dir.join("cgroup.subtree_control"), "+memory +pids").is_ok()
+            && std::fs::create_dir(dir.join(CLI)).is_ok()
+            && std::fs::create_dir(dir.join(TOOLS)).is_ok()
+            && (limits.memory.is_none() || write_optional(&dir.join(CLI), "memory.oom.group", "1"))
+            && v2_limits(&dir.join(TOOLS), commands);
         if !written {
             cg.remove();
             return None;
@@ -284,7 +450,13 @@ impl Cgroup {
         cg.opened()
     }
 
-    fn create_v1(root: &Path, own: &str, name: &str, limits: &Limits) -> Option<Cgroup> {
+    fn create_v1(
+        root: &Path,
+        own: &str,
+        name: &str,
+        limits: &Limits,
+        commands: &Limits,
+    ) -> Option<Cgroup> {
         let memory = v1_parent(root, own, "memory")?;
         let pids = v1_parent(root, own, "pids")?;
         let mut made = Vec::new();
@@ -296,22 +468,34 @@ impl Cgroup {
             }
             made.push(dir);
         }
+        let (pids, memory) = (pids.join(name), memory.join(name));
         let cg = Cgroup {
             version: 1,
             procs: Vec::new(),
-            oom_events: memory.join(name).join("memory.oom_control"),
-            pids_events: pids.join(name).join("pids.events"),
+            oom_events: memory.join(CLI).join("memory.oom_control"),
+            tools_oom_events: memory.join(TOOLS).join("memory.oom_control"),
+            pids_events: pids.join("pids.events"),
+            tools_pids_events: pids.join(TOOLS).join("pids.events"),
             dirs: made,
         };
-        let (pids, memory) = (pids.join(name), memory.join(name));
-        let written = cg.dirs.len() == 2
-            && limits.memory.is_none_or(|m| {
+        let v1_limits = |pids: &Path, memory: &Path, l: &Limits| {
+            l.memory.is_none_or(|m| {
                 // memsw (memory + swap) exists where swap is accounted; it may not be set
                 // below the memory limit, so it goes second.
-                write(&memory, "memory.limit_in_bytes", m)
-                    && write_optional(&memory, "memory.memsw.limit_in_bytes", &m.to_string())
+                write(memory, "memory.limit_in_bytes", m)
+                    && write_optional(memory, "memory.memsw.limit_in_bytes", &m.to_string())
+            }) && l.tasks.is_none_or(|t| write(pids, "pids.max", t))
+        };
+        // Children's usage counts in their parent's limit only with hierarchy on (always, on
+        // current kernels; settable only while the cgroup has no children).
+        let written = cg.dirs.len() == 2
+            && write_optional(&memory, "memory.use_hierarchy", "1")
+            && v1_limits(&pids, &memory, limits)
+            && [&pids, &memory].iter().all(|d| {
+                std::fs::create_dir(d.join(CLI)).is_ok()
+                    && std::fs::create_dir(d.join(TOOLS)).is_ok()
             })
-            && limits.tasks.is_none_or(|t| write(&pids, "pids.max", t));
+            && v1_limits(&pids.join(TOOLS), &memory.join(TOOLS), commands);
         if !written {
             cg.remove();
             return None;
@@ -319,12 +503,12 @@ impl Cgroup {
         cg.opened()
     }
 
-    /// With every `cgroup.procs` open; removed when one cannot be opened.
+    /// With every CLI part's `cgroup.procs` open; removed when one cannot be opened.
     fn opened(mut self) -> Option<Cgroup> {
         for dir in &self.dirs {
             match std::fs::OpenOptions::new()
                 .write(true)
-                .open(dir.join("cgroup.procs"))
+                .open(dir.join(CLI).join("cgroup.procs"))
             {
                 Ok(f) => self.procs.push(f.into()),
                 Err(_) => {
@@ -337,26 +521,44 @@ impl Cgroup {
     }
 
     fn killer(&self) -> Killer {
-        let kill = self.dirs[0].join("cgroup.kill");
+        let top = &self.dirs[0];
+        let kill = top.join("cgroup.kill");
         Killer {
-            procs: self.dirs[0].join("cgroup.procs"),
+            procs: [top.join(CLI), top.join(TOOLS), top.clone()]
+                .iter()
+                .map(|d| d.join("cgroup.procs"))
+                .collect(),
             kill: (self.version == 2 && kill.exists()).then_some(kill),
             oom_events: self.oom_events.clone(),
         }
     }
 
-    /// Removes the (emptied) directories; an exiting process may keep one busy a moment.
+    /// Removes the (emptied) directories, children first; an exiting process may keep one
+    /// busy a moment.
     fn remove(&self) {
         for dir in &self.dirs {
-            for _ in 0..100 {
-                match std::fs::remove_dir(dir) {
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                        std::thread::sleep(Duration::from_millis(5));
+            for d in [dir.join(CLI), dir.join(TOOLS), dir.clone()] {
+                for _ in 0..100 {
+                    match std::fs::remove_dir(&d) {
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        _ => break,
                     }
-                    _ => break,
                 }
             }
         }
+    }
+}
+
+/// The session's own pids `max` counter: `pids.events.local` where the kernel has it (there
+/// `pids.events` also counts the children's limits), else `pids.events`.
+fn local_events(dir: &Path) -> PathBuf {
+    let local = dir.join("pids.events.local");
+    if local.exists() {
+        local
+    } else {
+        dir.join("pids.events")
     }
 }
 
@@ -420,6 +622,9 @@ fn sweep_leftovers(parent: &Path) {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {
+            for child in [CLI, TOOLS] {
+                let _ = std::fs::remove_dir(e.path().join(child));
+            }
             let _ = std::fs::remove_dir(e.path());
         }
     }
@@ -573,14 +778,20 @@ mod tests {
         };
         let dirs = cg.dirs.clone();
         let mut child = start(&limits);
-        let procs = std::fs::read_to_string(dirs[0].join("cgroup.procs")).unwrap();
+        let procs = std::fs::read_to_string(dirs[0].join(CLI).join("cgroup.procs")).unwrap();
         assert!(
             procs.lines().any(|l| l == child.id().to_string()),
             "{procs}"
         );
-        // The first directory holds the pids controller in either version.
-        let max = std::fs::read_to_string(dirs[0].join("pids.max")).unwrap();
-        assert_eq!(max.trim(), "64");
+        // The first directory holds the pids controller in either version; the commands get
+        // their share below it, and the prefix writes to their `cgroup.procs`.
+        let max = |d: &Path| std::fs::read_to_string(d.join("pids.max")).unwrap();
+        assert_eq!(max(&dirs[0]).trim(), "64");
+        assert_eq!(max(&dirs[0].join(TOOLS)).trim(), "32");
+        let (files, env) = limits.commands_setup();
+        assert_eq!(files.len(), dirs.len());
+        assert_eq!(files[0].0, dirs[0].join(TOOLS).join("cgroup.procs"));
+        assert!(env.is_empty());
         drop(limits);
         // Killed by the drop (reaped here), and every directory gone.
         let status = child.wait().unwrap();
@@ -591,6 +802,37 @@ mod tests {
         for d in dirs {
             assert!(!d.exists(), "{}", d.display());
         }
+    }
+
+    #[test]
+    fn the_commands_share_leaves_the_cli_a_quarter_at_least_64_tasks_and_512_mib_at_most_half() {
+        let of = |memory_mib: u64, tasks: u64| {
+            let l = commands_share(&Limits {
+                memory: Some(memory_mib * MIB),
+                tasks: Some(tasks),
+                tmpfs: None,
+            });
+            (l.memory.unwrap() / MIB, l.tasks.unwrap())
+        };
+        assert_eq!(of(4096, 1024), (3072, 768));
+        assert_eq!(of(1024, 200), (512, 136));
+        assert_eq!(of(768, 100), (384, 50));
+        assert_eq!(of(128, 1), (64, 1));
+        let none = commands_share(&Limits {
+            memory: None,
+            tasks: None,
+            tmpfs: None,
+        });
+        assert_eq!((none.memory, none.tasks), (None, None));
+    }
+
+    #[tokio::test]
+    async fn with_rlimits_the_prefix_gets_the_commands_task_share() {
+        let empty = tempfile::tempdir().unwrap();
+        let limits = SessionLimits::create_in(empty.path(), LIMITS);
+        let (files, env) = limits.commands_setup();
+        assert!(files.is_empty());
+        assert_eq!(env, [("CRA_TOOLS_NPROC".to_string(), "32".to_string())]);
     }
 
     #[test]

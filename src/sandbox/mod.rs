@@ -161,6 +161,61 @@ impl Gateway {
     }
 }
 
+/// The Bash prefix of the session (`CLAUDE_CODE_SHELL_PREFIX`, [`limits::TOOLS_PREFIX_SCRIPT`]),
+/// written into the socket directory with the mount points of the files it writes to: every
+/// command of the agent runs under the commands' share of the limits. A prefix the engine
+/// configured for the CLI runs after it (`CRA_SHELL_PREFIX`). Returns the files to bind
+/// writable over those mount points: (host file, name in the socket directory).
+#[cfg(target_os = "linux")]
+fn commands_prefix(
+    limits: &limits::SessionLimits,
+    dir: &Path,
+    env: &mut Vec<(String, String)>,
+) -> Result<Vec<(PathBuf, String)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let (files, vars) = limits.commands_setup();
+    let script = dir.join(PREFIX_SCRIPT);
+    let write = || -> std::io::Result<()> {
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\n{}", limits::TOOLS_PREFIX_SCRIPT),
+        )?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        for (_, name) in &files {
+            std::fs::write(dir.join(name), "")?;
+        }
+        Ok(())
+    };
+    write().map_err(|e| {
+        AdapterError::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "cannot write the sandbox's command prefix into {}",
+                dir.display()
+            ),
+        )
+        .with_cause(e)
+    })?;
+    let engine_prefix = env
+        .iter()
+        .position(|(k, _)| k == SHELL_PREFIX_VAR)
+        .map(|i| env.remove(i).1)
+        .filter(|p| !p.is_empty());
+    env.extend(engine_prefix.map(|p| ("CRA_SHELL_PREFIX".to_string(), p)));
+    env.extend(vars);
+    env.push((
+        SHELL_PREFIX_VAR.to_string(),
+        format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR),
+    ));
+    Ok(files)
+}
+
+/// The CLI's setting that wraps each Bash command: `<prefix> '<command string>'`.
+#[cfg(target_os = "linux")]
+const SHELL_PREFIX_VAR: &str = "CLAUDE_CODE_SHELL_PREFIX";
+#[cfg(target_os = "linux")]
+const PREFIX_SCRIPT: &str = "commands.sh";
+
 /// The socket file names of [`Gateway::sockets`].
 const EGRESS_SOCKET: &str = "egress.sock";
 const MODEL_SOCKET: &str = "model.sock";
@@ -222,6 +277,12 @@ impl SessionSandbox {
             .iter()
             .map(|h| (git_config_file.clone(), h.join(".gitconfig")))
             .collect();
+        #[cfg(target_os = "linux")]
+        let limits = limits::SessionLimits::create(cfg.limits);
+        #[cfg(target_os = "linux")]
+        let commands_files = commands_prefix(&limits, &gateway.sockets.0, &mut gateway.env)?;
+        #[cfg(not(target_os = "linux"))]
+        let commands_files = Vec::new();
         let jail = Jail::new(&JailPlan {
             cwd: scope.cwd.clone(),
             writable,
@@ -230,6 +291,7 @@ impl SessionSandbox {
             home_files,
             scratch: config_dir.into_iter().collect(),
             sockets: Some(gateway.sockets.0.clone()),
+            socket_files: commands_files,
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
         });
@@ -237,7 +299,7 @@ impl SessionSandbox {
             jail,
             gateway,
             #[cfg(target_os = "linux")]
-            limits: limits::SessionLimits::create(cfg.limits),
+            limits,
         })
     }
 
@@ -258,6 +320,14 @@ impl SessionSandbox {
     pub fn limit_hit(&self) -> Option<String> {
         #[cfg(target_os = "linux")]
         return self.limits.hit();
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// The commands' limits the agent's commands ran into (the session went on), if any.
+    pub fn commands_hit(&self) -> Option<String> {
+        #[cfg(target_os = "linux")]
+        return self.limits.commands_hit();
         #[cfg(not(target_os = "linux"))]
         None
     }
