@@ -69,6 +69,10 @@ fi
 exec "${SHELL:-/bin/bash}" -c "$1"
 "#;
 
+/// What [`SessionLimits::commands_setup`] gives the sandbox: files to bind (host path, name
+/// beside the prefix script) and variables for the prefix.
+pub type CommandsSetup = (Vec<(PathBuf, String)>, Vec<(String, String)>);
+
 /// The agent's commands' share of the session's limits: what is left after the CLI's
 /// headroom — a quarter of the tasks (at least 64) and of the memory (at least 512 MiB), never
 /// more than half of either. The CLI (a runtime with its worker threads, the two bridges and
@@ -157,7 +161,7 @@ impl SessionLimits {
     /// The files inside the sandbox that put a command under the commands' limits: the `tools`
     /// cgroups' `cgroup.procs` (host path, name beside the prefix script), and the environment
     /// the prefix needs (the commands' `RLIMIT_NPROC` with rlimits).
-    pub fn commands_setup(&self) -> (Vec<(PathBuf, String)>, Vec<(String, String)>) {
+    pub fn commands_setup(&self) -> CommandsSetup {
         match &self.how {
             How::Cgroup(cg) => {
                 let files = cg
