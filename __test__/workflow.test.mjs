@@ -108,8 +108,20 @@ describe('ci.yml', () => {
     expect(text).toContain('NODE_AUTH_TOKEN: ${{ secrets.NPM_TOKEN }}');
   });
 
+  /** .ci/run's lines, trimmed, each step without the `timed` that prints its time. */
+  const ciLines = () => readFileSync(join(root, '.ci', 'run'), 'utf8').split('\n').map((l) => l.trim().replace(/^timed /, ''));
+
+  it('.ci/run runs the README\'s two commands, demo then tests, and fails when they leave the checkout dirty', () => {
+    const lines = ciLines();
+    expect(lines.indexOf('npm run demo')).toBeGreaterThan(-1);
+    expect(lines.indexOf('npm test')).toBeGreaterThan(lines.indexOf('npm run demo'));
+    const dirty = lines.indexOf('dirty=$(git status --porcelain)');
+    expect(dirty).toBeGreaterThan(lines.indexOf('npm test'));
+    expect(lines.slice(dirty).join('\n')).toMatch(/if \[ -n "\$dirty" \]; then[^]*exit 1/);
+  });
+
   it('.ci/run runs the install-as-a-user check after npm test (not inside it)', () => {
-    const lines = readFileSync(join(root, '.ci', 'run'), 'utf8').split('\n').map((l) => l.trim());
+    const lines = ciLines();
     expect(lines.indexOf('npm run test:install')).toBeGreaterThan(lines.indexOf('npm test'));
     expect(lines.indexOf('npm test')).toBeGreaterThan(-1);
     expect(pkg.scripts.test).not.toContain('install-check');
@@ -117,7 +129,7 @@ describe('ci.yml', () => {
   });
 
   it('.ci/run lints the macOS and Windows targets from Linux (check:platforms) after the tests', () => {
-    const lines = readFileSync(join(root, '.ci', 'run'), 'utf8').split('\n').map((l) => l.trim());
+    const lines = ciLines();
     expect(lines.indexOf('npm run check:platforms')).toBeGreaterThan(lines.indexOf('npm run test:install'));
     expect(pkg.scripts['check:platforms']).toBe('node scripts/platform-check.mjs');
     const script = readFileSync(join(root, 'scripts', 'platform-check.mjs'), 'utf8');

@@ -151,6 +151,24 @@ describe("the Implementor's patch of a same-size edit", () => {
   }
 });
 
+// Issue 26: the kubelet's pid limit (podPidsLimit; the test cluster's kubelets: 4096) counts
+// the CLI's threads too. The agent's commands get their share of sandbox.limits.processes
+// (768 of the default 1,024) in the jail, so a command that forks thousands fails with EAGAIN
+// and the CLI keeps its headroom.
+describe('one busy command in a pod', () => {
+  it('6,000 background sleeps: the command reports its refused fork, the next command runs, the session resolves with its result; no pod is left', { timeout: 240_000 }, async () => {
+    await kubeSetup();
+    const spawnAll = "sh -c 'i=0; while [ $i -lt 6000 ]; do sleep 60 & i=$((i+1)); done; echo all-started' 2>&1; echo rc=$?";
+    const { handle, result, out } = await agentRuns(h, 'planner', ['grep "^Max processes" /proc/self/limits', spawnAll, 'echo still-here']);
+    expect(out[0]).toMatch(/^Max processes +768 +768 +processes/);
+    expect(out[1]).toMatch(/Cannot fork/);
+    expect(out[1]).not.toMatch(/all-started/);
+    expect(out[2]).toBe('still-here');
+    expect(result.role).toBe('planner');
+    expect(adapterPods(handle.sessionID)).toEqual([]);
+  });
+});
+
 describe('16 sessions at once', () => {
   const N = 16;
   const items = engineState({ workItems: Array.from({ length: N }, (_, i) => ({ id: String(i), title: `Item ${i}`, status: 'open', linkedRevision: null })) });

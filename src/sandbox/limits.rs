@@ -37,6 +37,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::commands::{commands_share, CLI, TOOLS};
 use crate::config::Limits;
 
 /// The cgroup filesystem the engine looks in (an operator's knob, and how tests force the
@@ -45,46 +46,9 @@ pub const CGROUP_ROOT_ENV: &str = "CLAUDE_RUNTIME_ADAPTER_CGROUP_ROOT";
 const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Session cgroups are `<prefix><engine pid>-<uuid>`.
 const PREFIX: &str = "claude-runtime-adapter-";
-/// The child cgroups of a session's: the CLI's and the agent's commands'.
-const CLI: &str = "cli";
-const TOOLS: &str = "tools";
-/// The Bash prefix inside the sandbox: joins the commands' cgroup (every `tools-*.procs` file
-/// beside it: one per hierarchy) and applies the commands' rlimit (`$1` of the generated
-/// wrapper, see [`tools_prefix`]), then runs the command string the CLI passes with the CLI's
-/// shell. Fail-closed: a command that cannot be put under its limits does not run.
-pub const TOOLS_PREFIX_SCRIPT: &str = r#"d=$(dirname "$0")
-for f in "$d"/tools-*.procs; do
-  [ -e "$f" ] || continue
-  echo 0 > "$f" || { echo "claude-runtime-adapter: cannot put the command under its limits ($f)" >&2; exit 126; }
-done
-if [ -n "$CRA_TOOLS_NPROC" ]; then
-  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the command's processes" >&2; exit 126; }
-fi
-unset CRA_TOOLS_NPROC
-if [ -n "$CRA_SHELL_PREFIX" ]; then
-  p=$CRA_SHELL_PREFIX
-  unset CRA_SHELL_PREFIX
-  exec $p "$1"
-fi
-exec "${SHELL:-/bin/bash}" -c "$1"
-"#;
-
 /// What [`SessionLimits::commands_setup`] gives the sandbox: files to bind (host path, name
 /// beside the prefix script) and variables for the prefix.
 pub type CommandsSetup = (Vec<(PathBuf, String)>, Vec<(String, String)>);
-
-/// The agent's commands' share of the session's limits: what is left after the CLI's
-/// headroom — a quarter of the tasks (at least 64) and of the memory (at least 512 MiB), never
-/// more than half of either. The CLI (a runtime with its worker threads, the two bridges and
-/// their connections) stays well inside that headroom.
-pub fn commands_share(limits: &Limits) -> Limits {
-    let share = |total: u64, floor: u64| total - (total / 4).max(floor).min(total / 2);
-    Limits {
-        memory: limits.memory.map(|m| share(m, 512 * MIB)),
-        tasks: limits.tasks.map(|t| share(t, 64).max(1)),
-        tmpfs: limits.tmpfs,
-    }
-}
 
 /// How often the memory watcher looks for an OOM kill.
 const WATCH_EVERY: Duration = Duration::from_millis(100);

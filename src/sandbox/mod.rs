@@ -14,6 +14,7 @@
 //! macOS keeps Claude Code's own Seatbelt sandbox (`seatbelt.rs`).
 
 mod available;
+pub mod commands;
 mod credentials;
 mod home;
 pub mod jail;
@@ -161,10 +162,9 @@ impl Gateway {
     }
 }
 
-/// The Bash prefix of the session (`CLAUDE_CODE_SHELL_PREFIX`, [`limits::TOOLS_PREFIX_SCRIPT`]),
+/// The Bash prefix of the session (`CLAUDE_CODE_SHELL_PREFIX`, [`commands::TOOLS_PREFIX_SCRIPT`]),
 /// written into the socket directory with the mount points of the files it writes to: every
-/// command of the agent runs under the commands' share of the limits. A prefix the engine
-/// configured for the CLI runs after it (`CRA_SHELL_PREFIX`). Returns the files to bind
+/// command of the agent runs under the commands' share of the limits. Returns the files to bind
 /// writable over those mount points: (host file, name in the socket directory).
 #[cfg(target_os = "linux")]
 fn commands_prefix(
@@ -176,10 +176,7 @@ fn commands_prefix(
     let (files, vars) = limits.commands_setup();
     let script = dir.join(PREFIX_SCRIPT);
     let write = || -> std::io::Result<()> {
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\n{}", limits::TOOLS_PREFIX_SCRIPT),
-        )?;
+        std::fs::write(&script, commands_prefix_script())?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
         for (_, name) in &files {
             std::fs::write(dir.join(name), "")?;
@@ -196,6 +193,24 @@ fn commands_prefix(
         )
         .with_cause(e)
     })?;
+    use_commands_prefix(env, &format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR), vars);
+    Ok(files)
+}
+
+/// The prefix script's file name beside the sockets, and its content.
+pub const PREFIX_SCRIPT: &str = "commands.sh";
+pub fn commands_prefix_script() -> String {
+    format!("#!/bin/sh\n{}", commands::TOOLS_PREFIX_SCRIPT)
+}
+
+/// Points the CLI's Bash at the prefix script `at` (inside), with the prefix's variables
+/// `vars`. A prefix the engine configured for the CLI runs after it (`CRA_SHELL_PREFIX`).
+pub fn use_commands_prefix(
+    env: &mut Vec<(String, String)>,
+    at: &str,
+    vars: impl IntoIterator<Item = (String, String)>,
+) {
+    const SHELL_PREFIX_VAR: &str = "CLAUDE_CODE_SHELL_PREFIX";
     let engine_prefix = env
         .iter()
         .position(|(k, _)| k == SHELL_PREFIX_VAR)
@@ -203,18 +218,8 @@ fn commands_prefix(
         .filter(|p| !p.is_empty());
     env.extend(engine_prefix.map(|p| ("CRA_SHELL_PREFIX".to_string(), p)));
     env.extend(vars);
-    env.push((
-        SHELL_PREFIX_VAR.to_string(),
-        format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR),
-    ));
-    Ok(files)
+    env.push((SHELL_PREFIX_VAR.to_string(), at.to_string()));
 }
-
-/// The CLI's setting that wraps each Bash command: `<prefix> '<command string>'`.
-#[cfg(target_os = "linux")]
-const SHELL_PREFIX_VAR: &str = "CLAUDE_CODE_SHELL_PREFIX";
-#[cfg(target_os = "linux")]
-const PREFIX_SCRIPT: &str = "commands.sh";
 
 /// The socket file names of [`Gateway::sockets`].
 const EGRESS_SOCKET: &str = "egress.sock";

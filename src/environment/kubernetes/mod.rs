@@ -35,7 +35,10 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, neutral_git_sh, run_git, At};
 use crate::git::patch::{patch_error, patch_of_trees, STAT_TRUST_MARGIN_SECS};
 use crate::git::RepoGit;
-use crate::sandbox::{bridged_argv, env_value, Gateway};
+use crate::sandbox::commands::commands_share;
+use crate::sandbox::{
+    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
+};
 
 /// Where the session image keeps what the adapter relies on (its contract: `image/`).
 const CLI: &str = "/usr/local/bin/claude";
@@ -171,7 +174,19 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
     .filter(|d| d.parent().is_some())
     .map(|d| d.display().to_string())
     .collect();
-    let env = pod_env(gateway.env(), &engine_dirs);
+    let mut env = pod_env(gateway.env(), &engine_dirs);
+    if let Some(sandbox) = &req.sandbox {
+        // The agent's commands get their share of the session's tasks in the jail's user
+        // namespace (RLIMIT_NPROC: the pod's processes run as a user other than root, which the
+        // kernel does hold to it): a command that forks thousands of processes fails with
+        // EAGAIN and the CLI keeps its headroom under the pod's pid limit.
+        let share = commands_share(&sandbox.limits).tasks;
+        use_commands_prefix(
+            &mut env,
+            &format!("{}/{PREFIX_SCRIPT}", crate::sandbox::jail::SOCKET_DIR),
+            share.map(|n| ("CRA_TOOLS_NPROC".to_string(), n.to_string())),
+        );
+    }
     let step = Steps {
         shell: &shell,
         env: &env,
@@ -181,6 +196,13 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         with_identity(gateway.git_config()).as_bytes(),
     )
     .await?;
+    if req.sandbox.is_some() {
+        let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
+        step.write_file(&script, commands_prefix_script().as_bytes())
+            .await?;
+        step.run_sh("prefix", &format!("chmod 0755 {script}"), STEP_TIMEOUT)
+            .await?;
+    }
     let (default_branch, checkout) = match &req.workspace {
         Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
         Workspace::View(v) => (v.default_branch.clone(), None),
