@@ -194,13 +194,12 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
     step.write_file(
         &format!("{STATE}/gitconfig"),
         with_identity(gateway.git_config()).as_bytes(),
+        "0644",
     )
     .await?;
     if req.sandbox.is_some() {
         let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
-        step.write_file(&script, commands_prefix_script().as_bytes())
-            .await?;
-        step.run_sh("prefix", &format!("chmod 0755 {script}"), STEP_TIMEOUT)
+        step.write_file(&script, commands_prefix_script().as_bytes(), "0755")
             .await?;
     }
     let (default_branch, checkout) = match &req.workspace {
@@ -370,8 +369,10 @@ impl Steps<'_> {
         Ok(out.stdout)
     }
 
-    async fn write_file(&self, path: &str, content: &[u8]) -> Result<()> {
-        let script = format!("cat > {}", sh_quote(path));
+    /// Writes `content` to `path` in the pod, with file mode `mode` (octal).
+    async fn write_file(&self, path: &str, content: &[u8], mode: &str) -> Result<()> {
+        let path = sh_quote(path);
+        let script = format!("cat > {path} && chmod {mode} {path}");
         self.run(
             "writing a file",
             vec!["sh".into(), "-c".into(), script],
