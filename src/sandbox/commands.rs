@@ -7,7 +7,9 @@ use crate::config::Limits;
 const MIB: u64 = 1024 * 1024;
 
 /// The child cgroups of a session's: the CLI's and the agent's commands'.
+#[cfg(target_os = "linux")]
 pub(crate) const CLI: &str = "cli";
+#[cfg(target_os = "linux")]
 pub(crate) const TOOLS: &str = "tools";
 /// The Bash prefix inside the sandbox (`CLAUDE_CODE_SHELL_PREFIX`; the CLI runs it as
 /// `<prefix> '<command string>'`): joins the commands' cgroup (every `tools-*.procs` file beside
