@@ -68,6 +68,12 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "XDG_STATE_HOME",
     "XDG_RUNTIME_DIR",
     "IS_SANDBOX",
+    // A model provider's settings that name no secret (its credentials stay with the engine,
+    // where the relay's credential sources read them).
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "CLOUD_ML_REGION",
     // Windows: without these, processes cannot start or find their profile.
     "SYSTEMROOT",
     "WINDIR",
@@ -83,8 +89,9 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "HOMEDRIVE",
     "HOMEPATH",
 ];
-/// Prefixes allowed as well: locale categories and the CLI's own settings.
-pub const ENV_ALLOWED_PREFIXES: &[&str] = &["LC_", "ANTHROPIC_", "CLAUDE_"];
+/// Prefixes allowed as well: locale categories, the CLI's own settings, Vertex AI's region per
+/// model.
+pub const ENV_ALLOWED_PREFIXES: &[&str] = &["LC_", "ANTHROPIC_", "CLAUDE_", "VERTEX_REGION_"];
 
 pub fn env_allowed(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();

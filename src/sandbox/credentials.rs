@@ -25,10 +25,38 @@ pub const HOME_CREDENTIALS: &[&str] = &[
     ".claude/.credentials.json",
 ];
 
+/// Variables naming a model provider's credential file (Google's key file, the AWS shared
+/// files, a web identity token): the file is hidden in the sandbox and unreadable to the CLI's
+/// read tools, wherever it is.
+const CREDENTIAL_FILE_VARS: &[&str] = &[
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AZURE_FEDERATED_TOKEN_FILE",
+];
+
+/// Claude Code's settings under `ANTHROPIC_` that carry no secret (the model choice, the Vertex
+/// project): they pass into the sandbox. Every other `ANTHROPIC_` variable is taken for a
+/// secret (the keys, tokens, `ANTHROPIC_CUSTOM_HEADERS`).
+const ANTHROPIC_SETTINGS: &[&str] = &[
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL_AWS_REGION",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_VERTEX_PROJECT_ID",
+];
+
 /// True for names that carry secrets by convention; such variables are unset for agent
 /// commands (the CLI itself keeps them, e.g. the model API key).
 pub fn is_credential_var(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
+    if ANTHROPIC_SETTINGS.contains(&n.as_str()) {
+        return false;
+    }
     const MARKERS: &[&str] = &[
         "TOKEN",
         "SECRET",
@@ -40,7 +68,8 @@ pub fn is_credential_var(name: &str) -> bool {
         "PRIVATE_KEY",
         "ACCESS_KEY",
     ];
-    n.starts_with("ANTHROPIC_") && n != "ANTHROPIC_BASE_URL"
+    n.starts_with("ANTHROPIC_")
+        || CREDENTIAL_FILE_VARS.contains(&n.as_str())
         || n.ends_with("_KEY")
         || n.ends_with("_AUTH")
         || MARKERS.iter().any(|m| n.contains(m))
@@ -55,7 +84,27 @@ pub fn credential_stores(cli_env: &[(String, String)]) -> Vec<PathBuf> {
     home.iter()
         .flat_map(|h| HOME_CREDENTIALS.iter().map(move |c| h.join(c)))
         .chain(config_dir.map(|d| d.join(".credentials.json")))
+        .chain(provider_credential_files(cli_env))
         .collect()
+}
+
+/// The credential files [`CREDENTIAL_FILE_VARS`] name, in the CLI's environment or the
+/// engine's own (where the relay's credential sources look).
+pub fn provider_credential_files(cli_env: &[(String, String)]) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = CREDENTIAL_FILE_VARS
+        .iter()
+        .flat_map(|k| {
+            let engine = std::env::var_os(k).map(PathBuf::from);
+            env_value(cli_env, k)
+                .map(PathBuf::from)
+                .into_iter()
+                .chain(engine)
+        })
+        .filter(|p| p.is_absolute())
+        .collect();
+    files.sort();
+    files.dedup();
+    files
 }
 
 pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {

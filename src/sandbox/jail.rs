@@ -74,6 +74,9 @@ pub struct JailPlan {
     pub path_env: Option<OsString>,
     /// Bytes each tmpfs made here may hold (`None`: the kernel's default, half of RAM).
     pub tmpfs_size: Option<u64>,
+    /// Credential files named by the environment (a cloud key file): hidden wherever they are
+    /// within what is visible.
+    pub secret_files: Vec<PathBuf>,
 }
 
 /// A built plan: bwrap's arguments up to (not including) the `--` before the command.
@@ -139,7 +142,21 @@ impl Jail {
         for (src, dest) in &plan.home_files {
             a.pair("--ro-bind", src.as_os_str(), dest.as_os_str());
         }
-        for store in credential_stores_within(&readable, plan.home.as_deref()) {
+        let visible: Vec<PathBuf> = SYSTEM_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .chain(readable.iter().cloned())
+            .chain(plan.writable.iter().cloned())
+            .collect();
+        let secret_files = plan
+            .secret_files
+            .iter()
+            .filter(|f| f.is_absolute() && f.exists() && visible.iter().any(|v| f.starts_with(v)))
+            .cloned();
+        for store in credential_stores_within(&readable, plan.home.as_deref())
+            .into_iter()
+            .chain(secret_files)
+        {
             if store.is_dir() {
                 a.tmpfs(size, store.as_os_str());
             } else {

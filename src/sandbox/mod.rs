@@ -40,6 +40,7 @@ pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CRED
 pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
+pub use relay::provider::Provider;
 pub use relay::{placeholder, ModelRelay};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
@@ -52,8 +53,6 @@ pub const MODEL_CREDENTIALS: &[&str] = &[
     "ANTHROPIC_AUTH_TOKEN",
     "CLAUDE_CODE_OAUTH_TOKEN",
 ];
-/// Where the CLI talks to the model API when `ANTHROPIC_BASE_URL` does not say otherwise.
-const DEFAULT_API: &str = "https://api.anthropic.com";
 /// Loopback ports inside the sandbox (its network namespace is its own, so they never clash).
 const EGRESS_PORT: u16 = 3128;
 const MODEL_PORT: u16 = 3129;
@@ -117,21 +116,28 @@ impl Gateway {
         sink: Option<EgressSink>,
         identity_repo: Option<&Path>,
     ) -> Result<Gateway> {
-        let upstream = credentials::env_value(cli_env, "ANTHROPIC_BASE_URL")
-            .filter(|v| !v.is_empty())
-            .unwrap_or(DEFAULT_API)
-            .to_string();
-        let (env, substitutions) = inside_env(&with_login_token(cli_env));
+        let provider = Provider::of(cli_env);
+        let (mut env, substitutions) = match provider {
+            Provider::Anthropic => inside_env(&with_login_token(cli_env)),
+            _ => inside_env(cli_env),
+        };
+        // The provider's credentials are found and checked before anything is started.
+        let relay_url = format!("http://127.0.0.1:{MODEL_PORT}");
+        let plan = relay::provider::provider_relay(cli_env, &relay_url, substitutions).await?;
+        env.extend(plan.inside);
         let sockets = SocketDir::create()?;
-        // The model API's host is reachable on its port (the CLI's own API traffic takes the
-        // relay; this is for its other requests there).
+        // The Anthropic API's host is reachable on its port (the CLI's own API traffic takes
+        // the relay; this is for its other requests there). A provider's is not: the CLI
+        // reaches it only through the relay.
         let mut allow = DomainAllowlist::new(allowed_domains);
-        if let Some((host, port)) = url_endpoint(&upstream) {
-            allow = allow.with_endpoint(&host, port);
+        if provider == Provider::Anthropic {
+            if let Some((host, port)) = url_endpoint(&relay::provider::anthropic_upstream(cli_env))
+            {
+                allow = allow.with_endpoint(&host, port);
+            }
         }
         let proxy = EgressProxy::start(allow, sink, &sockets.0.join(EGRESS_SOCKET)).await?;
-        let relay =
-            ModelRelay::start(&sockets.0.join(MODEL_SOCKET), &upstream, substitutions).await?;
+        let relay = ModelRelay::start_plan(&sockets.0.join(MODEL_SOCKET), plan.plan).await?;
         Ok(Gateway {
             env,
             _proxy: proxy,
@@ -299,6 +305,7 @@ impl SessionSandbox {
             socket_files: commands_files,
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
+            secret_files: credentials::provider_credential_files(cli_env),
         });
         Ok(SessionSandbox {
             jail,

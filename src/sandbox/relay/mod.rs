@@ -9,13 +9,19 @@
 //!   path or query) refuses the request (400, logged): substituted there, it would come back in
 //!   an error that quotes the header. Bodies are not rewritten: the placeholder in a body (the
 //!   agent printed its environment) is not the secret.
-//! - It forwards only the routes the CLI uses, see [`ROUTES`].
+//! - It forwards only the routes the CLI uses, see [`ANTHROPIC_ROUTES`]; a model provider's
+//!   (Bedrock, Vertex AI, Foundry) are its own, and its authentication is added here too.
 //! - Every secret is masked in the response's headers and body (streamed events too, also when
 //!   a secret is split across chunks) before the response goes back in.
 //!
 //! Each client connection carries one request (the response says `Connection: close`; a
 //! reused local connection could race its close); the upstream connections are pooled and
 //! reused, so a session pays one TLS handshake, not one per turn.
+
+mod bedrock;
+mod foundry;
+pub mod provider;
+mod vertex;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -51,7 +57,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 /// binary names next to it. WebFetch's domain check goes to api.anthropic.com through the
 /// egress proxy, not here. Anything else — `/v1/models`, `/v1/files`, the OAuth and
 /// organization APIs the secret would open — is refused.
-const ROUTES: &[(Method, &str)] = &[
+const ANTHROPIC_ROUTES: &[(Method, &str)] = &[
     (Method::POST, "/v1/messages"),
     (Method::POST, "/v1/messages/count_tokens"),
 ];
@@ -60,6 +66,11 @@ const ROUTES: &[(Method, &str)] = &[
 const MAX_RELAY_CONNECTIONS: usize = 64;
 /// How long an idle upstream connection stays in the pool (the model API closes its own).
 const POOL_IDLE: Duration = Duration::from_secs(60);
+/// The largest request body a provider's signature is computed over (the CLI's requests are a
+/// few MiB at most: the conversation, capped by the model's context), and how long it may take
+/// to arrive.
+const MAX_SIGNED_BODY: usize = 64 << 20;
+const BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
 /// its socket file.
@@ -67,32 +78,120 @@ pub struct ModelRelay {
     _server: UnixServer,
 }
 
+/// A forwarded route: `method` and a path matching `path` (`*` stands for one or more
+/// characters other than `/`; the query is free), sent to `RelayPlan::upstreams[upstream]`.
+#[derive(Clone)]
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub upstream: usize,
+}
+
+impl Route {
+    pub const fn new(method: Method, path: &'static str, upstream: usize) -> Route {
+        Route {
+            method,
+            path,
+            upstream,
+        }
+    }
+
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method == method && glob_segments(self.path.as_bytes(), path.as_bytes())
+    }
+}
+
+/// `pattern` matches `path`, `*` standing for one or more bytes other than `/`.
+fn glob_segments(pattern: &[u8], path: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((b'*', rest)) => (1..=path.len())
+            .take_while(|&n| path[n - 1] != b'/')
+            .any(|n| glob_segments(rest, &path[n..])),
+        Some((c, rest)) => path.first() == Some(c) && glob_segments(rest, &path[1..]),
+    }
+}
+
+/// A model provider's authentication: turns the CLI's unsigned request into an authenticated
+/// one (AWS Signature V4, a Google or Entra ID access token, an API key). One small
+/// implementation per provider beside the relay ([`bedrock`], [`vertex`], [`foundry`]).
+pub trait Authenticate: Send + Sync {
+    /// Adds the credential to `parts`, whose URI is the upstream's (absolute) and whose `host`
+    /// header is set; `body` is the whole request body. An error is the reason for a 502.
+    fn authenticate<'a>(
+        &'a self,
+        parts: &'a mut http::request::Parts,
+        body: &'a [u8],
+    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>>;
+
+    /// The credentials in use now (a refreshed token is new), masked in every response.
+    fn secrets(&self) -> Vec<Vec<u8>>;
+}
+
+/// Everything a relay forwards and how: the routes, their upstream base URLs (each request's
+/// target is appended to its route's base URL, path included), the placeholders the CLI holds
+/// (see the module's documentation), the provider's authentication, and headers of the
+/// user's gateway (`ANTHROPIC_CUSTOM_HEADERS`: added outside, their values masked).
+pub struct RelayPlan {
+    /// What the routes are of, for messages: "Messages API", "Bedrock", …
+    pub api: &'static str,
+    pub routes: Vec<Route>,
+    pub upstreams: Vec<String>,
+    pub substitutions: Vec<(String, String)>,
+    pub auth: Option<Arc<dyn Authenticate>>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl RelayPlan {
+    /// The Anthropic Messages API at `upstream`, the CLI's key or token as `substitutions`.
+    pub fn anthropic(upstream: &str, substitutions: Vec<(String, String)>) -> RelayPlan {
+        RelayPlan {
+            api: "Messages API",
+            routes: ANTHROPIC_ROUTES
+                .iter()
+                .map(|(m, p)| Route::new(m.clone(), p, 0))
+                .collect(),
+            upstreams: vec![upstream.to_string()],
+            substitutions,
+            auth: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
 impl ModelRelay {
-    /// Listens on the unix socket `socket` (which must not exist yet) and relays to `upstream`,
-    /// the real base URL; `substitutions` are (placeholder, secret) pairs. An https upstream is
-    /// verified against the webpki roots plus the certificates in the PEM files named by
-    /// `SSL_CERT_FILE` and `NODE_EXTRA_CA_CERTS` (a corporate proxy's root). Needs a tokio
-    /// runtime.
+    /// Listens on the unix socket `socket` (which must not exist yet) and relays to the
+    /// Anthropic API at `upstream`, the real base URL; `substitutions` are (placeholder, secret)
+    /// pairs. Needs a tokio runtime.
     pub async fn start(
         socket: &Path,
         upstream: &str,
         substitutions: Vec<(String, String)>,
     ) -> Result<ModelRelay> {
-        let extra_roots: Vec<PathBuf> = ["SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"]
-            .iter()
-            .filter_map(std::env::var_os)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .collect();
-        Self::start_with_roots(socket, upstream, substitutions, &extra_roots)
+        Self::start_plan(socket, RelayPlan::anthropic(upstream, substitutions)).await
+    }
+
+    /// Listens on the unix socket `socket` (which must not exist yet) and relays as `plan`
+    /// says. An https upstream is verified against the webpki roots plus the certificates in
+    /// the PEM files named by `SSL_CERT_FILE` and `NODE_EXTRA_CA_CERTS` (a corporate proxy's
+    /// root). Needs a tokio runtime.
+    pub async fn start_plan(socket: &Path, plan: RelayPlan) -> Result<ModelRelay> {
+        Self::start_with_roots(socket, plan, &extra_roots())
     }
 
     fn start_with_roots(
         socket: &Path,
-        upstream: &str,
-        substitutions: Vec<(String, String)>,
+        plan: RelayPlan,
         extra_roots: &[PathBuf],
     ) -> Result<ModelRelay> {
+        let RelayPlan {
+            api,
+            routes,
+            upstreams,
+            substitutions,
+            auth,
+            headers,
+        } = plan;
         if substitutions
             .iter()
             .any(|(placeholder, _)| placeholder.is_empty())
@@ -104,14 +203,22 @@ impl ModelRelay {
         let masks = Arc::new(
             substitutions
                 .iter()
-                .filter(|(_, secret)| !secret.is_empty())
                 .map(|(_, secret)| secret.as_bytes().to_vec())
+                .chain(headers.iter().map(|(_, v)| v.as_bytes().to_vec()))
+                .filter(|secret| !secret.is_empty())
                 .collect(),
         );
         let relay = Arc::new(Relay {
-            upstream: Upstream::new(upstream, extra_roots)?,
+            upstreams: upstreams
+                .iter()
+                .map(|u| Upstream::new(u, extra_roots))
+                .collect::<Result<_>>()?,
+            api,
+            routes,
             substitutions,
             masks,
+            auth,
+            headers,
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -126,6 +233,16 @@ impl ModelRelay {
         )?;
         Ok(ModelRelay { _server: server })
     }
+}
+
+/// The PEM files of extra trusted roots: `SSL_CERT_FILE` and `NODE_EXTRA_CA_CERTS`.
+fn extra_roots() -> Vec<PathBuf> {
+    ["SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .collect()
 }
 
 /// A fresh random placeholder credential for the CLI inside the sandbox: unguessable and
@@ -170,7 +287,7 @@ struct Upstream {
     origin: String,
     /// The base URL's path without its trailing slash, prefixed to every request target.
     base_path: String,
-    client: Client<Connector, Incoming>,
+    client: Client<Connector, Body>,
 }
 
 impl Upstream {
@@ -260,10 +377,14 @@ fn tls_config(extra_roots: &[PathBuf]) -> Result<ClientConfig> {
 }
 
 struct Relay {
-    upstream: Upstream,
+    api: &'static str,
+    upstreams: Vec<Upstream>,
+    routes: Vec<Route>,
     substitutions: Vec<(String, String)>,
     /// The secrets' bytes, masked in every response.
     masks: Arc<Vec<Vec<u8>>>,
+    auth: Option<Arc<dyn Authenticate>>,
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// What a request header holds of the placeholders.
@@ -307,14 +428,18 @@ impl Relay {
         if self.holds_placeholder(target.as_bytes()) {
             return self.misplaced(&method, &path, "the request target");
         }
-        if !ROUTES.iter().any(|(m, p)| *m == method && *p == path) {
+        let Some(route) = self.routes.iter().find(|r| r.matches(&method, &path)) else {
             tracing::warn!("model relay: refused {method} {path}: not a route the CLI uses");
             return api_error(
                 StatusCode::NOT_FOUND,
                 "not_found_error",
-                &format!("{method} {path} is not a Messages API route the sandbox relays"),
+                &format!(
+                    "{method} {path} is not a {} route the sandbox relays",
+                    self.api
+                ),
             );
-        }
+        };
+        let upstream = &self.upstreams[route.upstream];
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(HOST);
         for (name, value) in parts.headers.iter_mut() {
@@ -326,14 +451,14 @@ impl Relay {
                 }
             }
         }
+        for (name, value) in &self.headers {
+            parts.headers.insert(name.clone(), value.clone());
+        }
         // Plain bytes back, so the masking below sees the secret if it is there.
         parts
             .headers
             .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        let uri = format!(
-            "{}{}{target}",
-            self.upstream.origin, self.upstream.base_path
-        );
+        let uri = format!("{}{}{target}", upstream.origin, upstream.base_path);
         parts.uri = match uri.parse() {
             Ok(uri) => uri,
             Err(_) => {
@@ -344,18 +469,100 @@ impl Relay {
                 )
             }
         };
-        match self
-            .upstream
+        let body = match &self.auth {
+            None => body.map_err(BoxError::from).boxed(),
+            Some(auth) => match self.authenticated(auth, &mut parts, body).await {
+                Ok(body) => body,
+                Err(response) => return response,
+            },
+        };
+        match upstream
             .client
             .request(Request::from_parts(parts, body))
             .await
         {
             Ok(response) => self.masked(response),
             Err(e) => {
-                let reason = self.failure(&e);
+                let reason = self.failure(upstream, &e);
                 tracing::warn!("model relay: {reason}");
                 api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
             }
+        }
+    }
+
+    /// The whole body (a signature covers it), with the provider's credential added to `parts`.
+    async fn authenticated(
+        &self,
+        auth: &Arc<dyn Authenticate>,
+        parts: &mut http::request::Parts,
+        body: Incoming,
+    ) -> std::result::Result<Body, Response<Body>> {
+        let limited = http_body_util::Limited::new(body, MAX_SIGNED_BODY);
+        let bytes = match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) => {
+                let too_large = e.is::<http_body_util::LengthLimitError>();
+                return Err(api_error(
+                    match too_large {
+                        true => StatusCode::PAYLOAD_TOO_LARGE,
+                        false => StatusCode::BAD_REQUEST,
+                    },
+                    "invalid_request_error",
+                    &match too_large {
+                        true => format!("a request body over {MAX_SIGNED_BODY} bytes"),
+                        false => format!("the request body could not be read: {e}"),
+                    },
+                ));
+            }
+            Err(_) => {
+                return Err(api_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    "the request body did not arrive in time",
+                ))
+            }
+        };
+        // What is signed is what is sent: the host and the length are fixed here.
+        if let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            parts.headers.insert(HOST, host);
+        }
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        match auth.authenticate(parts, &bytes).await {
+            Ok(()) => Ok(full(bytes)),
+            Err(reason) => {
+                let reason = String::from_utf8_lossy(
+                    &Masker::new(self.masks_now()).push(reason.as_bytes(), true),
+                )
+                .into_owned();
+                tracing::warn!("model relay: cannot authenticate to the model provider: {reason}");
+                Err(api_error(
+                    StatusCode::BAD_GATEWAY,
+                    "api_error",
+                    &format!("cannot authenticate to the model provider: {reason}"),
+                ))
+            }
+        }
+    }
+
+    /// Every secret to mask now: the placeholders' secrets, the gateway's headers and the
+    /// provider's current credentials.
+    fn masks_now(&self) -> Arc<Vec<Vec<u8>>> {
+        match &self.auth {
+            None => self.masks.clone(),
+            Some(auth) => Arc::new(
+                self.masks
+                    .iter()
+                    .cloned()
+                    .chain(auth.secrets().into_iter().filter(|s| !s.is_empty()))
+                    .collect(),
+            ),
         }
     }
 
@@ -410,14 +617,14 @@ impl Relay {
     }
 
     /// Why the upstream request failed, for the 502 and the log: the error's whole chain.
-    fn failure(&self, e: &hyper_util::client::legacy::Error) -> String {
+    fn failure(&self, upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> String {
         let mut chain = Vec::new();
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
             chain.push(s.to_string());
             source = s.source();
         }
-        let origin = self.upstream.origin.split_once("://").map_or("", |o| o.1);
+        let origin = upstream.origin.split_once("://").map_or("", |o| o.1);
         let what = match e.is_connect() {
             true => format!("cannot connect to {origin}"),
             false => format!("the request to {origin} failed"),
@@ -427,7 +634,7 @@ impl Relay {
             .chain(chain)
             .collect::<Vec<_>>()
             .join(": ");
-        String::from_utf8_lossy(&Masker::new(self.masks.clone()).push(text.as_bytes(), true))
+        String::from_utf8_lossy(&Masker::new(self.masks_now()).push(text.as_bytes(), true))
             .into_owned()
     }
 
@@ -435,13 +642,14 @@ impl Relay {
     fn masked(&self, response: Response<Incoming>) -> Response<Body> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        let masks = self.masks_now();
         for value in parts.headers.values_mut() {
-            let masked = Masker::new(self.masks.clone()).push(value.as_bytes(), true);
+            let masked = Masker::new(masks.clone()).push(value.as_bytes(), true);
             if masked != value.as_bytes() {
                 *value = HeaderValue::from_bytes(&masked).unwrap_or(HeaderValue::from_static(""));
             }
         }
-        let masker = Masker::new(self.masks.clone());
+        let masker = Masker::new(masks);
         let frames = futures::stream::unfold(Some((body, masker)), |state| async move {
             let (mut body, mut masker) = state?;
             loop {
@@ -641,7 +849,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("relay.sock");
         let subs = vec![(PH.to_string(), SECRET.to_string())];
-        let relay = ModelRelay::start_with_roots(&socket, url, subs, extra_roots)?;
+        let relay =
+            ModelRelay::start_with_roots(&socket, RelayPlan::anthropic(url, subs), extra_roots)?;
         Ok(Running {
             _dir: dir,
             socket,
@@ -856,8 +1065,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = ModelRelay::start_with_roots(
             &dir.path().join("s"),
-            "http://127.0.0.1:1",
-            vec![(String::new(), SECRET.into())],
+            RelayPlan::anthropic("http://127.0.0.1:1", vec![(String::new(), SECRET.into())]),
             &[],
         )
         .err()
