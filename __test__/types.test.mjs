@@ -6,7 +6,8 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { compileAsync } from './support/tsc-worker.mjs';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const typesDir = join(root, '__test__', 'types');
@@ -21,16 +22,15 @@ function tsconfigOptions() {
   return parsed.options;
 }
 
-function compile(files, options) {
-  const program = ts.createProgram(files, options);
-  return { program, diagnostics: ts.getPreEmitDiagnostics(program) };
-}
+const compile = compileAsync;
+/** A type check takes up to ~40 s on a loaded 2-core machine. */
+const COMPILE_TIMEOUT = 180_000;
 
 function format(diagnostics) {
   return diagnostics
     .map((d) => {
-      const where = d.file ? `${d.file.fileName.slice(root.length + 1)}:${d.file.getLineAndCharacterOfPosition(d.start ?? 0).line + 1}` : '(global)';
-      return `${where} TS${d.code}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`;
+      const where = d.fileName ? `${d.fileName.slice(root.length + 1)}:${d.line}` : '(global)';
+      return `${where} TS${d.code}: ${d.text}`;
     })
     .join('\n');
 }
@@ -38,36 +38,39 @@ function format(diagnostics) {
 const usageFiles = [join(typesDir, 'usage.ts'), join(typesDir, 'usage-validator.ts')];
 
 describe('index.d.ts: valid usage compiles', () => {
-  it('under the engine config (strict, NodeNext, @types/node, exactOptionalPropertyTypes, no skipLibCheck)', () => {
-    const { program, diagnostics } = compile(usageFiles, tsconfigOptions());
+  it('under the engine config (strict, NodeNext, @types/node, exactOptionalPropertyTypes, no skipLibCheck)', { timeout: COMPILE_TIMEOUT }, async () => {
+    const { sourceFiles, diagnostics } = await compile(usageFiles, tsconfigOptions());
     expect(format(diagnostics)).toBe('');
     // Resolved through the package name to this index.d.ts.
-    expect(program.getSourceFiles().map((f) => resolve(f.fileName))).toContain(dts);
+    expect(sourceFiles.map((f) => resolve(f))).toContain(dts);
   });
 
-  it('under bundler resolution with the DOM lib instead of @types/node', () => {
+  it('under bundler resolution with the DOM lib instead of @types/node', { timeout: COMPILE_TIMEOUT }, async () => {
     const options = { ...tsconfigOptions(), module: ts.ModuleKind.ESNext, moduleResolution: ts.ModuleResolutionKind.Bundler, lib: ['lib.es2022.d.ts', 'lib.dom.d.ts'], types: [] };
-    expect(format(compile(usageFiles, options).diagnostics)).toBe('');
+    expect(format((await compile(usageFiles, options)).diagnostics)).toBe('');
   });
 
-  it('under legacy node10 resolution (package.json `types`)', () => {
+  it('under legacy node10 resolution (package.json `types`)', { timeout: COMPILE_TIMEOUT }, async () => {
     // node10 knows no self-reference by package name: map the name to the package directory,
     // which node10 resolves through package.json `types`.
     const options = { ...tsconfigOptions(), module: ts.ModuleKind.CommonJS, moduleResolution: ts.ModuleResolutionKind.Node10, baseUrl: root, paths: { 'claude-runtime-adapter': ['.'] } };
-    expect(format(compile(usageFiles, options).diagnostics)).toBe('');
+    expect(format((await compile(usageFiles, options)).diagnostics)).toBe('');
   });
 });
 
 describe('index.d.ts: misuse does not compile', () => {
   const invalid = readdirSync(typesDir).filter((f) => /^invalid-.*\.ts$/.test(f)).sort();
-  const { diagnostics } = compile(invalid.map((f) => join(typesDir, f)), tsconfigOptions());
+  let diagnostics;
+  beforeAll(async () => {
+    ({ diagnostics } = await compile(invalid.map((f) => join(typesDir, f)), tsconfigOptions()));
+  }, COMPILE_TIMEOUT);
 
   it('has cases', () => {
     expect(invalid.length).toBeGreaterThanOrEqual(10);
   });
 
   it('reports nothing outside the invalid files (index.d.ts itself is clean)', () => {
-    const elsewhere = diagnostics.filter((d) => !d.file || !invalid.includes(d.file.fileName.split('/').pop()));
+    const elsewhere = diagnostics.filter((d) => !d.fileName || !invalid.includes(d.fileName.split('/').pop()));
     expect(format(elsewhere)).toBe('');
   });
 
@@ -75,8 +78,8 @@ describe('index.d.ts: misuse does not compile', () => {
     const text = readFileSync(join(typesDir, name), 'utf8');
     const expected = [...text.matchAll(/@expect (TS\d+)/g)].map((m) => m[1]);
     expect(expected.length, `${name} needs a // @expect TSxxxx header`).toBeGreaterThan(0);
-    const got = diagnostics.filter((d) => d.file && d.file.fileName.endsWith(`/${name}`)).map((d) => `TS${d.code}`);
-    expect(got, format(diagnostics.filter((d) => d.file?.fileName.endsWith(`/${name}`)))).toEqual(expected);
+    const got = diagnostics.filter((d) => d.fileName?.endsWith(`/${name}`)).map((d) => `TS${d.code}`);
+    expect(got, format(diagnostics.filter((d) => d.fileName?.endsWith(`/${name}`)))).toEqual(expected);
   });
 });
 

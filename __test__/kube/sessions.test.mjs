@@ -8,6 +8,7 @@ import { agentRuns } from '../support/agent-bash.mjs';
 import { engineProcess } from '../support/engine-process.mjs';
 import { engineState, rejection, setup } from '../support/harness.mjs';
 import { atTheStartOfASecond, RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-edits.mjs';
+import { startFakeBedrock } from '../support/fake-providers.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, eventually, kubeBackend, podLine } from './support.mjs';
@@ -110,6 +111,28 @@ const EDGE_WORK = [
     'mkdir -p new/dir && echo untracked > new/dir/file.txt',
   ].join(' && '),
 ];
+
+describe('a model provider other than the Anthropic API', () => {
+  it('Bedrock in a pod: every request is signed with SigV4 by the engine\'s relay (verified by the AWS SDK for JavaScript); no AWS key or token is readable in the pod', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const aws = { accessKeyId: 'AKIAFAKEPODKEY000001', secretAccessKey: 'fakePodSecretAccessKey0123456789abcdefgh', sessionToken: 'FwoGZXIvYXdzEFAKEPODSESSIONTOKEN' };
+    const bedrock = await startFakeBedrock({ api: h.api, region: 'eu-west-1', credentials: aws });
+    try {
+      const env = { ...h.config.env };
+      delete env.ANTHROPIC_API_KEY;
+      delete env.ANTHROPIC_BASE_URL;
+      h.config.env = { ...env, CLAUDE_CODE_USE_BEDROCK: '1', AWS_REGION: 'eu-west-1', ANTHROPIC_BEDROCK_BASE_URL: bedrock.url, AWS_ACCESS_KEY_ID: aws.accessKeyId, AWS_SECRET_ACCESS_KEY: aws.secretAccessKey, AWS_SESSION_TOKEN: aws.sessionToken };
+      const { result, out } = await agentRuns(h, 'implementor', ["env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; echo work > work.txt"]);
+      expect(result.patch).toContain('+++ b/work.txt');
+      expect(out[0]).toContain('CLAUDE_CODE_USE_BEDROCK=1');
+      expect(bedrock.requests.filter((r) => r.path.startsWith('/model/')).length).toBeGreaterThanOrEqual(2);
+      expect(bedrock.requests.filter((r) => r.rejected)).toEqual([]);
+      for (const secret of Object.values(aws)) expect(out[0]).not.toContain(secret);
+    } finally {
+      await bedrock.close();
+    }
+  });
+});
 
 describe("the Implementor's patch", () => {
   it('is byte-for-byte the one the local backend returns for the same work: binary, rename, mode, symlink, non-UTF-8, committed, uncommitted and untracked changes', { timeout: 240_000 }, async () => {

@@ -1074,6 +1074,39 @@ mod tests {
         assert!(!format!("{e:?}").contains(SECRET));
     }
 
+    #[test]
+    fn a_route_pattern_stands_for_one_path_segment_per_star_and_nothing_else() {
+        let bedrock = Route::new(Method::POST, "/model/*/invoke", 0);
+        assert!(bedrock.matches(&Method::POST, "/model/eu.anthropic.claude-v1%3A0/invoke"));
+        for refused in [
+            "/model//invoke",
+            "/model/a/b/invoke",
+            "/model/a/invoke/x",
+            "/model/a/invoke-with-response-stream",
+            "/models/a/invoke",
+        ] {
+            assert!(!bedrock.matches(&Method::POST, refused), "{refused}");
+        }
+        assert!(!bedrock.matches(&Method::GET, "/model/a/invoke"));
+        let vertex = Route::new(
+            Method::POST,
+            "/projects/*/locations/*/publishers/anthropic/models/*:rawPredict",
+            0,
+        );
+        assert!(vertex.matches(
+            &Method::POST,
+            "/projects/p/locations/us-east5/publishers/anthropic/models/count-tokens:rawPredict"
+        ));
+        assert!(!vertex.matches(
+            &Method::POST,
+            "/projects/p/locations/us-east5/publishers/google/models/m:rawPredict"
+        ));
+        assert!(!vertex.matches(
+            &Method::POST,
+            "/projects/p/locations/r/publishers/anthropic/models/a/b:rawPredict"
+        ));
+    }
+
     #[tokio::test]
     async fn the_socket_file_goes_with_the_relay() {
         let running = relay_to("https://api.anthropic.com", &[]).unwrap();
