@@ -53,19 +53,25 @@ const AWS = {
   sessionToken: 'FwoGZXIvYXdzEFAKESESSIONTOKENofTheBedrockTest',
 };
 
+/** A fake Bedrock expecting `AWS` in eu-west-1, and the CLI configured for it with `keys`. */
+async function bedrockWithKeys(keys) {
+  await providerHarness({});
+  const bedrock = await startFakeBedrock({ api: h.api, region: 'eu-west-1', credentials: AWS });
+  after.push(() => bedrock.close());
+  Object.assign(h.config.env, {
+    CLAUDE_CODE_USE_BEDROCK: '1',
+    AWS_REGION: 'eu-west-1',
+    ANTHROPIC_BEDROCK_BASE_URL: bedrock.url,
+    AWS_ACCESS_KEY_ID: keys.accessKeyId,
+    AWS_SECRET_ACCESS_KEY: keys.secretAccessKey,
+    AWS_SESSION_TOKEN: keys.sessionToken,
+  });
+  return bedrock;
+}
+
 describe('Amazon Bedrock through the relay', () => {
   it('a sandboxed session signs every request with SigV4 outside (verified by the AWS SDK for JavaScript), the event stream comes back unchanged, and no AWS key or token is readable inside', async () => {
-    await providerHarness({});
-    const bedrock = await startFakeBedrock({ api: h.api, region: 'eu-west-1', credentials: AWS });
-    after.push(() => bedrock.close());
-    Object.assign(h.config.env, {
-      CLAUDE_CODE_USE_BEDROCK: '1',
-      AWS_REGION: 'eu-west-1',
-      ANTHROPIC_BEDROCK_BASE_URL: bedrock.url,
-      AWS_ACCESS_KEY_ID: AWS.accessKeyId,
-      AWS_SECRET_ACCESS_KEY: AWS.secretAccessKey,
-      AWS_SESSION_TOKEN: AWS.sessionToken,
-    });
+    const bedrock = await bedrockWithKeys(AWS);
     const { result, out } = await agentRuns(h, 'planner', LOOK());
     expect(result).toMatchObject({ create: [] });
     const models = bedrock.requests.filter((r) => r.path.startsWith('/model/'));
@@ -79,17 +85,7 @@ describe('Amazon Bedrock through the relay', () => {
   });
 
   it("the fake's check is real: requests signed with another secret key are refused, and the session fails with the provider's answer", async () => {
-    await providerHarness({});
-    const bedrock = await startFakeBedrock({ api: h.api, region: 'eu-west-1', credentials: AWS });
-    after.push(() => bedrock.close());
-    Object.assign(h.config.env, {
-      CLAUDE_CODE_USE_BEDROCK: '1',
-      AWS_REGION: 'eu-west-1',
-      ANTHROPIC_BEDROCK_BASE_URL: bedrock.url,
-      AWS_ACCESS_KEY_ID: AWS.accessKeyId,
-      AWS_SECRET_ACCESS_KEY: 'not-the-secret-the-fake-expects-000000000',
-      AWS_SESSION_TOKEN: AWS.sessionToken,
-    });
+    const bedrock = await bedrockWithKeys({ ...AWS, secretAccessKey: 'not-the-secret-the-fake-expects-000000000' });
     h.api.setScript(scenario.steps([ROLES.planner.done]));
     const e = await rejection((await h.adapter().startAgent(ROLES.planner.params())).result);
     expect(e.code).toBe('ERR_AGENT_FAILED');

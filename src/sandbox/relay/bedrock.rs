@@ -4,8 +4,6 @@
 //! config/credentials files and profiles, web identity, the container and instance metadata
 //! endpoints), and are fetched again before they expire.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -17,11 +15,11 @@ use aws_runtime::env_config::file::{EnvConfigFileKind, EnvConfigFiles};
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-use http::header::{HeaderValue, AUTHORIZATION};
+use http::header::HeaderValue;
 use http::Method;
 
 use super::provider::{required, ProviderRoutes};
-use super::{Authenticate, Route};
+use super::{AuthFuture, Authenticate, Route, StaticCredential};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -52,7 +50,12 @@ pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
     };
     let auth: Arc<dyn Authenticate> =
         match env_value(cli_env, "AWS_BEARER_TOKEN_BEDROCK").filter(|v| !v.is_empty()) {
-            Some(key) => Arc::new(ApiKey(key.to_string())),
+            Some(key) => Arc::new(StaticCredential {
+                name: "authorization",
+                prefix: "Bearer ",
+                secret: key.to_string(),
+                what: "AWS_BEARER_TOKEN_BEDROCK",
+            }),
             None => {
                 let signer = SigV4 {
                     region: region.clone(),
@@ -162,29 +165,6 @@ impl ProvideCredentials for NoCredentials {
     }
 }
 
-/// A Bedrock API key, sent as the bearer token.
-struct ApiKey(String);
-
-impl Authenticate for ApiKey {
-    fn authenticate<'a>(
-        &'a self,
-        parts: &'a mut http::request::Parts,
-        _body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>> {
-        Box::pin(async move {
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", self.0))
-                .map_err(|_| "AWS_BEARER_TOKEN_BEDROCK is not a valid header value".to_string())?;
-            v.set_sensitive(true);
-            parts.headers.insert(AUTHORIZATION, v);
-            Ok(())
-        })
-    }
-
-    fn secrets(&self) -> Vec<Vec<u8>> {
-        vec![self.0.as_bytes().to_vec()]
-    }
-}
-
 struct SigV4 {
     region: String,
     source: SharedCredentialsProvider,
@@ -224,7 +204,7 @@ impl Authenticate for SigV4 {
         &'a self,
         parts: &'a mut http::request::Parts,
         body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>> {
+    ) -> AuthFuture<'a> {
         Box::pin(async move {
             let identity = self.credentials().await?.into();
             for h in [

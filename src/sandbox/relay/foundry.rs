@@ -1,20 +1,20 @@
 //! Microsoft Foundry: each request carries the resource's API key (`ANTHROPIC_FOUNDRY_API_KEY`,
-//! as `x-api-key`, as the CLI itself sends it) or an Entra ID access token of a service
+//! as `x-api-key`, as the CLI itself sends it, in place of its `Bearer skip-foundry-auth`) or an Entra ID access token of a service
 //! principal (`AZURE_TENANT_ID`, `AZURE_CLIENT_ID`, `AZURE_CLIENT_SECRET`; the OAuth 2.0 client
 //! credentials grant, fetched again before it expires).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 
 use super::provider::{required, ProviderRoutes};
-use super::{extra_roots, full, Authenticate, Route, Upstream};
+use super::{
+    extra_roots, full, set_credential, AuthFuture, Authenticate, Route, StaticCredential, Upstream,
+};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -43,7 +43,12 @@ pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
         }
     };
     let auth: Arc<dyn Authenticate> = match var("ANTHROPIC_FOUNDRY_API_KEY") {
-        Some(key) => Arc::new(ApiKey(key.to_string())),
+        Some(key) => Arc::new(StaticCredential {
+            name: "x-api-key",
+            prefix: "",
+            secret: key.to_string(),
+            what: "ANTHROPIC_FOUNDRY_API_KEY",
+        }),
         None => {
             let (Some(tenant), Some(client), Some(secret)) = (
                 var("AZURE_TENANT_ID"),
@@ -85,36 +90,6 @@ pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
         routes: ROUTES.to_vec(),
         auth,
     })
-}
-
-/// The CLI's own placeholder credential (`Bearer skip-foundry-auth`) is replaced.
-fn clear(parts: &mut http::request::Parts) {
-    parts.headers.remove(AUTHORIZATION);
-    parts.headers.remove("x-api-key");
-    parts.headers.remove("api-key");
-}
-
-struct ApiKey(String);
-
-impl Authenticate for ApiKey {
-    fn authenticate<'a>(
-        &'a self,
-        parts: &'a mut http::request::Parts,
-        _body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>> {
-        Box::pin(async move {
-            clear(parts);
-            let mut v = HeaderValue::from_str(&self.0)
-                .map_err(|_| "ANTHROPIC_FOUNDRY_API_KEY is not a valid header value".to_string())?;
-            v.set_sensitive(true);
-            parts.headers.insert("x-api-key", v);
-            Ok(())
-        })
-    }
-
-    fn secrets(&self) -> Vec<Vec<u8>> {
-        vec![self.0.as_bytes().to_vec()]
-    }
 }
 
 struct Entra {
@@ -159,14 +134,15 @@ impl Authenticate for Entra {
         &'a self,
         parts: &'a mut http::request::Parts,
         _body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>> {
+    ) -> AuthFuture<'a> {
         Box::pin(async move {
-            clear(parts);
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", self.token().await?))
-                .map_err(|_| "the access token is not a valid header value".to_string())?;
-            v.set_sensitive(true);
-            parts.headers.insert(AUTHORIZATION, v);
-            Ok(())
+            let token = self.token().await?;
+            set_credential(
+                parts,
+                "authorization",
+                &format!("Bearer {token}"),
+                "the access token",
+            )
         })
     }
 

@@ -66,10 +66,10 @@ const ANTHROPIC_ROUTES: &[(Method, &str)] = &[
 const MAX_RELAY_CONNECTIONS: usize = 64;
 /// How long an idle upstream connection stays in the pool (the model API closes its own).
 const POOL_IDLE: Duration = Duration::from_secs(60);
-/// The largest request body a provider's signature is computed over (the CLI's requests are a
-/// few MiB at most: the conversation, capped by the model's context), and how long it may take
-/// to arrive.
-const MAX_SIGNED_BODY: usize = 64 << 20;
+/// The largest request body the relay takes (the CLI's requests are a few MiB at most: the
+/// conversation, capped by the model's context; the API's own limit is 32 MB), and how long it
+/// may take to arrive.
+const MAX_REQUEST_BODY: usize = 64 << 20;
 const BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
@@ -122,10 +122,61 @@ pub trait Authenticate: Send + Sync {
         &'a self,
         parts: &'a mut http::request::Parts,
         body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>>;
+    ) -> AuthFuture<'a>;
 
     /// The credentials in use now (a refreshed token is new), masked in every response.
     fn secrets(&self) -> Vec<Vec<u8>>;
+}
+
+/// What [`Authenticate::authenticate`] returns: done, or why not.
+pub type AuthFuture<'a> =
+    Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>>;
+
+/// Puts `value` in the header `name` (marked sensitive), in place of any credential the CLI
+/// sent (its `skip-…-auth` placeholder); `what` names the value in the error.
+fn set_credential(
+    parts: &mut http::request::Parts,
+    name: &'static str,
+    value: &str,
+    what: &str,
+) -> std::result::Result<(), String> {
+    for h in ["authorization", "x-api-key", "api-key"] {
+        parts.headers.remove(h);
+    }
+    let mut v =
+        HeaderValue::from_str(value).map_err(|_| format!("{what} is not a valid header value"))?;
+    v.set_sensitive(true);
+    parts.headers.insert(name, v);
+    Ok(())
+}
+
+/// A fixed credential (an API key): the header `name` set to `prefix` + `secret`.
+struct StaticCredential {
+    name: &'static str,
+    prefix: &'static str,
+    secret: String,
+    /// Where the secret came from, for the error.
+    what: &'static str,
+}
+
+impl Authenticate for StaticCredential {
+    fn authenticate<'a>(
+        &'a self,
+        parts: &'a mut http::request::Parts,
+        _body: &'a [u8],
+    ) -> AuthFuture<'a> {
+        let set = set_credential(
+            parts,
+            self.name,
+            &format!("{}{}", self.prefix, self.secret),
+            self.what,
+        );
+        Box::pin(std::future::ready(set))
+    }
+
+    fn secrets(&self) -> Vec<Vec<u8>> {
+        vec![self.secret.as_bytes().to_vec()]
+    }
 }
 
 /// Everything a relay forwards and how: the routes, their upstream base URLs (each request's
@@ -469,58 +520,12 @@ impl Relay {
                 )
             }
         };
-        let body = match &self.auth {
-            None => body.map_err(BoxError::from).boxed(),
-            Some(auth) => match self.authenticated(auth, &mut parts, body).await {
-                Ok(body) => body,
-                Err(response) => return response,
-            },
-        };
-        match upstream
-            .client
-            .request(Request::from_parts(parts, body))
-            .await
-        {
-            Ok(response) => self.masked(response),
-            Err(e) => {
-                let reason = self.failure(upstream, &e);
-                tracing::warn!("model relay: {reason}");
-                api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
-            }
-        }
-    }
-
-    /// The whole body (a signature covers it), with the provider's credential added to `parts`.
-    async fn authenticated(
-        &self,
-        auth: &Arc<dyn Authenticate>,
-        parts: &mut http::request::Parts,
-        body: Incoming,
-    ) -> std::result::Result<Body, Response<Body>> {
-        let limited = http_body_util::Limited::new(body, MAX_SIGNED_BODY);
-        let bytes = match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-            Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(e)) => {
-                let too_large = e.is::<http_body_util::LengthLimitError>();
-                return Err(api_error(
-                    match too_large {
-                        true => StatusCode::PAYLOAD_TOO_LARGE,
-                        false => StatusCode::BAD_REQUEST,
-                    },
-                    "invalid_request_error",
-                    &match too_large {
-                        true => format!("a request body over {MAX_SIGNED_BODY} bytes"),
-                        false => format!("the request body could not be read: {e}"),
-                    },
-                ));
-            }
-            Err(_) => {
-                return Err(api_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "invalid_request_error",
-                    "the request body did not arrive in time",
-                ))
-            }
+        // The whole body: the upstream may close a pooled connection just as a request is
+        // written to it (a server's idle timeout), and such a request is sent again on a new
+        // connection; a provider's signature covers the body too.
+        let bytes = match whole_body(body).await {
+            Ok(bytes) => bytes,
+            Err(response) => return response,
         };
         // What is signed is what is sent: the host and the length are fixed here.
         if let Some(host) = parts
@@ -534,19 +539,39 @@ impl Relay {
         parts
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        match auth.authenticate(parts, &bytes).await {
-            Ok(()) => Ok(full(bytes)),
-            Err(reason) => {
+        if let Some(auth) = &self.auth {
+            if let Err(reason) = auth.authenticate(&mut parts, &bytes).await {
                 let reason = String::from_utf8_lossy(
                     &Masker::new(self.masks_now()).push(reason.as_bytes(), true),
                 )
                 .into_owned();
                 tracing::warn!("model relay: cannot authenticate to the model provider: {reason}");
-                Err(api_error(
+                return api_error(
                     StatusCode::BAD_GATEWAY,
                     "api_error",
                     &format!("cannot authenticate to the model provider: {reason}"),
-                ))
+                );
+            }
+        }
+        let send = |parts| {
+            upstream
+                .client
+                .request(Request::from_parts(parts, full(bytes.clone())))
+        };
+        let mut sent = send(copy_head(&parts)).await;
+        if matches!(&sent, Err(e) if !e.is_connect()) {
+            // No answer came: the connection went while the request was on its way.
+            tracing::debug!(
+                "model relay: the upstream connection closed under a request; sending it again"
+            );
+            sent = send(parts).await;
+        }
+        match sent {
+            Ok(response) => self.masked(response),
+            Err(e) => {
+                let reason = self.failure(upstream, &e);
+                tracing::warn!("model relay: {reason}");
+                api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
             }
         }
     }
@@ -676,6 +701,44 @@ impl Relay {
         });
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
     }
+}
+
+/// A request's whole body (at most [`MAX_REQUEST_BODY`] bytes, within [`BODY_TIMEOUT`]), or
+/// the error answer.
+async fn whole_body(body: Incoming) -> std::result::Result<Bytes, Response<Body>> {
+    let limited = http_body_util::Limited::new(body, MAX_REQUEST_BODY);
+    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            Err(api_error(
+                match too_large {
+                    true => StatusCode::PAYLOAD_TOO_LARGE,
+                    false => StatusCode::BAD_REQUEST,
+                },
+                "invalid_request_error",
+                &match too_large {
+                    true => format!("a request body over {MAX_REQUEST_BODY} bytes"),
+                    false => format!("the request body could not be read: {e}"),
+                },
+            ))
+        }
+        Err(_) => Err(api_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "the request body did not arrive in time",
+        )),
+    }
+}
+
+/// A copy of a request's method, URI, version and headers (`Parts` is not `Clone`).
+fn copy_head(parts: &http::request::Parts) -> http::request::Parts {
+    let mut request = Request::new(());
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    request.into_parts().0
 }
 
 /// Where `needle` first occurs in `haystack`.
@@ -913,6 +976,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_cut_off_by_the_upstream_closing_its_connection_is_sent_again_whole() {
+        // The upstream closes its first connection as a request arrives on it (a server's
+        // idle timeout racing the next turn); the second connection answers.
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (tx, mut seen) = mpsc::unbounded_channel();
+        let counted = connections.clone();
+        let port = upstream(move |mut s| {
+            let (n, tx) = (
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                tx.clone(),
+            );
+            async move {
+                let request = read_request(&mut s).await;
+                if n == 0 {
+                    return;
+                }
+                tx.send(request).unwrap();
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            }
+        })
+        .await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        let answer = send(
+            &relay.socket,
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\nContent-Length: 8\r\n\r\n{{\"a\": 1}}"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+        let (head, body) = seen.recv().await.unwrap();
+        assert_eq!(header(&head, "x-api-key"), Some(SECRET));
+        assert_eq!(body, b"{\"a\": 1}");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn each_connection_carries_one_request_and_the_client_reconnects() {
         let (port, mut seen) = recording_upstream().await;
         let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
@@ -981,7 +1085,10 @@ mod tests {
         let chunked = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
         let answer = send(&relay.socket, chunked).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
-        assert_eq!(seen.recv().await.unwrap().1, b"3\r\nabc\r\n0\r\n\r\n");
+        // Read whole (so it can be sent again), it goes on with its length.
+        let (head, body) = seen.recv().await.unwrap();
+        assert_eq!(body, b"abc");
+        assert_eq!(header(&head, "content-length"), Some("3"));
     }
 
     /// A port nothing listens on.

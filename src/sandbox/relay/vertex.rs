@@ -3,17 +3,15 @@
 //! gcloud's user credentials, the metadata server — GKE workload identity included), cached and
 //! fetched again before it expires.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
-use http::header::{HeaderValue, AUTHORIZATION};
+use http::header::HeaderValue;
 use http::Method;
 
 use super::provider::{required, ProviderRoutes};
-use super::{Authenticate, Route};
+use super::{set_credential, AuthFuture, Authenticate, Route};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -125,7 +123,7 @@ impl Authenticate for Token {
         &'a self,
         parts: &'a mut http::request::Parts,
         _body: &'a [u8],
-    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send + 'a>> {
+    ) -> AuthFuture<'a> {
         Box::pin(async move {
             if self.regional {
                 let uri = to_region_host(&parts.uri)
@@ -138,11 +136,13 @@ impl Authenticate for Token {
                 }
                 parts.uri = uri;
             }
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", self.token().await?))
-                .map_err(|_| "the access token is not a valid header value".to_string())?;
-            v.set_sensitive(true);
-            parts.headers.insert(AUTHORIZATION, v);
-            Ok(())
+            let token = self.token().await?;
+            set_credential(
+                parts,
+                "authorization",
+                &format!("Bearer {token}"),
+                "the access token",
+            )
         })
     }
 
