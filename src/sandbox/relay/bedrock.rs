@@ -19,7 +19,7 @@ use http::header::HeaderValue;
 use http::Method;
 
 use super::provider::{required, ProviderRoutes};
-use super::{AuthFuture, Authenticate, Route, StaticCredential};
+use super::{sources, AuthFuture, Authenticate, Route, StaticCredential};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -262,12 +262,7 @@ impl Authenticate for SigV4 {
 
 /// An error and its sources, one line.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
+    let mut parts: Vec<String> = std::iter::once(e.to_string()).chain(sources(e)).collect();
     parts.dedup();
     parts.join(": ")
 }

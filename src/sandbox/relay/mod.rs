@@ -541,10 +541,7 @@ impl Relay {
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         if let Some(auth) = &self.auth {
             if let Err(reason) = auth.authenticate(&mut parts, &bytes).await {
-                let reason = String::from_utf8_lossy(
-                    &Masker::new(self.masks_now()).push(reason.as_bytes(), true),
-                )
-                .into_owned();
+                let reason = self.mask_text(&reason);
                 tracing::warn!("model relay: cannot authenticate to the model provider: {reason}");
                 return api_error(
                     StatusCode::BAD_GATEWAY,
@@ -643,22 +640,20 @@ impl Relay {
 
     /// Why the upstream request failed, for the 502 and the log: the error's whole chain.
     fn failure(&self, upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> String {
-        let mut chain = Vec::new();
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            chain.push(s.to_string());
-            source = s.source();
-        }
         let origin = upstream.origin.split_once("://").map_or("", |o| o.1);
         let what = match e.is_connect() {
             true => format!("cannot connect to {origin}"),
             false => format!("the request to {origin} failed"),
         };
-        let text = [what]
-            .into_iter()
-            .chain(chain)
+        let text = std::iter::once(what)
+            .chain(sources(e))
             .collect::<Vec<_>>()
             .join(": ");
+        self.mask_text(&text)
+    }
+
+    /// `text` with every secret masked (a reason quoted back to the CLI).
+    fn mask_text(&self, text: &str) -> String {
         String::from_utf8_lossy(&Masker::new(self.masks_now()).push(text.as_bytes(), true))
             .into_owned()
     }
@@ -739,6 +734,11 @@ fn copy_head(parts: &http::request::Parts) -> http::request::Parts {
     *request.version_mut() = parts.version;
     *request.headers_mut() = parts.headers.clone();
     request.into_parts().0
+}
+
+/// The messages of `e`'s sources, outermost first.
+fn sources<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = String> + 'a {
+    std::iter::successors(e.source(), |s| s.source()).map(ToString::to_string)
 }
 
 /// Where `needle` first occurs in `haystack`.
