@@ -117,6 +117,7 @@ fn main() {
         setup_timeout: Duration::from_secs(600),
         session: SessionRecord::default(),
         extraction_timeout: Duration::from_secs(300),
+        layered: false,
     };
     let go = CancellationToken::new();
     let (mut plain, mut ours) = (Vec::new(), Vec::new());

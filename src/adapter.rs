@@ -172,6 +172,10 @@ impl Adapter {
     pub async fn shutdown(&self, grace: Duration) {
         self.shut_down.cancel();
         self.registry.stop_all(grace).await;
+        // The bases kept for later sessions on the tip (git/base.rs): nobody will start one.
+        RepoGit::for_repo(&self.config.repo_root)
+            .release_unused_bases()
+            .await;
     }
 
     pub async fn start_agent(

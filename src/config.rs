@@ -55,6 +55,9 @@ pub struct AdapterConfig {
     pub sandbox: Option<SandboxConfig>,
     /// Where sessions run (`backend`): this machine (the default) or one pod per session.
     pub backend: BackendConfig,
+    /// `sharedBase`: sandboxed Implementors on one commit work in copy-on-write layers over
+    /// one checkout made (and set up) once; false: each gets a full clone of its own.
+    pub shared_base: bool,
 }
 
 /// `config.backend`.
@@ -228,6 +231,18 @@ impl Reader<'_> {
         out
     }
 
+    /// A boolean, `default` when absent.
+    fn flag(&mut self, key: &str, default: bool) -> bool {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => default,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                self.add(key, format!("must be true or false (got {v})"));
+                default
+            }
+        }
+    }
+
     /// A positive duration in seconds (fractions allowed), `default` when absent.
     fn seconds(&mut self, key: &str, default: f64) -> f64 {
         self.number(key, Some(default), 0.001, MAX_SECONDS, false)
@@ -355,6 +370,7 @@ pub fn parse_config(
     let env = env_vars(obj.get("env"), r.problems);
     let sandbox = sandbox(obj.get("sandbox"), r.problems);
     let backend = kubernetes::backend(obj.get("backend"), r.problems);
+    let shared_base = r.flag("sharedBase", true);
     if !problems.is_empty() {
         return None;
     }
@@ -378,6 +394,7 @@ pub fn parse_config(
         output_retries: retries as u32,
         sandbox,
         backend,
+        shared_base,
     })
 }
 

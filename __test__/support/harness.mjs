@@ -165,7 +165,7 @@ export function markedProcesses(marker) {
 
 export { addon };
 
-const VIEW_NAME = /^\.view-[0-9a-f-]{36}$/;
+const VIEW_NAME = /^\.base-[0-9a-f-]{36}$/;
 
 /** Whether `path` is a Planner's or Reviewer's view of `root` (src/git/view.rs): its cwd. */
 export const isViewOf = (root, path) => dirname(path) === join(root, '.worktrees') && VIEW_NAME.test(basename(path));

@@ -56,6 +56,14 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   worktreeSetupCommand?: string[] | null
   /** seconds; default 600; past it ERR_PROVISION */
   worktreeSetupTimeout?: number
+  /**
+   * default true: sandboxed Implementors (Linux) on one commit share one checkout of it, made
+   * and set up (worktreeSetupCommand) once, each writing to a copy-on-write layer over it; the
+   * Planner's and Reviewer's view is kept while its commit is the tip. false: every Implementor
+   * gets a full clone and runs the setup itself (for setups that write absolute paths into the
+   * checkout, e.g. a Python virtualenv).
+   */
+  sharedBase?: boolean
   /** seconds to read an Implementor's work out of its checkout (and to save a dead session's); default 300; past it ERR_EXTRACT */
   extractionTimeout?: number
   /** max provider calls in flight during context assembly; integer 1..1024; default 16 */

@@ -92,7 +92,18 @@ impl LocalEnvironment {
             ..SessionScope::default()
         };
         match &self.workspace {
-            Made::Checkout(w) => scope.writable.push(w.path.clone()),
+            Made::Checkout(w) => {
+                scope.writable.push(w.path.clone());
+                if let Some(layer) = &w.layer {
+                    // The checkout's git dir is the layer's own; the base's objects (its setup
+                    // snapshot) are read through it.
+                    scope.overlay = Some(layer.overlay(&w.path));
+                    scope.writable.push(layer.git_dir());
+                    scope
+                        .readable
+                        .extend(crate::git::repo::object_dirs(&layer.base_git_dir()));
+                }
+            }
             Made::View(v) => scope.readable.push(v.path.clone()),
         }
         let repo = RepoGit::for_repo(&self.repo_root);
@@ -119,7 +130,7 @@ impl LocalEnvironment {
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
         let path = env_value(&cmd.env, "PATH").map(OsStr::new);
         let bwrap = find_on_path("bwrap", path).unwrap_or_else(|| PathBuf::from("bwrap"));
-        let first: process::PreExec = Box::new(sandbox.pre_exec());
+        let first: process::PreExec = Box::new(sandbox.pre_exec()?);
         let started = process::start(bwrap.as_os_str(), &argv, env, &self.workdir, Some(first));
         self.running = Some(sandbox);
         started.map_err(|e| {

@@ -195,6 +195,26 @@ impl At<'_> {
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", "/tmp");
+        // A layered checkout exists only where its overlay is mounted (checked mountable when
+        // the layer was made, so this fails only for paths that changed since: then git does
+        // not start and the caller sees why).
+        #[cfg(target_os = "linux")]
+        match jail.pre_exec() {
+            Ok(Some(mount)) => {
+                // SAFETY: the overlay's pre-exec makes system calls only.
+                unsafe {
+                    cmd.pre_exec(mount);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot mount a layered checkout");
+                // SAFETY: returns an error without allocating.
+                unsafe {
+                    cmd.pre_exec(|| Err(std::io::Error::from_raw_os_error(libc::EINVAL)));
+                }
+            }
+        }
         hygiene(cmd, self.dir)
     }
 }

@@ -14,6 +14,9 @@
 //!   their work; it never touches anything else;
 //! - [`owner`] and [`record`]: the records that say a checkout is ours, whose it is, and how to
 //!   save its work; [`list`]: reading worktrees from git's own files and clones from our records;
+//! - [`base`]: the shared per-commit base (checked out once, setup run once, refcounted,
+//!   swept) and an Implementor's copy-on-write layer over it, where the overlay can be
+//!   mounted (else the full clone of [`provision`]);
 //! - [`view`]: a Planner's or Reviewer's read-only view of the repository (the default
 //!   branch's content and history, no config, no ignored files, no other session's clone),
 //!   made, recorded and swept like a clone;
@@ -21,6 +24,7 @@
 //!
 //! Everything here works with git 2.30 (Debian 11). napi-free.
 
+pub mod base;
 pub(crate) mod binary;
 pub mod command;
 pub(crate) mod hooks;

@@ -20,13 +20,13 @@
 //! the path is handled by [`RepoGit::clear_path`].
 
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use super::base::Preparation;
 use super::command::{display_argv, git_command, run, run_git, At};
 use super::hooks;
 use super::owner::Owner;
@@ -55,6 +55,9 @@ pub struct ProvisionRequest {
     pub session: SessionRecord,
     /// Bound on saving the work of a stale checkout in the way (`config.extractionTimeout`).
     pub extraction_timeout: Duration,
+    /// A copy-on-write layer over the commit's shared base where one can be mounted
+    /// ([`super::base`]; sandboxed sessions with `sharedBase`), else a full clone.
+    pub layered: bool,
 }
 
 pub(crate) fn cancelled() -> AdapterError {
@@ -76,8 +79,11 @@ impl RepoGit {
         if stop.is_cancelled() {
             return Err(cancelled());
         }
+        if req.layered && super::base::layers_work(&self.root).await {
+            return self.provision_layered(req, stop).await;
+        }
         let path = self.worktree_path(&req.branch);
-        let base_commit = self.claim(req, &path, stop).await?;
+        let base_commit = self.claim(req, &path, None, stop).await?;
         // From here on any failure (or the future being dropped) removes what was made.
         let mut guard = ProvisionGuard::new(self, &path);
         match self.prepare(req, &path, &base_commit, stop).await {
@@ -90,16 +96,78 @@ impl RepoGit {
                     base_commit,
                     snapshot,
                     jail,
-                    state: Arc::new(WorktreeState {
-                        repo: self.arc(),
-                        path,
-                        cleaned: AtomicBool::new(false),
-                    }),
+                    layer: None,
+                    state: Arc::new(WorktreeState::new(self.arc(), path)),
                 })
             }
             Err(e) => {
                 guard.rollback().await;
                 Err(if stop.is_cancelled() { cancelled() } else { e })
+            }
+        }
+    }
+
+    /// The checkout as a layer over the commit's base ([`super::base`]): the base is made (or
+    /// shared) first, then the path is claimed and the layer made.
+    async fn provision_layered(
+        &self,
+        req: &ProvisionRequest,
+        stop: &CancellationToken,
+    ) -> Result<Worktree> {
+        let commit = self.resolve_commit(&req.default_branch).await?;
+        let prep = Preparation {
+            setup: req.setup.clone(),
+            env: req.env.clone(),
+            timeout: req.setup_timeout,
+        };
+        let mut base = self
+            .base(
+                &req.default_branch,
+                &commit,
+                Some(&prep),
+                true,
+                &req.session,
+                stop,
+            )
+            .await?;
+        let path = self.worktree_path(&req.branch);
+        if let Err(e) = self.claim(req, &path, Some(&commit), stop).await {
+            let _ = base.release().await;
+            return Err(e);
+        }
+        let mut guard = ProvisionGuard::new(self, &path);
+        let made = async {
+            let layer = self
+                .make_layer(&base, &path, &req.branch, &req.session)
+                .await?;
+            let jail = self.extraction_jail(&path).await?;
+            Ok::<_, AdapterError>((layer, jail))
+        };
+        let made = tokio::select! {
+            m = made => m,
+            _ = stop.cancelled() => Err(cancelled()),
+        };
+        match made {
+            Ok((layer, jail)) => {
+                guard.disarm();
+                let snapshot = base
+                    .snapshot()
+                    .cloned()
+                    .ok_or_else(|| provision_error("the base has no snapshot"))?;
+                Ok(Worktree {
+                    path: path.clone(),
+                    branch: req.branch.clone(),
+                    base_commit: commit,
+                    snapshot,
+                    jail,
+                    layer: Some(layer),
+                    state: Arc::new(WorktreeState::over(self.arc(), path, base)),
+                })
+            }
+            Err(e) => {
+                guard.rollback().await;
+                let _ = base.release().await;
+                Err(e)
             }
         }
     }
@@ -135,11 +203,13 @@ impl RepoGit {
         }
     }
 
-    /// Phase 1, under the lock: clear the path, record the claim. Returns the base commit.
+    /// Phase 1, under the lock: clear the path, record the claim. Returns the base commit
+    /// (`commit` when given, else what the default branch is now).
     async fn claim(
         &self,
         req: &ProvisionRequest,
         path: &Path,
+        commit: Option<&str>,
         stop: &CancellationToken,
     ) -> Result<String> {
         let _guard = tokio::select! {
@@ -147,7 +217,10 @@ impl RepoGit {
             _ = stop.cancelled() => return Err(cancelled()),
         };
         self.ensure_excluded().await?;
-        let base = self.resolve_commit(&req.default_branch).await?;
+        let base = match commit {
+            Some(c) => c.to_string(),
+            None => self.resolve_commit(&req.default_branch).await?,
+        };
         self.clear_path(path, &req.branch, &base, req.extraction_timeout, stop)
             .await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, &base);
@@ -303,14 +376,6 @@ impl RepoGit {
                     run_git(path, &["update-ref", "-d", r]).await?;
                 }
             }
-            // Commits made in the clone carry the identity the repository's own commits would
-            // (a repository-local `user.*` is not cloned; the global one stays readable).
-            for key in ["user.name", "user.email"] {
-                if let Ok(v) = run_git(&self.root, &["config", "--get", key]).await {
-                    let v = String::from_utf8_lossy(&v.stdout).trim().to_string();
-                    run_git(path, &["config", key, &v]).await?;
-                }
-            }
             let mut reset = git_command(
                 path,
                 &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
@@ -322,26 +387,16 @@ impl RepoGit {
             r = steps => r.map_err(checkout_failed)?,
             _ = stop.cancelled() => return Err(cancelled()),
         };
-        let common = self.common_dir().await.map_err(checkout_failed)?;
-        hooks::post_checkout(&self.root, &common, path, base, req.setup_timeout, stop)
-            .await
-            .map_err(|e| bounded_error("post-checkout hook", path, req.setup_timeout, e))?;
-        if let Some(argv) = req.setup.as_deref().filter(|a| !a.is_empty()) {
-            let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..])
-                .current_dir(path)
-                .env_clear()
-                .envs(req.env.iter().map(|(k, v)| (k, v)));
-            let display = display_argv(&argv[0], &argv[1..]);
-            run_bounded(cmd, display, req.setup_timeout, stop)
-                .await
-                .map_err(|e| bounded_error("setup command", path, req.setup_timeout, e))?;
-        }
-        let snapshot = tokio::select! {
-            // Before the agent ran, the clone's config is what clone and setup made of it.
-            s = patch::snapshot(At { dir: path, jail: None }) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message)))?,
-            _ = stop.cancelled() => return Err(cancelled()),
-        };
+        let snapshot = self
+            .prepare_checkout(
+                path,
+                base,
+                req.setup.as_deref(),
+                &req.env,
+                req.setup_timeout,
+                stop,
+            )
+            .await?;
         let record_dir = self.record_dir(path).await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, base);
         record.path = path.to_str().map(str::to_string);
@@ -351,6 +406,59 @@ impl RepoGit {
             .write(&record_dir)
             .map_err(|e| provision_error("cannot record the worktree's snapshot").with_cause(e))?;
         Ok(snapshot)
+    }
+}
+
+impl RepoGit {
+    /// A fresh checkout of `commit` at `path` (a clone, or a base) made ready for an agent: the
+    /// repository's identity for commits, the `post-checkout` hook, the setup command, then the
+    /// snapshot its patches are measured from.
+    pub(crate) async fn prepare_checkout(
+        &self,
+        path: &Path,
+        commit: &str,
+        setup: Option<&[String]>,
+        env: &[(String, String)],
+        timeout: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Snapshot> {
+        let checkout_failed = |e| {
+            provision_error(format!(
+                "cannot check out the worktree at {}",
+                path.display()
+            ))
+            .with_cause(e)
+        };
+        // Commits made in the checkout carry the identity the repository's own commits would
+        // (a repository-local `user.*` is not cloned; the global one stays readable).
+        for key in ["user.name", "user.email"] {
+            if let Ok(v) = run_git(&self.root, &["config", "--get", key]).await {
+                let v = String::from_utf8_lossy(&v.stdout).trim().to_string();
+                run_git(path, &["config", key, &v])
+                    .await
+                    .map_err(checkout_failed)?;
+            }
+        }
+        let common = self.common_dir().await.map_err(checkout_failed)?;
+        hooks::post_checkout(&self.root, &common, path, commit, timeout, stop)
+            .await
+            .map_err(|e| bounded_error("post-checkout hook", path, timeout, e))?;
+        if let Some(argv) = setup.filter(|a| !a.is_empty()) {
+            let mut cmd = Command::new(&argv[0]);
+            cmd.args(&argv[1..])
+                .current_dir(path)
+                .env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)));
+            let display = display_argv(&argv[0], &argv[1..]);
+            run_bounded(cmd, display, timeout, stop)
+                .await
+                .map_err(|e| bounded_error("setup command", path, timeout, e))?;
+        }
+        tokio::select! {
+            // Before the agent ran, the checkout's config is what clone and setup made of it.
+            s = patch::snapshot(At { dir: path, jail: None }) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message))),
+            _ = stop.cancelled() => Err(cancelled()),
+        }
     }
 }
 

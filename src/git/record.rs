@@ -6,7 +6,8 @@
 //! ```json
 //! { "sessionId": "…", "branch": "feat/x", "baseCommit": "<hex>",
 //!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null,
-//!   "snapshotTaken": <unix seconds> | null, "path": "<clone>" }
+//!   "snapshotTaken": <unix seconds> | null, "path": "<clone>",
+//!   "layer": { "base": "<base dir>", "dir": "<layer dir>" } | absent }
 //! ```
 //!
 //! Written when the path is claimed and before the owner record (so every clone that
@@ -46,6 +47,18 @@ pub(crate) struct AdminRecord {
     /// need it).
     #[serde(default)]
     pub path: Option<String>,
+    /// For a layered checkout ([`super::base`]): the base it is a layer over and the layer's
+    /// own directory (its writes and its git dir).
+    #[serde(default)]
+    pub layer: Option<LayerRecord>,
+}
+
+/// Where a layered checkout's parts are (see [`super::base`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LayerRecord {
+    pub base: String,
+    pub dir: String,
 }
 
 impl AdminRecord {
@@ -62,6 +75,7 @@ impl AdminRecord {
             snapshot_tree: None,
             snapshot_taken: None,
             path: None,
+            layer: None,
         }
     }
 

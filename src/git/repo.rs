@@ -13,6 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
+#[cfg(target_os = "linux")]
+use super::base::Layer;
 use super::command::{run_git, run_git_retrying, CommandError};
 use super::list::{self, ListedWorktree};
 use super::owner::Owner;
@@ -280,7 +282,7 @@ impl RepoGit {
             return Ok(None);
         }
         let common = self.git_dir().await?;
-        Ok(Some(Jail::new(&JailPlan {
+        let mut plan = JailPlan {
             cwd: clone.to_path_buf(),
             writable: vec![clone.to_path_buf()],
             readable: object_dirs(&common),
@@ -288,7 +290,18 @@ impl RepoGit {
             // could, and a tmpfs of no size is half the host's RAM.
             tmpfs_size: Some(EXTRACTION_TMPFS_BYTES),
             ..JailPlan::default()
-        })))
+        };
+        // A layered checkout exists only as its overlay, mounted for this jail alone.
+        #[cfg(target_os = "linux")]
+        {
+            let record = AdminRecord::read(&self.record_dir(clone).await?);
+            if let Some(layer) = record.and_then(|r| r.layer).map(|l| Layer::from_record(&l)) {
+                plan.overlay = Some(layer.overlay(clone));
+                plan.writable.push(layer.git_dir());
+                plan.readable.extend(object_dirs(&layer.base_git_dir()));
+            }
+        }
+        Ok(Some(Jail::new(&plan)))
     }
 
     /// Records the clone about to be made at `path` as this process's (the session record,
@@ -385,6 +398,7 @@ pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
+        super::base::remove_recorded_layer(AdminRecord::read(&r).as_ref())?;
         match std::fs::remove_dir_all(&r) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}

@@ -22,6 +22,9 @@
 //!   when the session had logging on and no file of that name exists, else
 //! - to `<git common dir>/claude-runtime-adapter/salvaged/<session id>-<unix ms>.patch`.
 //!
+//! A layered checkout ([`super::base`]) is read through its overlay in the same jail, and
+//! swept before the base it is over; a base goes only once no layer's record names it.
+//!
 //! If saving fails the checkout is kept (and the failure logged) for the next sweep. A session
 //! that died before its agent started (no snapshot yet) has nothing to save.
 
@@ -63,11 +66,24 @@ impl RepoGit {
         let _guard = self.lock.lock().await;
         let dir = self.root.join(WORKTREES_DIR);
         let mut swept = Vec::new();
-        for wt in self.list_all().await? {
+        let mut all = self.list_all().await?;
+        // Layers first: their work is read through the base they are over, which goes after
+        // them (and not while any layer's record still names it).
+        all.sort_by_key(|w| {
+            !(w.clone && AdminRecord::read(&w.admin).is_some_and(|r| r.layer.is_some()))
+        });
+        for wt in all {
             if stop.is_cancelled() {
                 break;
             }
             if !self.is_stale(&wt, &dir) {
+                continue;
+            }
+            let is_base = wt
+                .path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(super::base::BASE_PREFIX));
+            if is_base && self.layers_on(&wt.path).await {
                 continue;
             }
             match self.retire(&wt, None, limit, stop).await {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::base::BaseShare;
 use super::command::At;
 use super::patch::{self, Snapshot};
 use super::repo::{lock_std, RepoGit};
@@ -26,6 +27,8 @@ pub struct Worktree {
     pub snapshot: Snapshot,
     /// The sandbox the adapter's git runs in here (`None` with `sandbox: false`).
     pub(crate) jail: Option<Jail>,
+    /// A layered checkout's parts (`None`: a full clone), see [`super::base`].
+    pub layer: Option<super::base::Layer>,
     pub(crate) state: Arc<WorktreeState>,
 }
 
@@ -44,6 +47,8 @@ pub(crate) struct WorktreeState {
     pub repo: Arc<RepoGit>,
     pub path: PathBuf,
     pub cleaned: AtomicBool,
+    /// The base a layered checkout is over: held while the checkout exists.
+    base: tokio::sync::Mutex<Option<BaseShare>>,
 }
 
 impl Drop for WorktreeState {
@@ -84,13 +89,43 @@ impl Worktree {
 }
 
 impl WorktreeState {
-    /// Removes the clone and its records, once (see [`Worktree::cleanup`]).
-    pub(crate) async fn remove(&self) -> Result<()> {
-        if self.cleaned.load(Ordering::SeqCst) {
-            return Ok(());
+    /// The state of the checkout at `path`, which [`RepoGit::record_clone`] has made live.
+    pub(crate) fn new(repo: Arc<RepoGit>, path: PathBuf) -> WorktreeState {
+        WorktreeState {
+            repo,
+            path,
+            cleaned: AtomicBool::new(false),
+            base: tokio::sync::Mutex::new(None),
         }
-        self.repo.remove_session(&self.path).await?;
-        self.cleaned.store(true, Ordering::SeqCst);
+    }
+
+    /// The same, holding `base` until it is removed.
+    pub(crate) fn over(repo: Arc<RepoGit>, path: PathBuf, base: BaseShare) -> WorktreeState {
+        WorktreeState {
+            repo,
+            path,
+            cleaned: AtomicBool::new(false),
+            base: tokio::sync::Mutex::new(Some(base)),
+        }
+    }
+
+    /// Removes the clone (or layer, or base) and its records, once.
+    pub(crate) async fn remove_checkout(&self) -> Result<()> {
+        if !self.cleaned.load(Ordering::SeqCst) {
+            self.repo.remove_session(&self.path).await?;
+            self.cleaned.store(true, Ordering::SeqCst);
+        }
         Ok(())
+    }
+
+    /// Removes the clone (or layer) and its records, once (see [`Worktree::cleanup`]), then
+    /// lets go of its base.
+    pub(crate) async fn remove(&self) -> Result<()> {
+        self.remove_checkout().await?;
+        let base = self.base.lock().await.take();
+        match base {
+            Some(mut b) => b.release().await,
+            None => Ok(()),
+        }
     }
 }

@@ -193,6 +193,7 @@ impl Session {
                 setup_timeout: cfg.worktree_setup_timeout,
                 session: session.clone(),
                 extraction_timeout: cfg.extraction_timeout,
+                layered: cfg.sandbox.is_some() && cfg.shared_base,
             }),
             _ => Workspace::View(ViewRequest {
                 default_branch: cfg.default_branch.clone(),

@@ -77,12 +77,18 @@ pub struct JailPlan {
     /// Credential files named by the environment (a cloud key file): hidden wherever they are
     /// within what is visible.
     pub secret_files: Vec<PathBuf>,
+    /// A copy-on-write checkout mounted before bubblewrap starts (its `target` is then made
+    /// writable like any other directory of `writable`): see [`super::overlay`].
+    #[cfg(target_os = "linux")]
+    pub overlay: Option<super::overlay::Overlay>,
 }
 
 /// A built plan: bwrap's arguments up to (not including) the `--` before the command.
 #[derive(Debug, Clone)]
 pub struct Jail {
     args: Vec<OsString>,
+    #[cfg(target_os = "linux")]
+    overlay: Option<super::overlay::Overlay>,
 }
 
 impl Jail {
@@ -101,6 +107,14 @@ impl Jail {
             "--cap-drop",
             "ALL",
         ]);
+        // Started as root of the namespace the overlay is mounted in: the processes keep the
+        // ids they would have had without it.
+        #[cfg(target_os = "linux")]
+        if plan.overlay.is_some() {
+            let (uid, gid) = super::overlay::Overlay::ids();
+            a.two("--uid", &uid.to_string());
+            a.two("--gid", &gid.to_string());
+        }
         a.two("--proc", "/proc");
         a.two("--dev", "/dev");
         a.tmpfs(size, OsStr::new("/dev/shm"));
@@ -180,7 +194,28 @@ impl Jail {
         // (private to the sandbox, but an agent would think it wrote somewhere real).
         a.two("--remount-ro", "/");
         a.one("--chdir", plan.cwd.as_os_str());
-        Jail { args: a.0 }
+        Jail {
+            args: a.0,
+            #[cfg(target_os = "linux")]
+            overlay: plan.overlay.clone(),
+        }
+    }
+
+    /// What bwrap's process must run before exec: mounting the plan's overlay
+    /// ([`super::overlay::Overlay::pre_exec`]); `None` without one. `Err`: the overlay's paths
+    /// cannot be mounted.
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity)]
+    pub fn pre_exec(
+        &self,
+    ) -> std::result::Result<
+        Option<Box<dyn FnMut() -> std::io::Result<()> + Send + Sync + 'static>>,
+        String,
+    > {
+        match &self.overlay {
+            Some(o) => Ok(Some(Box::new(o.pre_exec()?))),
+            None => Ok(None),
+        }
     }
 
     /// bwrap's argv for running `program args` inside.

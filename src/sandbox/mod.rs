@@ -20,6 +20,8 @@ mod home;
 pub mod jail;
 #[cfg(target_os = "linux")]
 pub mod limits;
+#[cfg(target_os = "linux")]
+pub mod overlay;
 mod proxy;
 mod read_guard;
 mod relay;
@@ -82,6 +84,9 @@ pub struct SessionScope {
     /// Read-only: the repository (Planner, Reviewer) or its object stores (Implementor), the
     /// CLI's own directory.
     pub readable: Vec<PathBuf>,
+    /// The Implementor's copy-on-write checkout, mounted at its path (the `cwd`).
+    #[cfg(target_os = "linux")]
+    pub overlay: Option<overlay::Overlay>,
 }
 
 /// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
@@ -306,6 +311,8 @@ impl SessionSandbox {
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
             secret_files: credentials::provider_credential_files(cli_env),
+            #[cfg(target_os = "linux")]
+            overlay: scope.overlay.clone(),
         });
         Ok(SessionSandbox {
             jail,
@@ -315,11 +322,25 @@ impl SessionSandbox {
         })
     }
 
-    /// What the session's first process runs before it executes bubblewrap (joins the
-    /// session's cgroup, or sets the rlimits).
+    /// What the session's first process runs before it executes bubblewrap: joins the
+    /// session's cgroup (or sets the rlimits), then mounts the checkout's overlay, if any, in a
+    /// namespace of its own (after joining: the cgroup is the host's to write).
     #[cfg(target_os = "linux")]
-    pub fn pre_exec(&self) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
-        self.limits.pre_exec()
+    pub fn pre_exec(&self) -> Result<impl FnMut() -> std::io::Result<()> + Send + Sync + 'static> {
+        let mut limits = self.limits.pre_exec();
+        let mut overlay = self.jail.pre_exec().map_err(|e| {
+            AdapterError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("cannot mount the session's checkout: {e}"),
+            )
+        })?;
+        Ok(move || {
+            limits()?;
+            match overlay.as_mut() {
+                Some(mount) => mount(),
+                None => Ok(()),
+            }
+        })
     }
 
     /// True when the limits are only rlimits (no usable cgroup).

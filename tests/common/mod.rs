@@ -55,5 +55,9 @@ pub fn request(
             transcript: None,
         },
         extraction_timeout: EXTRACTION_TIMEOUT,
+        // These tests play the agent by writing into the checkout from the host, which only a
+        // full clone lets them do (a layered checkout exists inside its sandbox alone; the
+        // JavaScript suite runs the patch cases through the real CLI on both).
+        layered: false,
     }
 }

@@ -1,0 +1,623 @@
+//! The shared base of a commit and the copy-on-write layers over it: what makes a session's
+//! checkout cost the same on a 100,000-file repository as on a small one.
+//!
+//! **A base** is one checkout of the default branch's commit at
+//! `<repoRoot>/.worktrees/.base-<uuid>`: a repository borrowing the repository's objects
+//! (`objects/info/alternates`), its config the handful of `core.*` keys `git init` writes, no
+//! ref but the default branch (see [`super::view`] for why nothing else of the repository).
+//! An Implementor's base also has the repository's `user.*`, has run the `post-checkout` hook
+//! and the setup command (`yarn install` once per commit, not once per session) and holds the
+//! post-setup snapshot the agents' patches are measured from. A Planner or Reviewer reads a
+//! base as its view of the repository, read-only; theirs has no hook or setup run (they never
+//! ran one), so the two kinds are distinct bases of one commit.
+//!
+//! Bases are shared by every sandboxed session of this process on the same (repository,
+//! default branch, commit, setup): the first one makes it while the others wait on the slot's
+//! lock, so sixteen sessions racing on a new commit make it once; a failure is handed to the
+//! sessions that were waiting for that attempt (one failing `yarn install`, not sixteen in a
+//! row), later ones try again. A base is removed when its last session ends and it is no longer
+//! the default branch's tip (kept for the next session otherwise); a newer base of the same
+//! kind removes the unused older ones; `shutdown()` removes every unused one. Each carries this
+//! adapter's owner record like a clone ([`super::record`]), so the sweep of a dead engine
+//! removes it ([`super::sweep`]) — after the layers over it, whose work needs it to be read.
+//! A base is never removed while a layer's record names it.
+//!
+//! **A layer** is an Implementor's checkout: `<repoRoot>/.worktrees/.layer-<uuid>/` holds
+//! `upper/` (every file the agent writes, deletions as overlayfs whiteouts), `work/`
+//! (overlayfs's scratch) and `git/`, the checkout's own git dir: the base's small files (HEAD,
+//! config, refs, the index with its timestamps, so `git status` is clean and instant) and an
+//! object store borrowing the base's, with the session's branch at the commit. The checkout is
+//! the overlay of `upper` on the base, mounted at `<repoRoot>/.worktrees/<branch>` only inside
+//! the session's sandbox and the jail its extraction runs in ([`crate::sandbox::overlay`]); on
+//! the host that directory holds just the `.git` file naming `git/` (which the overlay
+//! replaces by the same file in `upper`). An operator finds a session's work in `upper/`, and
+//! its commits in `git/`. Its record names the base and the layer, so a sweep saves its work
+//! exactly as a clone's and then removes all three.
+//!
+//! Where the overlay cannot be mounted (another OS, no user namespaces, a kernel before 5.11,
+//! bubblewrap missing) or `sandbox: false` or `sharedBase: false`, a session gets a full clone
+//! as before ([`super::provision`]); the log says once why.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+#[cfg(target_os = "linux")]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::command::run_git;
+use super::patch::Snapshot;
+use super::provision::{cancelled, ProvisionGuard};
+use super::record::{AdminRecord, LayerRecord, SessionRecord};
+use super::repo::{lock_std, provision_error, RepoGit, WORKTREES_DIR};
+use super::worktree::WorktreeState;
+use crate::error::{ErrorCode, Result};
+
+/// The name every base directory starts with (a ref component cannot: no branch has it).
+pub const BASE_PREFIX: &str = ".base-";
+const LAYER_PREFIX: &str = ".layer-";
+
+/// How an Implementor's base is prepared after its checkout.
+#[derive(Debug, Clone)]
+pub(crate) struct Preparation {
+    /// The setup command's argv; None or empty: no setup.
+    pub setup: Option<Vec<String>>,
+    /// The setup command's whole environment.
+    pub env: Vec<(String, String)>,
+    /// Bound on the hook and on the setup command.
+    pub timeout: Duration,
+}
+
+impl Preparation {
+    /// Bases made with different setups (or environments) are different bases.
+    fn key(&self) -> String {
+        serde_json::to_string(&(&self.setup, &self.env)).unwrap_or_default()
+    }
+}
+
+/// (repository root, default branch as configured, commit, preparation key; None: a view).
+type BaseKey = (PathBuf, String, String, Option<String>);
+
+/// One checked-out base.
+pub(crate) struct Base {
+    pub path: PathBuf,
+    pub commit: String,
+    /// The post-setup snapshot (prepared bases only).
+    pub snapshot: Option<Snapshot>,
+    /// The configured default branch (what "still the tip" is asked of).
+    default_branch: String,
+    /// None: a private base (an unsandboxed Planner's), never shared.
+    key: Option<BaseKey>,
+    state: WorktreeState,
+}
+
+#[derive(Default)]
+struct SlotState {
+    base: Option<Arc<Base>>,
+    /// The last failed attempt: which one (see [`Slot::attempts`]) and its error.
+    failed: Option<(u64, crate::error::AdapterError)>,
+}
+
+impl SlotState {
+    /// Its base, when no session holds it (only the slot does).
+    fn unused(&self) -> Option<&Arc<Base>> {
+        self.base.as_ref().filter(|b| Arc::strong_count(b) == 1)
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    state: tokio::sync::Mutex<SlotState>,
+    /// Attempts at making the base that have ended.
+    attempts: AtomicU64,
+}
+
+fn slots() -> &'static StdMutex<HashMap<BaseKey, Arc<Slot>>> {
+    static SLOTS: OnceLock<StdMutex<HashMap<BaseKey, Arc<Slot>>>> = OnceLock::new();
+    SLOTS.get_or_init(Default::default)
+}
+
+/// A session's hold on a base. Released with [`BaseShare::release`]; dropped unreleased, it
+/// is released in the background.
+pub struct BaseShare {
+    base: Option<Arc<Base>>,
+    path: PathBuf,
+    commit: String,
+    snapshot: Option<Snapshot>,
+}
+
+impl std::fmt::Debug for BaseShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaseShare")
+            .field("path", &self.path)
+            .field("commit", &self.commit)
+            .finish()
+    }
+}
+
+impl BaseShare {
+    fn of(base: Arc<Base>) -> BaseShare {
+        BaseShare {
+            path: base.path.clone(),
+            commit: base.commit.clone(),
+            snapshot: base.snapshot.clone(),
+            base: Some(base),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn commit(&self) -> &str {
+        &self.commit
+    }
+
+    pub(crate) fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_ref()
+    }
+
+    /// Gives up this hold; the base goes if nobody else holds it and it is not kept (module
+    /// docs). Idempotent.
+    pub async fn release(&mut self) -> Result<()> {
+        match self.base.take() {
+            Some(base) => release(base).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BaseShare {
+    fn drop(&mut self) {
+        let Some(base) = self.base.take() else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = release(base).await {
+                    tracing::warn!(error = %e, "releasing a base failed");
+                }
+            });
+        }
+        // No runtime left: the base is no longer live once its value is gone, so the next
+        // sweep removes it.
+    }
+}
+
+async fn release(base: Arc<Base>) -> Result<()> {
+    let Some(key) = base.key.clone() else {
+        return match Arc::into_inner(base) {
+            Some(b) => retire(b).await,
+            None => Ok(()),
+        };
+    };
+    let slot = lock_std(slots()).get(&key).cloned();
+    drop(base);
+    let Some(slot) = slot else { return Ok(()) };
+    let mut state = slot.state.lock().await;
+    let Some(b) = state.unused() else {
+        return Ok(());
+    };
+    let tip = b.state.repo.resolve_commit(&b.default_branch).await.ok();
+    if tip.as_deref() == Some(b.commit.as_str()) {
+        return Ok(());
+    }
+    match state.base.take().and_then(Arc::into_inner) {
+        Some(b) => retire(b).await,
+        None => Ok(()),
+    }
+}
+
+/// Removes a base nobody holds, unless a layer's record still names it (a checkout kept
+/// because its work could not be read, or being swept): then it is left to the sweep, which
+/// removes it after that layer.
+async fn retire(base: Base) -> Result<()> {
+    if base.state.repo.layers_on(&base.path).await {
+        return Ok(());
+    }
+    base.state.remove_checkout().await
+}
+
+impl RepoGit {
+    /// A hold on the base of `commit` (module docs): the shared one, made now if there is none,
+    /// or, unless `shared`, a private one. `prep`: an Implementor's (hook, setup, snapshot);
+    /// None: a view. `stop` ends the wait and the making (what was made is removed).
+    pub(crate) async fn base(
+        &self,
+        default_branch: &str,
+        commit: &str,
+        prep: Option<&Preparation>,
+        shared: bool,
+        session: &SessionRecord,
+        stop: &CancellationToken,
+    ) -> Result<BaseShare> {
+        if !shared {
+            let base = self
+                .make_base(default_branch, commit, prep, None, session, stop)
+                .await?;
+            return Ok(BaseShare::of(Arc::new(base)));
+        }
+        let key: BaseKey = (
+            self.root.clone(),
+            default_branch.to_string(),
+            commit.to_string(),
+            prep.map(Preparation::key),
+        );
+        let slot = {
+            let mut all = lock_std(slots());
+            // Slots nobody waits on and that hold nothing.
+            all.retain(|_, s| {
+                Arc::strong_count(s) > 1 || s.state.try_lock().map_or(true, |st| st.base.is_some())
+            });
+            all.entry(key.clone()).or_default().clone()
+        };
+        let arrived = slot.attempts.load(Ordering::SeqCst);
+        let mut state = tokio::select! {
+            s = slot.state.lock() => s,
+            _ = stop.cancelled() => return Err(cancelled()),
+        };
+        if let Some(b) = &state.base {
+            return Ok(BaseShare::of(b.clone()));
+        }
+        if let Some((attempt, e)) = &state.failed {
+            if *attempt > arrived {
+                return Err(e.clone());
+            }
+        }
+        let made = self
+            .make_base(
+                default_branch,
+                commit,
+                prep,
+                Some(key.clone()),
+                session,
+                stop,
+            )
+            .await;
+        let attempt = slot.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        match made {
+            Ok(base) => {
+                let base = Arc::new(base);
+                state.base = Some(base.clone());
+                state.failed = None;
+                drop(state);
+                self.retire_older_bases(&key).await;
+                Ok(BaseShare::of(base))
+            }
+            Err(e) => {
+                // A stopped attempt says nothing about the next one.
+                if e.code != ErrorCode::Cancelled {
+                    state.failed = Some((attempt, e.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the unused bases of the same kind as `key` on other commits: a new tip has
+    /// its own now.
+    async fn retire_older_bases(&self, key: &BaseKey) {
+        let older: Vec<Arc<Slot>> = lock_std(slots())
+            .iter()
+            .filter(|(k, _)| k.0 == key.0 && k.1 == key.1 && k.3 == key.3 && k.2 != key.2)
+            .map(|(_, s)| s.clone())
+            .collect();
+        self.retire_unused(older).await;
+    }
+
+    /// Removes every unused base of this repository (`shutdown()`).
+    pub async fn release_unused_bases(&self) {
+        let mine: Vec<Arc<Slot>> = lock_std(slots())
+            .iter()
+            .filter(|(k, _)| k.0 == self.root)
+            .map(|(_, s)| s.clone())
+            .collect();
+        self.retire_unused(mine).await;
+    }
+
+    async fn retire_unused(&self, slots: Vec<Arc<Slot>>) {
+        for slot in slots {
+            let Ok(mut state) = slot.state.try_lock() else {
+                continue;
+            };
+            if state.unused().is_none() {
+                continue;
+            }
+            if let Some(b) = state.base.take().and_then(Arc::into_inner) {
+                let path = b.path.clone();
+                if let Err(e) = retire(b).await {
+                    tracing::warn!(base = %path.display(), error = %e, "could not remove an unused base");
+                }
+            }
+        }
+    }
+
+    /// Whether a layer's record names the base at `base`.
+    pub(crate) async fn layers_on(&self, base: &Path) -> bool {
+        let Ok(common) = self.common_dir().await else {
+            return true;
+        };
+        let Ok(records) = super::list::clones(&common) else {
+            return true;
+        };
+        records.iter().any(|c| {
+            AdminRecord::read(&c.admin)
+                .and_then(|r| r.layer)
+                .is_some_and(|l| Path::new(&l.base) == base)
+        })
+    }
+
+    /// Claims, records and makes a base; removes what it made if it fails or is stopped.
+    async fn make_base(
+        &self,
+        default_branch: &str,
+        commit: &str,
+        prep: Option<&Preparation>,
+        key: Option<BaseKey>,
+        session: &SessionRecord,
+        stop: &CancellationToken,
+    ) -> Result<Base> {
+        let path = self
+            .root
+            .join(WORKTREES_DIR)
+            .join(format!("{BASE_PREFIX}{}", uuid::Uuid::new_v4()));
+        {
+            let _guard = tokio::select! {
+                g = self.lock.lock() => g,
+                _ = stop.cancelled() => return Err(cancelled()),
+            };
+            self.ensure_excluded().await?;
+            let mut record = AdminRecord::new(session, default_branch, commit);
+            record.path = path.to_str().map(str::to_string);
+            self.record_clone(&path, &record).await?;
+        }
+        // From here on any failure (or the future being dropped) removes what was made.
+        let mut guard = ProvisionGuard::new(self, &path);
+        let branch = self.local_branch(default_branch);
+        let made = tokio::select! {
+            r = self.make_view(&path, commit, branch.as_deref()) => r.map_err(|e| {
+                provision_error(format!("cannot check out the base at {}", path.display()))
+                    .with_cause(e)
+            }),
+            _ = stop.cancelled() => Err(cancelled()),
+        };
+        let prepared = match (made, prep) {
+            (Ok(()), Some(p)) => self
+                .prepare_checkout(&path, commit, p.setup.as_deref(), &p.env, p.timeout, stop)
+                .await
+                .map(Some),
+            (made, _) => made.map(|()| None),
+        };
+        let snapshot = match prepared {
+            Ok(s) => s,
+            Err(e) => {
+                guard.rollback().await;
+                return Err(if stop.is_cancelled() { cancelled() } else { e });
+            }
+        };
+        guard.disarm();
+        Ok(Base {
+            path: path.clone(),
+            commit: commit.to_string(),
+            snapshot,
+            default_branch: default_branch.to_string(),
+            key,
+            state: WorktreeState::new(self.arc(), path),
+        })
+    }
+
+    /// Makes the layer of an Implementor's checkout at `target` over `base` (module docs),
+    /// recorded (with the base's snapshot) under the claim `record_dir` already holds.
+    /// On failure the caller's rollback removes it.
+    pub(crate) async fn make_layer(
+        &self,
+        base: &BaseShare,
+        target: &Path,
+        branch: &str,
+        session: &SessionRecord,
+    ) -> Result<Layer> {
+        let mut record = AdminRecord::new(session, branch, base.commit());
+        record.path = target.to_str().map(str::to_string);
+        let layer = Layer {
+            base: base.path().to_path_buf(),
+            dir: self
+                .root
+                .join(WORKTREES_DIR)
+                .join(format!("{LAYER_PREFIX}{}", uuid::Uuid::new_v4())),
+        };
+        record.layer = Some(LayerRecord {
+            base: layer.base.display().to_string(),
+            dir: layer.dir.display().to_string(),
+        });
+        let snapshot = base
+            .snapshot()
+            .ok_or_else(|| provision_error("the base has no snapshot"))?;
+        record.snapshot_tree = Some(snapshot.tree.clone());
+        record.snapshot_taken = Some(snapshot.taken);
+        let record_dir = self.record_dir(target).await?;
+        // Recorded before anything is made, so a rollback or a sweep finds the layer.
+        record
+            .write(&record_dir)
+            .map_err(|e| provision_error("cannot record the checkout's layer").with_cause(e))?;
+        let failed = |e: std::io::Error| {
+            provision_error(format!("cannot make the layer at {}", layer.dir.display()))
+                .with_cause(e)
+        };
+        layer.create(target).map_err(failed)?;
+        let git_dir = layer.git_dir();
+        let head = format!("refs/heads/{branch}");
+        let git = |args: Vec<&str>| {
+            let mut all = vec!["--git-dir".as_ref(), git_dir.as_os_str()];
+            all.extend(args.into_iter().map(std::ffi::OsStr::new));
+            all.into_iter()
+                .map(|a| a.to_os_string())
+                .collect::<Vec<_>>()
+        };
+        // The layer's git dir has no ref but the session's branch (refs are not copied from
+        // the base).
+        let steps = async {
+            run_git(&self.root, &git(vec!["update-ref", &head, &base.commit])).await?;
+            run_git(&self.root, &git(vec!["symbolic-ref", "HEAD", &head])).await?;
+            Ok::<(), super::CommandError>(())
+        };
+        steps.await.map_err(|e| {
+            provision_error(format!("cannot set up the branch in {}", git_dir.display()))
+                .with_cause(e)
+        })?;
+        Ok(layer)
+    }
+}
+
+/// Where a layered checkout's parts are (module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    /// The base's directory (the overlay's lower layer).
+    pub base: PathBuf,
+    /// The layer's own directory.
+    pub dir: PathBuf,
+}
+
+impl Layer {
+    pub(crate) fn from_record(r: &LayerRecord) -> Layer {
+        Layer {
+            base: PathBuf::from(&r.base),
+            dir: PathBuf::from(&r.dir),
+        }
+    }
+
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    /// The checkout's own git dir.
+    pub fn git_dir(&self) -> PathBuf {
+        self.dir.join("git")
+    }
+
+    /// The base's git dir (its object store holds the snapshot).
+    pub fn base_git_dir(&self) -> PathBuf {
+        self.base.join(".git")
+    }
+
+    /// The mount that makes the checkout at `target`.
+    #[cfg(target_os = "linux")]
+    pub fn overlay(&self, target: &Path) -> crate::sandbox::overlay::Overlay {
+        crate::sandbox::overlay::Overlay {
+            lower: self.base.clone(),
+            upper: self.upper(),
+            work: self.work(),
+            target: target.to_path_buf(),
+        }
+    }
+
+    /// The layer's directories, its git dir, and the `.git` files (at `target` on the host,
+    /// and in `upper`, which the overlay shows at the same place).
+    fn create(&self, target: &Path) -> std::io::Result<()> {
+        let base_git = self.base_git_dir();
+        let git = self.git_dir();
+        for d in [
+            self.upper(),
+            self.work(),
+            git.join("objects/info"),
+            git.join("refs/heads"),
+            git.join("refs/tags"),
+        ] {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::create_dir_all(target)?;
+        let mut pointer = b"gitdir: ".to_vec();
+        pointer.extend_from_slice(git.as_os_str().as_encoded_bytes());
+        pointer.push(b'\n');
+        std::fs::write(target.join(".git"), &pointer)?;
+        std::fs::write(self.upper().join(".git"), &pointer)?;
+        let mut alternates = base_git
+            .join("objects")
+            .into_os_string()
+            .into_encoded_bytes();
+        alternates.push(b'\n');
+        std::fs::write(git.join("objects/info/alternates"), alternates)?;
+        for f in ["HEAD", "config", "shallow", "packed-refs"] {
+            match std::fs::copy(base_git.join(f), git.join(f)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        std::fs::create_dir_all(git.join("info"))?;
+        // The index with its timestamps: git then trusts the base's stat data for every file
+        // the agent has not touched (overlayfs shows the lower file's own), so `git status` is
+        // clean without reading the tree.
+        let index = base_git.join("index");
+        if let Ok(meta) = std::fs::metadata(&index) {
+            std::fs::copy(&index, git.join("index"))?;
+            let copy = std::fs::File::options()
+                .write(true)
+                .open(git.join("index"))?;
+            copy.set_modified(meta.modified()?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Removes a layer's directory `dir`, whose overlayfs scratch directory is `work`: overlayfs
+/// leaves `work/work` with mode 000, which an unprivileged owner cannot list (so cannot empty)
+/// until it is made accessible again.
+pub(crate) fn remove_layer_dir(dir: &Path, work: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if let Ok(entries) = std::fs::read_dir(work) {
+        use std::os::unix::fs::PermissionsExt;
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o700));
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = work;
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the layer a clone record names, if any (a session's cleanup, a rollback, a sweep).
+pub(crate) fn remove_recorded_layer(record: Option<&AdminRecord>) -> std::io::Result<()> {
+    match record.and_then(|r| r.layer.as_ref()) {
+        Some(l) => {
+            let layer = Layer::from_record(l);
+            remove_layer_dir(&layer.dir, &layer.work())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Whether the layer of checkouts can be mounted here, said once in the log when not.
+pub(crate) async fn layers_work(root: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        let dir = root.join(WORKTREES_DIR);
+        let tried =
+            tokio::task::spawn_blocking(move || crate::sandbox::overlay::available(&dir)).await;
+        match tried.unwrap_or_else(|e| Err(e.to_string())) {
+            Ok(()) => true,
+            Err(why) => {
+                if !SAID.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(reason = %why, "Implementors get full clones: a copy-on-write layer over a shared base cannot be mounted here");
+                }
+                false
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = root;
+        false
+    }
+}
