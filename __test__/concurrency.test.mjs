@@ -7,7 +7,7 @@ import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
-import { engineState, setup } from './support/harness.mjs';
+import { basesOf, engineState, setup, SHARED_BASE } from './support/harness.mjs';
 
 const N = 16;
 const ROUNDS = 3;
@@ -36,6 +36,7 @@ describe(`${N} Implementors at once on one repository`, () => {
     const adapter = h.adapter();
     const root = h.repo.root;
     const before = git(root, 'status', '--porcelain', '--ignored');
+    let firstBases;
     for (let round = 0; round < ROUNDS; round++) {
       const t0 = Date.now();
       const handles = await Promise.all(Array.from({ length: N }, (_, i) => adapter.startAgent({ role: 'implementor', workItemID: String(i), branchName: `wi-${i}` })));
@@ -48,11 +49,21 @@ describe(`${N} Implementors at once on one repository`, () => {
         expect(patch.match(/^\+\+\+ /gm)).toHaveLength(1);
       }
       console.log(`[measure] round ${round}: ${N} implementors, start → all results in ${Date.now() - t0} ms`);
-      expect(readdirSync(join(root, '.worktrees'))).toEqual([]);
-      expect(existsSync(join(root, '.git/claude-runtime-adapter'))).toBe(false);
+      // Every round on the same commit shares one base, made once and kept while it is the tip.
+      const bases = basesOf(root);
+      expect(bases).toHaveLength(SHARED_BASE ? 1 : 0);
+      if (round === 0) firstBases = bases;
+      expect(bases).toEqual(firstBases);
+      expect(readdirSync(join(root, '.worktrees'))).toEqual(bases);
+      expect(existsSync(join(root, '.git/claude-runtime-adapter'))).toBe(SHARED_BASE);
       expect(git(root, 'branch', '--format=%(refname:short)').trim()).toBe('main');
-      expect(git(root, 'status', '--porcelain', '--ignored')).toBe(before);
+      // (`.worktrees/`, where the kept base is, is in the repository's info/exclude.)
+      expect(git(root, 'status', '--porcelain', '--ignored')).toBe(SHARED_BASE ? `${before}!! .worktrees/\n` : before);
       expect(adapter.sessions()).toEqual([]);
     }
+    await adapter.shutdown();
+    expect(git(root, 'status', '--porcelain', '--ignored')).toBe(before);
+    expect(readdirSync(join(root, '.worktrees'))).toEqual([]);
+    expect(existsSync(join(root, '.git/claude-runtime-adapter'))).toBe(false);
   });
 });

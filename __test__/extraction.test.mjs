@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
 import { engineProcess } from './support/engine-process.mjs';
-import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
+import { addon, engineState, hostGitDir, logEntry, rejection, setup, SWEPT, workOf } from './support/harness.mjs';
 
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
 const params = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
@@ -92,14 +92,14 @@ async function implementor(commands, config = {}) {
 
 describe('reading the work out of a wedged checkout settles, with the work kept', () => {
   it('an index the agent replaced with a FIFO: ERR_EXTRACT naming it, at once; nothing left running; the checkout is kept with the work', async () => {
-    const { handle, clone } = await implementor(['echo work > work.txt && rm .git/index && mkfifo .git/index && echo wedged']);
+    const { handle, clone } = await implementor(['echo work > work.txt && g=$(git rev-parse --git-dir) && rm $g/index && mkfifo $g/index && echo wedged']);
     const t0 = Date.now();
     const err = await rejection(handle.result);
     expect(Date.now() - t0).toBeLessThan(20_000); // hang detection, not a timing assertion
     expect(err.code).toBe('ERR_EXTRACT');
-    expect(err.message).toContain('.git/index is a FIFO, not a regular file');
+    expect(err.message).toContain(`${hostGitDir(clone)}/index is a FIFO, not a regular file`);
     expect(err.message).toContain(`the checkout is kept as it is at ${clone}`);
-    expect(readFileSync(join(clone, 'work.txt'), 'utf8')).toBe('work\n');
+    expect(readFileSync(join(workOf(clone), 'work.txt'), 'utf8')).toBe('work\n');
     expect(processesIn(clone)).toEqual([]);
     expect(h.logger.entries.some((e) => e.message.includes('the checkout is kept') && e.data.path === clone)).toBe(true);
   });
@@ -129,7 +129,7 @@ describe('reading the work out of a wedged checkout settles, with the work kept'
     await waitFor(() => processesWith(`sleep ${marker}`).length === 0 && processesIn(clone).length === 0);
     expect(processesWith(`sleep ${marker}`)).toEqual([]);
     expect(processesIn(clone)).toEqual([]);
-    expect(readFileSync(join(clone, 'work.txt'), 'utf8')).toBe('work\n');
+    expect(readFileSync(join(workOf(clone), 'work.txt'), 'utf8')).toBe('work\n');
   });
 
   it('cancelAgent while a clean filter wedges the extraction: ERR_CANCELLED within seconds, the signal aborted, nothing left running', async () => {
@@ -148,7 +148,7 @@ describe('reading the work out of a wedged checkout settles, with the work kept'
     await waitFor(() => processesWith(`sleep ${marker}`).length === 0 && processesIn(clone).length === 0);
     expect(processesWith(`sleep ${marker}`)).toEqual([]);
     expect(processesIn(clone)).toEqual([]);
-    expect(readFileSync(join(clone, 'work.txt'), 'utf8')).toBe('work\n');
+    expect(readFileSync(join(workOf(clone), 'work.txt'), 'utf8')).toBe('work\n');
   });
 });
 
@@ -158,13 +158,13 @@ describe('nothing the agent controls is opened on the host', () => {
     const secret = join(h.scratch, 'id_rsa');
     const content = `-----BEGIN SECRET ${uniqueMarker()}-----`;
     writeFileSync(secret, `${content}\n`.repeat(64));
-    h.api.setScript(scenario.steps([bash(`echo work > work.txt && rm .git/index && ln -s ${secret} .git/index && echo linked`), done]));
+    h.api.setScript(scenario.steps([bash(`echo work > work.txt && g=$(git rev-parse --git-dir) && rm $g/index && ln -s ${secret} $g/index && echo linked`), done]));
     const handle = await h.adapter().startAgent(params);
     const clone = join(h.repo.root, '.worktrees', 'wi-7');
     const err = await rejection(handle.result);
     expect(err.code).toBe('ERR_EXTRACT');
-    expect(err.message).toContain('.git/index is a symbolic link, not a regular file');
-    expect(filesContaining(clone, content)).toEqual([]);
+    expect(err.message).toContain(`${hostGitDir(clone)}/index is a symbolic link, not a regular file`);
+    for (const dir of new Set([clone, workOf(clone), hostGitDir(clone)])) expect(filesContaining(dir, content)).toEqual([]);
     expect(filesContaining(join(h.scratch, 'logs'), content)).toEqual([]);
     expect(readFileSync(secret, 'utf8')).toContain(content);
   });
@@ -180,7 +180,7 @@ async function crashedSession(plant) {
   h.api.setScript(scenario.steps([bash(`${plant} && echo "agent work" > unsaved.txt; sleep ${hold}`), { hang: true }]));
   const { engine } = await engineProcess(h, params, engines);
   const clone = join(h.repo.root, '.worktrees', 'wi-7');
-  const planted = () => existsSync(join(clone, 'unsaved.txt')) && statSync(join(clone, 'unsaved.txt')).size > 0;
+  const planted = () => existsSync(join(clone, '.git')) && existsSync(join(workOf(clone), 'unsaved.txt')) && statSync(join(workOf(clone), 'unsaved.txt')).size > 0;
   await waitFor(planted, 30_000);
   expect(planted()).toBe(true);
   engine.kill('SIGKILL');
@@ -190,11 +190,11 @@ async function crashedSession(plant) {
 
 describe('an index too big to be one is refused, not copied', () => {
   it('a sparse index of 600 MiB: ERR_EXTRACT naming its size; no copy of it is written', async () => {
-    const { handle, clone } = await implementor(['echo work > work.txt && rm .git/index && truncate -s 600M .git/index && echo sparse']);
+    const { handle, clone } = await implementor(['echo work > work.txt && g=$(git rev-parse --git-dir) && rm $g/index && truncate -s 600M $g/index && echo sparse']);
     const err = await rejection(handle.result);
     expect(err.code).toBe('ERR_EXTRACT');
-    expect(err.message).toContain(`.git/index is ${600 * 1024 * 1024} bytes, more than the ${512 * 1024 * 1024}`);
-    expect(readdirSync(join(clone, '.git')).filter((f) => f.startsWith('index.'))).toEqual([]);
+    expect(err.message).toContain(`${hostGitDir(clone)}/index is ${600 * 1024 * 1024} bytes, more than the ${512 * 1024 * 1024}`);
+    expect(readdirSync(hostGitDir(clone)).filter((f) => f.startsWith('index.'))).toEqual([]);
   });
 });
 
@@ -233,7 +233,7 @@ describe('the sweep of a wedged clone is bounded and ends with shutdown()', () =
     expect(kept?.data.error).toContain('did not finish within 2 s (config.extractionTimeout)');
     expect(processesWith(`sleep ${marker}`)).toEqual([]);
     expect(processesIn(clone)).toEqual([]);
-    expect(readFileSync(join(clone, 'unsaved.txt'), 'utf8')).toBe('agent work\n');
+    expect(readFileSync(join(workOf(clone), 'unsaved.txt'), 'utf8')).toBe('agent work\n');
   });
 
   it('shutdown() while the sweep is wedged on a clean filter: the filter and its sandbox are killed at once; the clone is kept', async () => {
@@ -247,6 +247,6 @@ describe('the sweep of a wedged clone is bounded and ends with shutdown()', () =
     await logEntry(h.logger, SWEPT, 10_000);
     expect(processesWith(`sleep ${marker}`)).toEqual([]);
     expect(processesIn(clone)).toEqual([]);
-    expect(readFileSync(join(clone, 'unsaved.txt'), 'utf8')).toBe('agent work\n');
+    expect(readFileSync(join(workOf(clone), 'unsaved.txt'), 'utf8')).toBe('agent work\n');
   });
 });

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
-import { setup, viewOf } from './support/harness.mjs';
+import { hostGitDir, setup, SHARED_BASE, viewOf } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -93,11 +93,16 @@ describe('Implementor: its file tools write only inside its worktree', () => {
       (cwd) => write(join(cwd, 'src/deep/new.rs'), 'fn main() {}\n'),
       (cwd) => read(join(cwd, 'README.md')),
       (cwd) => edit(join(cwd, 'README.md')),
-      (cwd) => write(join(cwd, '.git/config'), '[core]\n\tfsmonitor = evil\n'),
+      (cwd) => write(join(hostGitDir(cwd), 'config'), '[core]\n\tfsmonitor = evil\n'),
+      (cwd) => write(join(cwd, '.git'), 'gitdir: /elsewhere\n'),
     ]);
     for (const i of [0, 1, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
     expect(results[4].is_error).toBe(true);
-    expect(results[4].text).toMatch(/\.git, which this session may not write/);
+    // A clone's .git is inside the checkout and denied by name; a layered checkout's git dir is
+    // its layer's, in the repository (which is denied) outside the checkout.
+    expect(results[4].text).toMatch(SHARED_BASE ? `is inside ${h.repo.root}, which this session may not write` : /\.git, which this session may not write/);
+    expect(results[5].is_error).toBe(true);
+    expect(results[5].text).toMatch(/\.git, which this session may not write/);
     expect(result.outcome).toBe('completed');
     expect(result.patch).toContain('+++ b/inside.txt');
     expect(result.patch).toContain('+++ b/src/deep/new.rs');

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
 import { engineProcess } from './support/engine-process.mjs';
-import { addon, engineState, logEntry, rejection, setup, SWEPT } from './support/harness.mjs';
+import { addon, engineState, logEntry, rejection, setup, SWEPT, workOf } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
 
@@ -65,8 +65,9 @@ describe('a crash loses no work', () => {
     git(root, 'worktree', 'add', '-q', '.worktrees/theirs', '-b', 'theirs');
     writeFileSync(join(root, '.worktrees', 'theirs', 'draft.md'), 'a person\'s draft\n');
     const { engine, log } = await engineProcess(h, { role: 'implementor', workItemID: '7', branchName: 'wi-7' }, engines);
-    const work = join(root, '.worktrees', 'wi-7', 'unsaved.txt');
-    const written = () => existsSync(work) && readFileSync(work, 'utf8') === 'agent work\n';
+    const checkout = join(root, '.worktrees', 'wi-7');
+    const work = () => join(workOf(checkout), 'unsaved.txt');
+    const written = () => existsSync(join(checkout, '.git')) && existsSync(work()) && readFileSync(work(), 'utf8') === 'agent work\n';
     for (let i = 0; i < 400 && !written(); i++) await new Promise((r) => setTimeout(r, 25));
     expect(written()).toBe(true);
     engine.kill('SIGKILL');
@@ -75,6 +76,8 @@ describe('a crash loses no work', () => {
     addon.createClaudeAdapter(h.config, h.deps);
     const swept = await logEntry(h.logger, SWEPT);
     expect(existsSync(join(root, '.worktrees', 'wi-7'))).toBe(false);
+    // Its layer and the base it was over went too (after the work was read through them).
+    expect(readdirSync(join(root, '.worktrees'))).toEqual(['theirs']);
     expect(swept.data.patches).toEqual([log.replace(/\.log$/, '.patch')]);
     const patch = readFileSync(swept.data.patches[0], 'utf8');
     expect(patch).toContain('+++ b/unsaved.txt');

@@ -15,7 +15,7 @@ process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { agentRuns, unsandboxed as bash } from './support/agent-bash.mjs';
-import { rejection, setup } from './support/harness.mjs';
+import { basesOf, rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -66,8 +66,13 @@ const run = (role, steps, adapter = h.adapter()) => agentRuns(h, role, steps, { 
 /** The first tool result's text in the request the step answers (the agent's `pwd`). */
 const cwdSeen = (body) => toolResults(body)[0].text.trim();
 
-/** What the adapter keeps in the repository for a session: nothing once it is over. */
-function leftovers(root) {
+/**
+ * What the adapter keeps in the repository for a session once it is over: the view of the tip,
+ * for the next session (src/git/base.rs), until `shutdown()`; then nothing.
+ */
+async function leftovers(adapter, root, kept = 1) {
+  expect(basesOf(root)).toHaveLength(kept);
+  await adapter.shutdown();
   return {
     worktrees: readdirSync(join(root, '.worktrees')).sort(),
     records: existsSync(join(root, '.git/claude-runtime-adapter')),
@@ -85,6 +90,7 @@ describe("Planner and Reviewer: the default branch's content and history, none o
   for (const role of ['planner', 'reviewer']) {
     it(`${role}: .git/config, git config, the ignored .env and another session's clone are unreadable, by relative and absolute path, with Bash and Read; git log/show/grep/diff, cat and Read of a tracked file give main's content although the engine's checkout is elsewhere`, async () => {
       const root = await repoWithSecrets();
+      const adapter = h.adapter();
       const { out, results } = await run(role, [
         'pwd',
         'cat .git/config',
@@ -99,7 +105,7 @@ describe("Planner and Reviewer: the default branch's content and history, none o
         read(`${root}/.git/config`),
         read(`${root}/.env`),
         read(`${root}/.worktrees/wi-9/work.txt`),
-      ]);
+      ], adapter);
       const all = out.join('\n');
       for (const secret of SECRETS) expect(all).not.toContain(secret);
       expect(out[0]).not.toBe(root);
@@ -112,22 +118,23 @@ describe("Planner and Reviewer: the default branch's content and history, none o
       expect(out[8]).toMatch(/\nclean$/);
       expect(out[9]).toContain('main content');
       for (const i of [10, 11, 12]) expect(results[i].is_error, `step ${i}: ${out[i]}`).toBe(true);
-      expect(leftovers(root)).toEqual({ worktrees: ['wi-9'], records: false });
+      expect(await leftovers(adapter, root)).toEqual({ worktrees: ['wi-9'], records: false });
       engineCheckoutUntouched(root);
     });
   }
 
   it('the view is read-only: a write, a commit and a ref in it all fail', async () => {
     const root = await repoWithSecrets();
+    const adapter = h.adapter();
     const { results, out } = await run('planner', [
       'echo x >> tracked.txt',
       'git commit -q --allow-empty -m sneaky',
       'git branch agent-p',
       'git log --format=%s -1',
-    ]);
+    ], adapter);
     for (const i of [0, 1, 2]) expect(results[i].is_error, `step ${i}: ${out[i]}`).toBe(true);
     expect(out[3]).toBe('add tracked file');
-    expect(leftovers(root)).toEqual({ worktrees: ['wi-9'], records: false });
+    expect(await leftovers(adapter, root)).toEqual({ worktrees: ['wi-9'], records: false });
   });
 
   it('a cancelled Reviewer: its view held none of the secrets, and nothing of it remains', async () => {
@@ -143,19 +150,21 @@ describe("Planner and Reviewer: the default branch's content and history, none o
     adapter.cancelAgent(handle.sessionID);
     expect((await rejection(handle.result)).code).toBe('ERR_CANCELLED');
     for (const secret of SECRETS) expect(seen).not.toContain(secret);
+    expect(await leftovers(adapter, root)).toEqual({ worktrees: ['wi-9'], records: false });
     expect(existsSync(cwd)).toBe(false);
-    expect(leftovers(root)).toEqual({ worktrees: ['wi-9'], records: false });
     engineCheckoutUntouched(root);
   });
 
   it('sandbox: false: the Planner still works in the view (cwd), so its relative reads find main and no secret', async () => {
     const root = await repoWithSecrets({ sandbox: false });
-    const { out } = await run('planner', ['pwd', 'cat .env .git/config; git config --list; ls -a .worktrees', 'cat tracked.txt']);
+    const adapter = h.adapter();
+    const { out } = await run('planner', ['pwd', 'cat .env .git/config; git config --list; ls -a .worktrees', 'cat tracked.txt'], adapter);
     const all = out.join('\n');
     for (const secret of SECRETS) expect(all).not.toContain(secret);
     expect(out[0]).not.toBe(root);
     expect(out[2]).toBe('main content');
     expect(existsSync(out[0])).toBe(false);
-    expect(leftovers(root)).toEqual({ worktrees: ['wi-9'], records: false });
+    // Unsandboxed, each session has a view of its own, gone with it.
+    expect(await leftovers(adapter, root, 0)).toEqual({ worktrees: ['wi-9'], records: false });
   });
 });

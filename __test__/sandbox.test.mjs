@@ -16,7 +16,7 @@ process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
 import { apiError, toolUse } from './support/fake-api.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
-import { rejection, setup } from './support/harness.mjs';
+import { basesOf, rejection, setup, SHARED_BASE } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -90,6 +90,7 @@ describe('Implementor: its clone is its whole writable world', () => {
     const root = h.repo.root;
     const before = gitSnapshot(root);
     const base = git(root, 'rev-parse', 'main').trim();
+    const adapter = h.adapter();
     const { result, out, results } = await run('implementor', [
       'git branch --show-current',
       'git status --porcelain; echo end',
@@ -99,7 +100,7 @@ describe('Implementor: its clone is its whole writable world', () => {
       'git branch topic && git branch --format="%(refname:short)" | sort | tr "\\n" " "',
       'echo edit >> README.md && git diff --stat | tail -1',
       'git log --oneline | wc -l',
-    ]);
+    ], { adapter });
     for (const [i, r] of results.entries()) expect(r.is_error, `command ${i}: ${out[i]}`).toBe(false);
     expect(out[0]).toBe('wi-1');
     expect(out[1]).toBe('end');
@@ -114,6 +115,9 @@ describe('Implementor: its clone is its whole writable world', () => {
     const applied = applyOnBase(root, base, result.patch);
     expect(readFileSync(join(applied, 's.txt'), 'utf8')).toBe('stashed\n');
     expect(readFileSync(join(applied, 'README.md'), 'utf8')).toBe('# temp repo\nedit\n');
+    // The base stays for the next session on the tip until shutdown() (src/git/base.rs).
+    expect(basesOf(root)).toHaveLength(SHARED_BASE ? 1 : 0);
+    await adapter.shutdown();
     expect(gitSnapshot(root)).toEqual(before);
     expect(branches(root)).toEqual(['main']);
     expect(existsSync(join(root, '.worktrees', 'wi-1'))).toBe(false);
@@ -129,6 +133,7 @@ describe('Implementor: its clone is its whole writable world', () => {
     after.push(() => rmSync(other, { recursive: true, force: true }));
     const before = gitSnapshot(root);
     const base = git(root, 'rev-parse', 'main').trim();
+    const adapter = h.adapter();
     const { result, results, out } = await run('implementor', [
       `echo beside > ${beside}`,
       `echo engine >> ${join(root, 'README.md')}`,
@@ -137,16 +142,27 @@ describe('Implementor: its clone is its whole writable world', () => {
       `touch ${join(other, 'planted')}`,
       `ls -A ${root}; ls -A ${join(root, '.git')}; ls -A ${join(root, '.worktrees')}`,
       'echo inside > inside.txt && cat inside.txt',
-    ]);
+      // A layered checkout's base shows only its object store, its layer only its git dir.
+      `(cd ${join(root, '.worktrees')} && ls -A .base-* && ls -A .base-*/.git && ls -A .layer-*); true`,
+    ], { adapter });
     for (const i of [0, 1, 2, 3, 4]) {
       expect(results[i].is_error, `command ${i}: ${out[i]}`).toBe(true);
       expect(out[i], `command ${i}`).toMatch(/Read-only file system|No such file or directory|not a git repository|not in a git directory|cannot change to/);
     }
-    // Only what the session needs: the shared object store and its own clone.
-    expect(out[5].split('\n')).toEqual(['.git', '.worktrees', 'objects', 'wi-1']);
+    // Only what the session needs: the shared object store and its own clone (layered: the
+    // base's object store and the layer's git dir too).
+    const seen = out[5].split('\n');
+    if (SHARED_BASE) {
+      expect(seen.slice(0, 3)).toEqual(['.git', '.worktrees', 'objects']);
+      expect(seen.slice(3).sort()).toEqual([basesOf(root)[0], expect.stringMatching(/^\.layer-/), 'wi-1'].sort());
+      expect(out[7].split('\n')).toEqual(['.git', 'objects', 'git']);
+    } else {
+      expect(seen).toEqual(['.git', '.worktrees', 'objects', 'wi-1']);
+    }
     expect(out[6]).toBe('inside');
     expect(existsSync(beside) || existsSync(join(other, 'planted'))).toBe(false);
     expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
+    await adapter.shutdown(); // the base kept for the next session on the tip goes
     expect(gitSnapshot(root)).toEqual(before);
     expect(git(root, 'rev-parse', 'main').trim()).toBe(base);
     expect(result.patch).toContain('+++ b/inside.txt');
@@ -182,7 +198,7 @@ describe('Implementor: its clone is its whole writable world', () => {
     await sandboxSetup();
     const pwned = join(h.scratch, 'pwned');
     const { result, out } = await run('implementor', [
-      `git config core.fsmonitor "touch ${pwned}; false" && printf '#!/bin/sh\ntouch ${pwned}\n' > .git/hooks/post-commit && chmod +x .git/hooks/post-commit && echo planted`,
+      `git config core.fsmonitor "touch ${pwned}; false" && g=$(git rev-parse --git-dir) && mkdir -p $g/hooks && printf '#!/bin/sh\ntouch ${pwned}\n' > $g/hooks/post-commit && chmod +x $g/hooks/post-commit && echo planted`,
       'echo work > work.txt && git add -A && git commit -q -m w 2>&1; echo "rc=$?"',
     ]);
     expect(out[0]).toBe('planted');
@@ -576,6 +592,10 @@ describe('the sandbox leaves nothing in the engine repository', () => {
     expect(impl.out[0]).toBe('ok');
     await run('planner', ['git status --porcelain; ls -a'], { adapter });
     await run('reviewer', ['git log --oneline -1'], { adapter });
+    // Kept for the next sessions on the tip until shutdown() (src/git/base.rs): the
+    // Implementors' base (layered) and the Planner's and Reviewer's view.
+    expect(basesOf(root)).toHaveLength(SHARED_BASE ? 2 : 1);
+    await adapter.shutdown();
     expect(gitSnapshot(root)).toEqual(before);
     expect(branches(root)).toEqual(['main']);
   });

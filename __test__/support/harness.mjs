@@ -1,6 +1,6 @@
 // One place that wires the real addon to a temp git repository, the fake Messages API and the
 // real Claude Code CLI, the way the engine wires it: config, deps from providers, a logger.
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import * as addon from '../../index.js';
@@ -79,6 +79,7 @@ export async function setup({
     logger,
     env,
     worktreeSetupCommand: null,
+    sharedBase: SHARED_BASE,
     ...config,
   };
   const deps = {
@@ -176,3 +177,29 @@ export function viewOf(root) {
   if (views.length !== 1) throw new Error(`expected one view under ${root}/.worktrees, found ${views.length}`);
   return join(root, '.worktrees', views[0]);
 }
+
+/**
+ * The git dir of an Implementor's checkout as the host sees it: a layered checkout's `.git` is a
+ * file naming its layer's `git/` (src/git/base.rs), a full clone's is a directory.
+ */
+export function hostGitDir(checkout) {
+  const dotGit = join(checkout, '.git');
+  if (!statSync(dotGit).isFile()) return dotGit;
+  return readFileSync(dotGit, 'utf8').trim().replace(/^gitdir: /, '');
+}
+
+/**
+ * Where the files an agent wrote in its checkout are on the host: a layered checkout's in its
+ * layer's `upper/` (its checkout exists only inside its sandbox), a full clone's in the clone.
+ */
+export function workOf(checkout) {
+  const gitDir = hostGitDir(checkout);
+  const layer = dirname(gitDir);
+  return basename(gitDir) === 'git' && basename(layer).startsWith('.layer-') ? join(layer, 'upper') : checkout;
+}
+
+/** Whether the adapter makes Implementors' checkouts as layers (the default) or full clones (`CRA_TEST_SHARED_BASE=0`). */
+export const SHARED_BASE = process.env.CRA_TEST_SHARED_BASE !== '0';
+
+/** The bases (`.worktrees/.base-*`, src/git/base.rs) of `root`. */
+export const basesOf = (root) => (existsSync(join(root, '.worktrees')) ? readdirSync(join(root, '.worktrees')).filter((n) => VIEW_NAME.test(n)) : []);
