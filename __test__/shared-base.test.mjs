@@ -242,3 +242,24 @@ describe("a layered checkout's patch is the full clone's, byte for byte", () => 
     await clone.shutdown();
   });
 });
+
+describe('where no overlay can be mounted, a full clone', () => {
+  it("a repository whose path overlayfs cannot take (a ','): Implementors get full clones, the log says once why, the work is the same", { timeout: 120_000 }, async () => {
+    h = await setup({ state: items, bodies });
+    const root = join(mkdtempSyncSafe(), 'repo,with,commas');
+    execFileSync('cp', ['-a', h.repo.root, root]);
+    h.api.setScript(scenario.steps([bash('test -d .git && echo clone; grep -c " overlay " /proc/self/mountinfo; echo work > work.txt'), done]));
+    const adapter = addon.createClaudeAdapter({ ...h.config, repoRoot: root }, h.deps);
+    for (const i of [0, 1]) {
+      const r = await (await adapter.startAgent(implementor(i))).result;
+      expect(r.patch.match(/^\+\+\+ .*$/gm)).toEqual(['+++ b/work.txt']);
+      expect(toolResults(h.api.mainBodies().at(-1))[0].text).toBe('clone\n0');
+    }
+    const why = h.logger.entries.filter((e) => e.message.includes('Implementors get full clones'));
+    expect(why).toHaveLength(1);
+    expect(why[0].level).toBe('warn');
+    expect(why[0].data.reason).toContain("character overlayfs options cannot carry (',' ':' '\\')");
+    await adapter.shutdown();
+    expect(readdirSync(join(root, '.worktrees'))).toEqual([]);
+  });
+});

@@ -219,3 +219,81 @@ fn probe_in(p: &Path) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(t: &Path) -> Overlay {
+        let o = Overlay {
+            lower: t.join("lower"),
+            upper: t.join("upper"),
+            work: t.join("work"),
+            target: t.join("merged"),
+        };
+        for d in [&o.lower, &o.upper, &o.work, &o.target] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        o
+    }
+
+    #[test]
+    fn paths_overlayfs_options_cannot_carry_are_refused_naming_the_path() {
+        let t = tempfile::tempdir().unwrap();
+        let mut o = layers(t.path());
+        assert!(o.options().is_ok());
+        o.upper = t.path().join("a,b");
+        let err = o.options().unwrap_err();
+        assert!(err.contains("a,b"), "{err}");
+        o.upper = t.path().join("a:b");
+        assert!(o.pre_exec().is_err());
+    }
+
+    /// The mount exists in the child's namespace only: its writes land in `upper`, `lower` is
+    /// untouched, a deletion is recorded in `upper`, and the host's `target` stays empty.
+    #[test]
+    fn writes_in_the_merged_view_land_in_upper_and_the_host_sees_no_mount() {
+        let t = tempfile::tempdir().unwrap();
+        let o = layers(t.path());
+        std::fs::write(o.lower.join("kept"), "lower\n").unwrap();
+        std::fs::write(o.lower.join("deleted"), "lower\n").unwrap();
+        let script = format!(
+            "cd {} && cat kept && echo new > kept && rm deleted && echo added > added",
+            o.target.display()
+        );
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", &script]);
+        let hook = o.pre_exec().unwrap();
+        // SAFETY: the hook makes system calls only.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, hook);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "lower\n");
+        assert_eq!(
+            std::fs::read_to_string(o.lower.join("kept")).unwrap(),
+            "lower\n"
+        );
+        assert!(o.lower.join("deleted").exists());
+        assert_eq!(
+            std::fs::read_to_string(o.upper.join("kept")).unwrap(),
+            "new\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(o.upper.join("added")).unwrap(),
+            "added\n"
+        );
+        // A whiteout: a character device 0/0 where the deleted file was.
+        use std::os::unix::fs::FileTypeExt;
+        let whiteout = std::fs::symlink_metadata(o.upper.join("deleted")).unwrap();
+        assert!(whiteout.file_type().is_char_device());
+        assert_eq!(std::fs::read_dir(&o.target).unwrap().count(), 0);
+        crate::git::base::remove_layer_dir(t.path(), &o.work).unwrap();
+        assert!(!t.path().exists());
+    }
+}
