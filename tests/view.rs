@@ -55,6 +55,23 @@ fn request() -> ViewRequest {
     }
 }
 
+/// What is left once the bases kept for the next session on the tip are released (what
+/// `shutdown()` does): every entry of `.worktrees/` and whether the adapter has any record in
+/// the git dir.
+async fn released(rg: &RepoGit, root: &Path) -> (Vec<String>, bool) {
+    rg.release_unused_bases().await;
+    leftovers(root)
+}
+
+/// The bases (`.base-*`) under `.worktrees/`.
+fn bases(root: &Path) -> Vec<String> {
+    leftovers(root)
+        .0
+        .into_iter()
+        .filter(|n| n.starts_with(".base-"))
+        .collect()
+}
+
 /// Every entry of `.worktrees/` and whether the adapter has any record in the git dir.
 fn leftovers(root: &Path) -> (Vec<String>, bool) {
     let mut entries: Vec<String> = std::fs::read_dir(root.join(".worktrees"))
@@ -104,7 +121,9 @@ async fn a_view_is_main_checked_out_with_its_history_and_no_remote_config_or_ign
 
     view.cleanup().await.unwrap();
     view.cleanup().await.unwrap();
-    assert_eq!(leftovers(&root), (vec![], false));
+    // Kept for the next session while main is there.
+    assert_eq!(bases(&root).len(), 1);
+    assert_eq!(released(&rg, &root).await, (vec![], false));
 }
 
 #[tokio::test]
@@ -151,7 +170,7 @@ async fn a_view_of_a_shallow_repository_has_its_history_as_far_as_it_goes() {
 }
 
 #[tokio::test]
-async fn a_view_left_by_its_session_is_swept_and_nothing_is_saved_from_it() {
+async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_released() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
     let view = rg
@@ -166,16 +185,21 @@ async fn a_view_left_by_its_session_is_swept_and_nothing_is_saved_from_it() {
         .unwrap()
         .is_empty());
     assert!(path.exists());
-    // Dropped without cleanup (its session's process is as good as gone): the sweep removes it.
+    // Dropped without cleanup: released in the background, kept (the tip's), still live.
     drop(view);
-    let swept = rg
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(rg
         .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
         .await
+        .unwrap()
+        .is_empty());
+    let again = rg
+        .provision_view(&request(), &CancellationToken::new())
+        .await
         .unwrap();
-    assert_eq!(swept.len(), 1, "{swept:?}");
-    assert_eq!(swept[0].path, path);
-    assert_eq!(swept[0].patch, None);
-    assert_eq!(leftovers(&root), (vec![], false));
+    assert_eq!(again.path, path);
+    again.cleanup().await.unwrap();
+    assert_eq!(released(&rg, &root).await, (vec![], false));
 }
 
 #[tokio::test]
@@ -214,7 +238,7 @@ async fn a_stopped_or_dropped_view_provision_leaves_nothing() {
 }
 
 #[tokio::test]
-async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_which_goes_with_the_last() {
+async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_kept_while_it_is_the_tip() {
     let (_t, root) = repo();
     let rg = RepoGit::for_repo(&root);
     let go = CancellationToken::new();
@@ -237,12 +261,18 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_which_goes_w
         .is_empty());
     assert!(path.join("a.txt").exists());
     c.cleanup().await.unwrap();
-    assert_eq!(leftovers(&root), (vec![], false));
-    // The next session makes a fresh one.
+    // Its commit is the tip: kept, and the next session reads the same one.
+    assert!(path.join("a.txt").exists());
     let d = rg.provision_view(&request(), &go).await.unwrap();
-    assert_ne!(d.path, path);
+    assert_eq!(d.path, path);
     d.cleanup().await.unwrap();
-    assert_eq!(leftovers(&root), (vec![], false));
+    // Once main moves on, the unused view of the old tip goes with the next release.
+    git(&root, &["branch", "-f", "main", "main~1"]);
+    let e = rg.provision_view(&request(), &go).await.unwrap();
+    assert_ne!(e.path, path);
+    assert!(!path.exists(), "a newer base removes the unused older one");
+    e.cleanup().await.unwrap();
+    assert_eq!(released(&rg, &root).await, (vec![], false));
 }
 
 #[tokio::test]
@@ -261,10 +291,19 @@ async fn unsandboxed_sessions_and_other_commits_get_views_of_their_own() {
     let d = rg.provision_view(&older, &go).await.unwrap();
     assert_ne!(c.path, d.path);
     assert_eq!(std::fs::read(d.path.join("a.txt")).unwrap(), b"one\n");
-    for v in [a, b, c, d] {
+    for v in [&a, &b, &c, &d] {
         v.cleanup().await.unwrap();
     }
-    assert_eq!(leftovers(&root), (vec![], false));
+    // The unsandboxed ones went with their sessions; `main`'s and `main~1`'s are each what
+    // their defaultBranch names now, so both are kept.
+    let mut kept = vec![c.path.clone(), d.path.clone()];
+    kept.sort();
+    let kept: Vec<String> = kept
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(bases(&root), kept);
+    assert_eq!(released(&rg, &root).await, (vec![], false));
 }
 
 #[tokio::test]
@@ -294,5 +333,5 @@ async fn a_sha256_repository_gets_a_view_with_its_history() {
         "sha256"
     );
     view.cleanup().await.unwrap();
-    assert_eq!(leftovers(&root), (vec![], false));
+    assert_eq!(released(&rg, &root).await, (vec![], false));
 }

@@ -342,13 +342,7 @@ impl RepoGit {
         base: &str,
         stop: &CancellationToken,
     ) -> Result<Snapshot> {
-        let checkout_failed = |e| {
-            provision_error(format!(
-                "cannot check out the worktree at {}",
-                path.display()
-            ))
-            .with_cause(e)
-        };
+        let checkout_failed = |e| checkout_failed(path, e);
         // Killed if the provision is stopped; the rollback then removes the clone.
         let steps = async {
             let clone: [&std::ffi::OsStr; 7] = [
@@ -422,13 +416,7 @@ impl RepoGit {
         timeout: Duration,
         stop: &CancellationToken,
     ) -> Result<Snapshot> {
-        let checkout_failed = |e| {
-            provision_error(format!(
-                "cannot check out the worktree at {}",
-                path.display()
-            ))
-            .with_cause(e)
-        };
+        let checkout_failed = |e| checkout_failed(path, e);
         // Commits made in the checkout carry the identity the repository's own commits would
         // (a repository-local `user.*` is not cloned; the global one stays readable).
         for key in ["user.name", "user.email"] {
@@ -460,6 +448,15 @@ impl RepoGit {
             _ = stop.cancelled() => Err(cancelled()),
         }
     }
+}
+
+/// The provision error for a git step of making the checkout at `path` that failed.
+fn checkout_failed(path: &Path, e: super::CommandError) -> AdapterError {
+    provision_error(format!(
+        "cannot check out the worktree at {}",
+        path.display()
+    ))
+    .with_cause(e)
 }
 
 /// The provision error for a hook or setup command that failed, ran out of time, or was
