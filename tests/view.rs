@@ -296,7 +296,7 @@ async fn unsandboxed_sessions_and_other_commits_get_views_of_their_own() {
     }
     // The unsandboxed ones went with their sessions; `main`'s and `main~1`'s are each what
     // their defaultBranch names now, so both are kept.
-    let mut kept = vec![c.path.clone(), d.path.clone()];
+    let mut kept = [c.path.clone(), d.path.clone()];
     kept.sort();
     let kept: Vec<String> = kept
         .iter()
