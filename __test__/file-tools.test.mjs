@@ -94,7 +94,8 @@ describe('Implementor: its file tools write only inside its worktree', () => {
       (cwd) => read(join(cwd, 'README.md')),
       (cwd) => edit(join(cwd, 'README.md')),
       (cwd) => write(join(hostGitDir(cwd), 'config'), '[core]\n\tfsmonitor = evil\n'),
-      (cwd) => write(join(cwd, '.git'), 'gitdir: /elsewhere\n'),
+      // Its `.git`: a layered checkout's pointer file, a clone's directory (its HEAD).
+      (cwd) => write(join(cwd, SHARED_BASE ? '.git' : '.git/HEAD'), 'gitdir: /elsewhere\n'),
     ]);
     for (const i of [0, 1, 2, 3]) expect(results[i].is_error, `call ${i}: ${results[i].text}`).toBe(false);
     expect(results[4].is_error).toBe(true);
