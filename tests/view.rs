@@ -270,6 +270,13 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_kept_while_i
     git(&root, &["branch", "-f", "main", "main~1"]);
     let e = rg.provision_view(&request(), &go).await.unwrap();
     assert_ne!(e.path, path);
+    // A newer base removes the unused older one (in the background).
+    for _ in 0..200 {
+        if !path.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     assert!(!path.exists(), "a newer base removes the unused older one");
     e.cleanup().await.unwrap();
     assert_eq!(released(&rg, &root).await, (vec![], false));

@@ -284,7 +284,10 @@ impl RepoGit {
                 state.base = Some(base.clone());
                 state.failed = None;
                 drop(state);
-                self.retire_older_bases(&key).await;
+                // In the background: removing a checkout of the old tip (a second for 100,000
+                // files) is no part of this session's start.
+                let repo = self.arc();
+                tokio::spawn(async move { repo.retire_older_bases(&key).await });
                 Ok(BaseShare::of(base))
             }
             Err(e) => {
