@@ -282,6 +282,7 @@ impl RepoGit {
             return Ok(None);
         }
         let common = self.git_dir().await?;
+        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
         let mut plan = JailPlan {
             cwd: clone.to_path_buf(),
             writable: vec![clone.to_path_buf()],
