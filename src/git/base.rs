@@ -346,11 +346,9 @@ impl RepoGit {
         let Ok(records) = super::list::clones(&common) else {
             return true;
         };
-        records.iter().any(|c| {
-            AdminRecord::read(&c.admin)
-                .and_then(|r| r.layer)
-                .is_some_and(|l| Path::new(&l.base) == base)
-        })
+        records
+            .iter()
+            .any(|c| c.layer.as_ref().is_some_and(|l| Path::new(&l.base) == base))
     }
 
     /// Claims, records and makes a base; removes what it made if it fails or is stopped.
@@ -421,7 +419,7 @@ impl RepoGit {
         target: &Path,
         branch: &str,
         session: &SessionRecord,
-    ) -> Result<Layer> {
+    ) -> Result<(Layer, Snapshot)> {
         let mut record = AdminRecord::new(session, branch, base.commit());
         record.path = target.to_str().map(str::to_string);
         let layer = Layer {
@@ -437,6 +435,7 @@ impl RepoGit {
         });
         let snapshot = base
             .snapshot()
+            .cloned()
             .ok_or_else(|| provision_error("the base has no snapshot"))?;
         record.snapshot_tree = Some(snapshot.tree.clone());
         record.snapshot_taken = Some(snapshot.taken);
@@ -470,7 +469,7 @@ impl RepoGit {
             provision_error(format!("cannot set up the branch in {}", git_dir.display()))
                 .with_cause(e)
         })?;
-        Ok(layer)
+        Ok((layer, snapshot))
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) struct ListedWorktree {
     pub locked: Option<String>,
     /// A clone this adapter made (`admin` is then its record dir), not a linked worktree.
     pub clone: bool,
+    /// A layered checkout's parts, from its record (see [`super::base`]).
+    pub layer: Option<super::record::LayerRecord>,
 }
 
 /// Where the records of the adapter's clones live, under the common git dir.
@@ -50,6 +52,7 @@ pub(crate) fn clones(common: &Path) -> std::io::Result<Vec<ListedWorktree>> {
             locked: std::fs::read_to_string(admin.join("locked")).ok(),
             admin,
             clone: true,
+            layer: record.layer,
         });
     }
     Ok(out)
@@ -66,6 +69,7 @@ pub(crate) fn worktrees(common: &Path) -> std::io::Result<Vec<ListedWorktree>> {
                 head_ref: head_ref(common),
                 locked: None,
                 clone: false,
+                layer: None,
             });
         }
     }
@@ -92,6 +96,7 @@ fn linked(admin: &Path) -> Option<ListedWorktree> {
         head_ref: head_ref(admin),
         locked: std::fs::read_to_string(admin.join("locked")).ok(),
         clone: false,
+        layer: None,
     })
 }
 

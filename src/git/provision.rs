@@ -137,23 +137,19 @@ impl RepoGit {
         }
         let mut guard = ProvisionGuard::new(self, &path);
         let made = async {
-            let layer = self
+            let (layer, snapshot) = self
                 .make_layer(&base, &path, &req.branch, &req.session)
                 .await?;
             let jail = self.extraction_jail(&path).await?;
-            Ok::<_, AdapterError>((layer, jail))
+            Ok::<_, AdapterError>((layer, snapshot, jail))
         };
         let made = tokio::select! {
             m = made => m,
             _ = stop.cancelled() => Err(cancelled()),
         };
         match made {
-            Ok((layer, jail)) => {
+            Ok((layer, snapshot, jail)) => {
                 guard.disarm();
-                let snapshot = base
-                    .snapshot()
-                    .cloned()
-                    .ok_or_else(|| provision_error("the base has no snapshot"))?;
                 Ok(Worktree {
                     path: path.clone(),
                     branch: req.branch.clone(),

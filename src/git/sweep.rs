@@ -69,9 +69,7 @@ impl RepoGit {
         let mut all = self.list_all().await?;
         // Layers first: their work is read through the base they are over, which goes after
         // them (and not while any layer's record still names it).
-        all.sort_by_key(|w| {
-            !(w.clone && AdminRecord::read(&w.admin).is_some_and(|r| r.layer.is_some()))
-        });
+        all.sort_by_key(|w| w.layer.is_none());
         for wt in all {
             if stop.is_cancelled() {
                 break;
