@@ -51,6 +51,25 @@ export CRA_KUBE_IMAGE
 echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
 
 step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
+
+# The images a team brings instead of the session image (no bubblewrap, socat or CLI in any):
+# toolchain (git, node, npm, yarn, python3, gcc), minimal (git only), nogit (refused: no git)
+# and musl (no glibc, no git). Built the same registry-free way; a no-op when their inputs did
+# not change. refs has one line per image, `NAME REF TARPATH`; each REF is exported for the
+# tests as CRA_KUBE_<NAME>_IMAGE: CRA_KUBE_TOOLCHAIN_IMAGE, CRA_KUBE_MINIMAL_IMAGE,
+# CRA_KUBE_NOGIT_IMAGE, CRA_KUBE_MUSL_IMAGE.
+mkdir -p target/test-images
+step "test images build (scripts/test-images.mjs)" \
+  node scripts/test-images.mjs --mkimage "$kube_dir/mkimage.py" >target/test-images/refs
+# Read whole first: the imports must not read the rest of refs from stdin.
+mapfile -t test_images <target/test-images/refs
+for line in "${test_images[@]}"; do
+  read -r name ref tar <<<"$line"
+  step "test image $name import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$tar"
+  export "CRA_KUBE_${name^^}_IMAGE=$ref"
+  echo "== kube-ci: test image $name: $ref" >&2
+done
+
 step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
   env CRA_KUBE_TESTS=1 cargo test --test kube_cluster
 step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube

@@ -1,6 +1,7 @@
 // The registry-free build of the session image (the same image as image/Dockerfile): a Debian
-// bookworm rootfs made by mmdebstrap from the Debian archive, plus the CLI from node_modules,
-// the static cra-pod binary and image/cra-jail, written as a one-layer docker-archive tar by
+// bookworm rootfs made by mmdebstrap from the Debian archive, plus the adapter's runtime in
+// /opt/claude-runtime-adapter (the CLI from node_modules, the static cra-pod binary,
+// image/cra-jail, and bubblewrap and socat with their own loader: image/make-runtime), written as a one-layer docker-archive tar by
 // ../shared/kube/mkimage.py (for `import-image`, `ctr images import`, `podman load`).
 //
 //   node scripts/session-image.mjs [--out FILE.tar] [--cra-pod PATH] [--mkimage PATH]
@@ -97,6 +98,8 @@ if (!existsSync(craPod)) fail(`cra-pod binary ${craPod} does not exist`);
 if (!isStaticElf(craPod)) fail(`${craPod} is not a static executable (build it for x86_64-unknown-linux-musl)`);
 
 const jailScript = join(root, 'image', 'cra-jail');
+const runtimeScript = join(root, 'image', 'make-runtime');
+const historyScript = join(root, 'image', 'git-history');
 const mkimage = resolve(opt.mkimage);
 if (!existsSync(mkimage)) fail(`mkimage.py not found at ${mkimage} (pass --mkimage PATH)`);
 
@@ -109,6 +112,8 @@ const inputs = {
   cli: cliVersion,
   craPod: fileHash(craPod),
   craJail: fileHash(jailScript),
+  makeRuntime: fileHash(runtimeScript),
+  gitHistory: fileHash(historyScript),
   script: fileHash(fileURLToPath(import.meta.url)),
   mkimage: fileHash(mkimage),
 };
@@ -140,11 +145,16 @@ if (!existsSync('/usr/bin/mmdebstrap')) {
 
 // Everything that goes in beyond the packages is done by mmdebstrap's hooks, in the rootfs
 // (`$1`), before it is finished: the binaries, the user and the directories of the contract.
+const RT = '/opt/claude-runtime-adapter';
 const hooks = [
-  `upload ${cliBin} /usr/local/bin/claude`,
-  `upload ${craPod} /usr/local/bin/cra-pod`,
-  `upload ${jailScript} /usr/local/bin/cra-jail`,
-  'chmod 0755 "$1/usr/local/bin/claude" "$1/usr/local/bin/cra-pod" "$1/usr/local/bin/cra-jail"',
+  `mkdir -p "$1${RT}/bin" "$1${RT}/libexec" "$1${RT}/history"`,
+  `upload ${historyScript} ${RT}/history/git`,
+  `upload ${cliBin} ${RT}/libexec/claude`,
+  `upload ${craPod} ${RT}/bin/cra-pod`,
+  `upload ${jailScript} ${RT}/bin/cra-jail`,
+  `upload ${runtimeScript} /tmp/make-runtime`,
+  `chroot "$1" sh /tmp/make-runtime`,
+  'rm -f "$1/tmp/make-runtime"',
   'chroot "$1" groupadd --gid 1000 agent',
   'chroot "$1" useradd --uid 1000 --gid 1000 --home-dir /home/agent --create-home --shell /bin/bash agent',
   'install -d -o 1000 -g 1000 -m 0755 "$1/workspace" "$1/var/lib/cra"',
@@ -166,7 +176,7 @@ log(`mmdebstrap (rootfs ${mib(rootfsBytes)}): ${secs(t)}`);
 
 t = performance.now();
 const tmpOut = `${out}.partial`;
-run('python3', [mkimage, rootfs, ref, tmpOut, '/usr/local/bin/cra-pod', 'idle']);
+run('python3', [mkimage, rootfs, ref, tmpOut, `${RT}/bin/cra-pod`, 'idle']);
 renameSync(tmpOut, out);
 rmSync(rootfs, { recursive: true, force: true });
 writeFileSync(stampFile, stamp);

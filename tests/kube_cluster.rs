@@ -43,9 +43,11 @@ fn namespace() -> String {
 }
 
 fn config(case: &str) -> KubernetesConfig {
+    let image = std::env::var("CRA_KUBE_TEST_IMAGE").unwrap_or_else(|_| "local/busybox:1".into());
     KubernetesConfig {
         namespace: namespace(),
-        image: std::env::var("CRA_KUBE_TEST_IMAGE").unwrap_or_else(|_| "local/busybox:1".into()),
+        image: Some(image.clone()),
+        runtime_image: image,
         image_pull_policy: PullPolicy::IfNotPresent,
         kubeconfig: None,
         context: None,
@@ -226,7 +228,8 @@ async fn an_image_not_on_the_node_with_pull_policy_never_is_err_provision_and_le
         return;
     }
     let cfg = KubernetesConfig {
-        image: "local/no-such-image:0".into(),
+        image: Some("local/no-such-image:0".into()),
+        runtime_image: "local/no-such-image:0".into(),
         image_pull_policy: PullPolicy::Never,
         ..config("image_never_pull")
     };
@@ -239,12 +242,47 @@ async fn an_image_not_on_the_node_with_pull_policy_never_is_err_provision_and_le
         .unwrap();
     assert_eq!(e.code, ErrorCode::Provision);
     assert!(
-        e.message.contains(
-            "the image local/no-such-image:0 (backend.kubernetes.image) is not available on node"
-        ) && e.message.contains("ErrImageNeverPull"),
+        e.message
+            .contains("the image local/no-such-image:0 is not available on node")
+            && e.message.contains("ErrImageNeverPull"),
         "{e:?}"
     );
     // Failed at once, not at podStartTimeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_no_pod_left(&cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_image_not_on_the_node_is_err_provision_naming_runtime_image_and_leaves_no_pod() {
+    if !enabled(
+        "a_runtime_image_not_on_the_node_is_err_provision_naming_runtime_image_and_leaves_no_pod",
+    ) {
+        return;
+    }
+    // The session's image is there; the one its runtime is copied from is not.
+    let cfg = KubernetesConfig {
+        runtime_image: "local/no-such-runtime:0".into(),
+        image_pull_policy: PullPolicy::Never,
+        ..config("runtime_never_pull")
+    };
+    let cluster = Cluster::connect(&cfg).await.unwrap();
+    let started = Instant::now();
+    let e = cluster
+        .create_pod(request("s"), &CancellationToken::new())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code, ErrorCode::Provision);
+    assert!(
+        e.message.contains(
+            "the runtime image local/no-such-runtime:0 (backend.kubernetes.runtimeImage) cannot run on node"
+        ) && e.message.contains("ErrImageNeverPull"),
+        "{e:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "{:?}",

@@ -91,8 +91,18 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
 export interface KubernetesBackend {
   /** a DNS-1123 label; must exist (the adapter creates no namespace) */
   namespace: string
-  /** the session image (its contract: README, Kubernetes backend) */
-  image: string
+  /**
+   * the image sessions run in: any image with git and a POSIX shell (the team's CI or
+   * devcontainer image). Default: the repository's `.devcontainer/devcontainer.json` `image`,
+   * else `runtimeImage`. One of `image` and `runtimeImage` is required.
+   */
+  image?: string
+  /**
+   * the adapter's session image (README, Kubernetes backend): an init container copies its
+   * runtime (pod agent, sandbox, bridges, CLI) into each pod of another image. Default: `image`
+   * (which must then be the session image)
+   */
+  runtimeImage?: string
   /** default 'IfNotPresent' */
   imagePullPolicy?: 'Always' | 'IfNotPresent' | 'Never'
   /** path of a kubeconfig; default: KUBECONFIG, then ~/.kube/config, then the in-cluster service account */

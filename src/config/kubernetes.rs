@@ -26,7 +26,13 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub struct KubernetesConfig {
     /// A DNS-1123 label.
     pub namespace: String,
-    pub image: String,
+    /// The image sessions run in (`None`: the repository's `.devcontainer/devcontainer.json`
+    /// image, else [`KubernetesConfig::runtime_image`]).
+    pub image: Option<String>,
+    /// The adapter's session image: it carries the runtime (pod agent, sandbox, bridges, CLI)
+    /// that an init container copies into a pod of any other image. Given as
+    /// `runtimeImage`, or `image` when that is not given (then `image` is the session image).
+    pub runtime_image: String,
     pub image_pull_policy: PullPolicy,
     /// `None` = the usual sources: `KUBECONFIG`, `~/.kube/config`, the in-cluster service
     /// account.
@@ -82,6 +88,7 @@ pub struct Toleration {
 const FIELDS: &[&str] = &[
     "namespace",
     "image",
+    "runtimeImage",
     "imagePullPolicy",
     "kubeconfig",
     "context",
@@ -212,15 +219,22 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
             format!("must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending alphanumeric (got {namespace:?})"),
         );
     }
-    let image = r.string("image");
-    if r.obj.get("image").is_some_and(Value::is_string)
-        && (image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()))
-    {
-        r.add(
-            "image",
-            format!("must be a non-empty image reference without whitespace (got {image:?})"),
-        );
-    }
+    let image = image_ref(&mut r, "image");
+    let runtime_image = image_ref(&mut r, "runtimeImage");
+    let runtime_image = match (&image, runtime_image) {
+        (_, Some(runtime)) => runtime,
+        (Some(image), None) => image.clone(),
+        (None, None) => {
+            if !r.obj.contains_key("image") && !r.obj.contains_key("runtimeImage") {
+                r.add(
+                    "image",
+                    "must be given, or runtimeImage (the adapter's session image; sessions then \
+                     run in the repository's .devcontainer/devcontainer.json image or in it)",
+                );
+            }
+            String::new()
+        }
+    };
     let image_pull_policy = match r.opt_string("imagePullPolicy").as_deref() {
         None | Some("IfNotPresent") => PullPolicy::IfNotPresent,
         Some("Always") => PullPolicy::Always,
@@ -274,6 +288,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
     Some(KubernetesConfig {
         namespace,
         image,
+        runtime_image,
         image_pull_policy,
         kubeconfig,
         context,
@@ -287,6 +302,29 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         annotations,
         pod_start_timeout: seconds(pod_start_timeout),
     })
+}
+
+/// An image reference when given: non-empty, no whitespace (what the API server would refuse).
+fn image_ref(r: &mut Reader<'_>, key: &str) -> Option<String> {
+    match r.obj.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s))
+            if !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control()) =>
+        {
+            Some(s.clone())
+        }
+        Some(Value::String(s)) => {
+            r.add(
+                key,
+                format!("must be a non-empty image reference without whitespace (got {s:?})"),
+            );
+            None
+        }
+        Some(_) => {
+            r.add(key, "must be a string when given");
+            None
+        }
+    }
 }
 
 /// A misspelt field is a problem, not a setting silently ignored (a `nodeselector` that pins
@@ -572,7 +610,8 @@ mod tests {
         assert_eq!(msg, "");
         let c = c.unwrap();
         assert_eq!(c.namespace, "agents");
-        assert_eq!(c.image, "example.com/cra:1");
+        assert_eq!(c.image.as_deref(), Some("example.com/cra:1"));
+        assert_eq!(c.runtime_image, "example.com/cra:1");
         assert_eq!(c.image_pull_policy, PullPolicy::IfNotPresent);
         assert_eq!(c.pod_start_timeout, Duration::from_secs(120));
         assert!(c.kubeconfig.is_none() && c.context.is_none());
@@ -583,7 +622,32 @@ mod tests {
             "{msg}"
         );
         assert!(
-            msg.contains("config.backend.kubernetes.image must be a string"),
+            msg.contains("config.backend.kubernetes.image must be given, or runtimeImage"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn runtime_image_alone_leaves_the_session_image_to_the_repository() {
+        let (c, msg) = parse(
+            json!({ "kubernetes": { "namespace": "agents", "runtimeImage": "example.com/cra:2" } }),
+        );
+        assert_eq!(msg, "");
+        let BackendConfig::Kubernetes(c) = c else {
+            panic!("not kubernetes")
+        };
+        assert_eq!(c.image, None);
+        assert_eq!(c.runtime_image, "example.com/cra:2");
+        let (c, _) =
+            kube(json!({ "image": "ci.example.com/rust:1", "runtimeImage": "example.com/cra:2" }));
+        let c = c.unwrap();
+        assert_eq!(c.image.as_deref(), Some("ci.example.com/rust:1"));
+        assert_eq!(c.runtime_image, "example.com/cra:2");
+        let msg = problem(json!({ "runtimeImage": "a b" }));
+        assert!(
+            msg.contains(
+                "config.backend.kubernetes.runtimeImage must be a non-empty image reference"
+            ),
             "{msg}"
         );
     }

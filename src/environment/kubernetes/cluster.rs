@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerStateTerminated, Namespace, Pod as KubePod,
     PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
-    Toleration as KubeToleration,
+    Toleration as KubeToleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status as ExecStatus};
@@ -43,10 +43,27 @@ pub const ANNOTATION_OWNER: &str = "claude-runtime-adapter/owner";
 /// The session id exactly (its label is sanitised to a label value).
 pub const ANNOTATION_SESSION_ID: &str = "claude-runtime-adapter/session-id";
 
+/// Where the session image keeps the adapter's runtime (pod agent, jail, bubblewrap and socat
+/// with their own loader and libraries, the CLI), and where a pod of another image gets a copy
+/// of it: everything the adapter runs in a pod comes from here, so it works in any image.
+pub const RUNTIME_DIR: &str = "/opt/claude-runtime-adapter";
 /// The image contract: the container's pid 1.
-pub const POD_COMMAND: [&str; 2] = ["/usr/local/bin/cra-pod", "idle"];
-/// The pod's one container.
+pub const POD_COMMAND: [&str; 2] = ["/opt/claude-runtime-adapter/bin/cra-pod", "idle"];
+/// The pod's session container.
 pub const CONTAINER: &str = "session";
+/// The init container that copies the runtime into a pod of a user's image.
+pub const RUNTIME_CONTAINER: &str = "runtime";
+/// Where the init container sees the runtime volume it fills, and the copy's directory there.
+const RUNTIME_COPY: &str = "/cra-runtime-copy";
+const RUNTIME_SUBDIR: &str = "runtime";
+/// The pod's own directories, each an `emptyDir` (a user's image has none of them, and its
+/// root may not be writable by the session's user): the checkout, the adapter's state and
+/// sockets, the agent's home.
+const POD_DIRS: [(&str, &str); 3] = [
+    ("workspace", "/workspace"),
+    ("state", "/var/lib/cra"),
+    ("home", "/home/agent"),
+];
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on one ordinary request (create, get, list, delete, the start of an exec).
@@ -114,6 +131,9 @@ pub struct PodRequest {
     /// The container's command; `None` = the image contract's [`POD_COMMAND`] (tests run a
     /// plain image with their own).
     pub command: Option<Vec<String>>,
+    /// The image the session runs in; `None` = `backend.kubernetes.image`, else its
+    /// `runtimeImage`. Any image but the runtime image gets the runtime copied in.
+    pub image: Option<String>,
 }
 
 impl PodRequest {
@@ -124,6 +144,7 @@ impl PodRequest {
             active_deadline: None,
             owner: Owner::current(),
             command: None,
+            image: None,
         }
     }
 }
@@ -134,6 +155,8 @@ pub struct Pod {
     api: Api<KubePod>,
     pub name: String,
     pub node: String,
+    /// The image its session runs in.
+    pub image: String,
     /// The API server's URL, for messages.
     url: String,
     /// `resources.limits.memory`, named when the pod was killed for memory.
@@ -332,6 +355,66 @@ impl Cluster {
             .command
             .clone()
             .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
+        let image = self.image_of(req);
+        let security = || SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: read_only.then_some(true),
+            ..Default::default()
+        };
+        let mut volumes: Vec<Volume> = POD_DIRS
+            .iter()
+            .map(|(name, _)| Volume {
+                name: (*name).into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            })
+            .collect();
+        let mut mounts: Vec<VolumeMount> = POD_DIRS
+            .iter()
+            .map(|(name, path)| mount(name, path, false))
+            .collect();
+        // Another image than the runtime's: an init container of the runtime image copies the
+        // runtime into a volume the session container sees, read-only, where the runtime image
+        // has it (the way CI runners on Kubernetes bring their tools into a user's image).
+        let init = (image != c.runtime_image).then(|| {
+            volumes.push(Volume {
+                name: RUNTIME_CONTAINER.into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            });
+            mounts.push(VolumeMount {
+                sub_path: Some(RUNTIME_SUBDIR.into()),
+                ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
+            });
+            vec![Container {
+                name: RUNTIME_CONTAINER.into(),
+                image: Some(c.runtime_image.clone()),
+                image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+                // Not `-a`: the session's user cannot give the copies the image's owner (root),
+                // nor change the volume's own root: the copy is a new directory in it.
+                command: Some(vec![
+                    "cp".into(),
+                    "-dR".into(),
+                    "--preserve=mode".into(),
+                    RUNTIME_DIR.into(),
+                    format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
+                ]),
+                volume_mounts: Some(vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)]),
+                // Its output is the failure's message.
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                security_context: Some(security()),
+                ..Default::default()
+            }]
+        });
         KubePod {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
@@ -341,22 +424,18 @@ impl Cluster {
                 ..Default::default()
             },
             spec: Some(PodSpec {
+                init_containers: init,
                 containers: vec![Container {
                     name: CONTAINER.into(),
-                    image: Some(c.image.clone()),
+                    image: Some(image),
                     image_pull_policy: Some(c.image_pull_policy.as_str().into()),
                     command: Some(command),
                     resources,
-                    security_context: Some(SecurityContext {
-                        allow_privilege_escalation: Some(false),
-                        capabilities: Some(Capabilities {
-                            drop: Some(vec!["ALL".into()]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
+                    security_context: Some(security()),
+                    volume_mounts: Some(mounts),
                     ..Default::default()
                 }],
+                volumes: Some(volumes),
                 security_context: Some(PodSecurityContext {
                     run_as_user: Some(1000),
                     run_as_group: Some(1000),
@@ -389,6 +468,15 @@ impl Cluster {
         }
     }
 
+    /// The image `req`'s session runs in.
+    pub fn image_of(&self, req: &PodRequest) -> String {
+        let c = &self.config;
+        req.image
+            .clone()
+            .or_else(|| c.image.clone())
+            .unwrap_or_else(|| c.runtime_image.clone())
+    }
+
     /// Creates the pod for `req` and waits until its container runs (bounded by
     /// `podStartTimeout`, obeying `stop`). On any failure, and on `stop`, the pod is deleted
     /// before this returns: nothing is left behind.
@@ -399,10 +487,12 @@ impl Cluster {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
         let spec = self.pod_spec(&name, &req);
+        let image = self.image_of(&req);
         let pod = Pod {
             api: self.pods(),
             name: name.clone(),
             node: String::new(),
+            image: image.clone(),
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
             active_deadline: req.active_deadline.map(deadline_seconds),
@@ -429,7 +519,7 @@ impl Cluster {
             }
         }
         let started = tokio::select! {
-            r = self.wait_running(&name) => r,
+            r = self.wait_running(&name, &image) => r,
             _ = stop.cancelled() => Err(cancelled(&name)),
         };
         match started {
@@ -442,14 +532,14 @@ impl Cluster {
     }
 
     /// Polls the pod until its container runs; the node's name then.
-    async fn wait_running(&self, name: &str) -> Result<String> {
+    async fn wait_running(&self, name: &str, image: &str) -> Result<String> {
         let timeout = self.config.pod_start_timeout;
         let deadline = Instant::now() + timeout;
         let api = self.pods();
         loop {
             let last;
             match bounded(api.get(name)).await {
-                Ok(pod) => match start_state(&pod, &self.config.image) {
+                Ok(pod) => match start_state(&pod, image, &self.config.runtime_image) {
                     Start::Running(node) => return Ok(node),
                     Start::Failed(why) => {
                         return Err(provision(format!("pod {name} cannot start: {why}")))
@@ -593,22 +683,58 @@ enum Start {
 }
 
 /// Where a starting pod is: running, still on its way (why), or never going to run (why).
-fn start_state(pod: &KubePod, image: &str) -> Start {
+fn start_state(pod: &KubePod, image: &str, runtime_image: &str) -> Start {
     let status = pod.status.clone().unwrap_or_default();
     let node = pod
         .spec
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
+    // The runtime's copy comes first: its failure is the runtime image's, named as such.
+    let init = status
+        .init_container_statuses
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.name == RUNTIME_CONTAINER))
+        .and_then(|c| c.state.clone())
+        .unwrap_or_default();
+    if let Some(t) = init.terminated.as_ref().filter(|t| t.exit_code != 0) {
+        return Start::Failed(format!(
+            "copying the adapter's runtime from {runtime_image} (backend.kubernetes.runtimeImage) \
+             failed: {}",
+            terminated(t)
+        ));
+    }
+    if let Some(w) = &init.waiting {
+        let reason = w.reason.clone().unwrap_or_default();
+        if FATAL_WAITING.contains(&reason.as_str()) {
+            return Start::Failed(format!(
+                "the runtime image {runtime_image} (backend.kubernetes.runtimeImage) cannot run \
+                 on node {node}: {reason}: {}",
+                w.message.clone().unwrap_or_default()
+            ));
+        }
+    }
     let container = status
         .container_statuses
         .as_ref()
         .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER));
     let state = container.and_then(|c| c.state.clone()).unwrap_or_default();
+    // An image named as the runtime's that has no runtime: say which setting fixes it.
+    let no_runtime = |what: &str| {
+        if image == runtime_image && what.contains(RUNTIME_DIR) {
+            format!(
+                "; the image {image} has no {RUNTIME_DIR}: it is not the adapter's session \
+                 image, so set backend.kubernetes.runtimeImage to the session image"
+            )
+        } else {
+            String::new()
+        }
+    };
     if let Some(t) = &state.terminated {
+        let why = terminated(t);
         return Start::Failed(format!(
-            "its container terminated before it ran: {}",
-            terminated(t)
+            "its container terminated before it ran: {why}{}",
+            no_runtime(&why)
         ));
     }
     if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
@@ -628,10 +754,13 @@ fn start_state(pod: &KubePod, image: &str) -> Start {
         if FATAL_WAITING.contains(&reason.as_str()) {
             return Start::Failed(match reason.as_str() {
                 "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
-                    format!("its container cannot be created on node {node}: {reason}: {message}")
+                    format!(
+                        "its container cannot be created on node {node}: {reason}: {message}{}",
+                        no_runtime(&message)
+                    )
                 }
                 _ => format!(
-                    "the image {image} (backend.kubernetes.image) is not available on node {node}: {reason}: {message}"
+                    "the image {image} is not available on node {node}: {reason}: {message}"
                 ),
             });
         }

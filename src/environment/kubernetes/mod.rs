@@ -17,6 +17,8 @@
 //! - **destroy**: `Bye` over the stream, then the pod is deleted and waited for.
 
 pub mod cluster;
+mod devcontainer;
+mod history;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,10 +42,23 @@ use crate::sandbox::{
     bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
 };
 
-/// Where the session image keeps what the adapter relies on (its contract: `image/`).
-const CLI: &str = "/usr/local/bin/claude";
-const MUX: &[&str] = &["/usr/local/bin/cra-pod", "mux"];
-const JAIL: &str = "/usr/local/bin/cra-jail";
+/// The adapter's runtime in the pod ([`cluster::RUNTIME_DIR`]: the session image's own, or the
+/// copy a pod of another image gets; its contract: `image/`).
+const RUNTIME_BIN: &str = "/opt/claude-runtime-adapter/bin";
+/// The runtime's `git` (image/git-history), first on the PATH: history on demand.
+const RUNTIME_HISTORY: &str = "/opt/claude-runtime-adapter/history";
+const CLI: &str = "/opt/claude-runtime-adapter/bin/claude";
+const MUX: &[&str] = &["/opt/claude-runtime-adapter/bin/cra-pod", "mux"];
+const JAIL: &str = "/opt/claude-runtime-adapter/bin/cra-jail";
+/// The PATH a command gets where the image names none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// What the adapter itself runs in the pod besides its runtime: git, and the few POSIX tools
+/// of its steps and of `cra-jail` (with `/bin/sh`). An image lacking one is refused before
+/// anything else happens in it.
+const IMAGE_NEEDS: &[&str] = &[
+    "git", "cat", "cp", "chmod", "date", "stat", "touch", "rm", "mkdir", "realpath", "readlink",
+    "grep", "sleep",
+];
 const WORKDIR: &str = "/workspace/repo";
 const STATE: &str = "/var/lib/cra";
 const SOCKETS: &str = "/var/lib/cra/sockets";
@@ -107,6 +122,21 @@ impl Backend for KubernetesBackend {
             let cluster = self.cluster().await?;
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
             request.active_deadline = self.deadline;
+            if self.config.image.is_none() {
+                let default_branch = match &req.workspace {
+                    Workspace::Checkout(p) => &p.default_branch,
+                    Workspace::View(v) => &v.default_branch,
+                };
+                if let Some(image) = devcontainer::image_at(&req.repo_root, default_branch).await? {
+                    tracing::info!(
+                        session = %req.session_id,
+                        image = %image,
+                        "the session runs in the image the repository's {} names",
+                        devcontainer::PATH
+                    );
+                    request.image = Some(image);
+                }
+            }
             let pod = cluster.create_pod(request, stop).await?;
             let pod = Arc::new(pod);
             let made = tokio::select! {
@@ -151,6 +181,24 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         tracing::debug!(pod = %name, ?end, diagnostics = %String::from_utf8_lossy(&text), "the pod's stream ended");
     });
     let shell = RemoteShell::start(exec.stdout, exec.stdin).await?;
+    let image = inspect_image(&shell, &pod.image).await?;
+    // The pod's directories are empty volumes (cluster.rs): the socket directory, private to
+    // the session's user, is made here.
+    let bare = [("PATH".to_string(), image.path.clone())];
+    Steps {
+        shell: &shell,
+        env: &bare,
+    }
+    .run(
+        "making the socket directory",
+        ["mkdir", "-p", "-m", "0700", SOCKETS]
+            .map(String::from)
+            .to_vec(),
+        &[],
+        STEP_TIMEOUT,
+        "/",
+    )
+    .await?;
     let allowed: &[String] = req
         .sandbox
         .as_ref()
@@ -174,7 +222,7 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
     .filter(|d| d.parent().is_some())
     .map(|d| d.display().to_string())
     .collect();
-    let mut env = pod_env(gateway.env(), &engine_dirs);
+    let mut env = pod_env(gateway.env(), &engine_dirs, &image);
     if let Some(sandbox) = &req.sandbox {
         // The agent's commands get their share of the session's tasks in the jail's user
         // namespace (RLIMIT_NPROC: the pod's processes run as a user other than root, which the
@@ -207,6 +255,10 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         Workspace::View(v) => (v.default_branch.clone(), None),
     };
     let base = send_repository(&step, &req.repo_root, &default_branch).await?;
+    let history = history::HistoryServer::start(&req.repo_root, &default_branch, &base).await?;
+    shell
+        .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
+        .await?;
     let sandboxed = req.sandbox.is_some();
     if sandboxed {
         step.jail_works().await?;
@@ -234,15 +286,123 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         base,
         snapshot,
         sandboxed,
+        _history: history,
     })
+}
+
+/// What the session's image has, as far as the adapter cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ImageFacts {
+    /// The image's own PATH (its `Env`, as pid 1 got it), or [`DEFAULT_PATH`].
+    path: String,
+    /// bash where the image has it (the CLI's shell of choice), else `/bin/sh`.
+    shell: String,
+    /// The image's git (what the runtime's `git` runs).
+    git: String,
+}
+
+/// Asks the pod what its image has, before anything else runs in it: `/bin/sh`, then git and
+/// the tools of [`IMAGE_NEEDS`] on the image's PATH. An image lacking one is `ERR_PROVISION`
+/// naming what is missing.
+async fn inspect_image(shell: &RemoteShell, image: &str) -> Result<ImageFacts> {
+    let needs = "a session's image needs /bin/sh, git and the POSIX tools the adapter runs \
+                 (README: Kubernetes backend, \"The session's image\")";
+    let run = |argv: Vec<String>, path: &str| {
+        let cmd = RemoteCommand {
+            argv,
+            env: vec![("PATH".into(), path.to_string())],
+            cwd: "/".into(),
+        };
+        async move {
+            tokio::time::timeout(STEP_TIMEOUT, shell.run(cmd, &[], MAX_STEP_OUTPUT))
+                .await
+                .map_err(|_| {
+                    provision_error(format!(
+                        "the image {image} did not answer within {}s",
+                        STEP_TIMEOUT.as_secs()
+                    ))
+                })?
+        }
+    };
+    // pid 1 (cra-pod idle) runs with the image's own environment.
+    let environ = run(
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "exec cat /proc/1/environ".into(),
+        ],
+        DEFAULT_PATH,
+    )
+    .await
+    .map_err(|e| {
+        provision_error(format!(
+            "the image {image} cannot run /bin/sh ({}): {needs}",
+            e.message
+        ))
+    })?;
+    if !environ.status.success() {
+        return Err(provision_error(format!(
+            "the image {image} cannot run `cat` with /bin/sh ({}: {}): {needs}",
+            environ.status,
+            String::from_utf8_lossy(&environ.stderr).trim()
+        )));
+    }
+    let path = environ
+        .stdout
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"PATH="))
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_PATH.to_string());
+    let script = format!(
+        "for t in {}; do command -v \"$t\" >/dev/null 2>&1 || echo \"missing $t\"; done; \
+         printf 'git %s\\n' \"$(command -v git)\"; command -v bash || :",
+        IMAGE_NEEDS.join(" ")
+    );
+    let probe = run(vec!["/bin/sh".into(), "-c".into(), script], &path).await?;
+    let out = String::from_utf8_lossy(&probe.stdout);
+    let missing: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("missing "))
+        .collect();
+    if !probe.status.success() || !missing.is_empty() {
+        return Err(provision_error(format!(
+            "the image {image} lacks {} (looked on its PATH {path}): {needs}",
+            if missing.is_empty() {
+                format!("what the probe needs ({})", probe.status)
+            } else {
+                missing.join(", ")
+            }
+        )));
+    }
+    let shell = out
+        .lines()
+        .find(|l| l.starts_with('/'))
+        .unwrap_or("/bin/sh")
+        .to_string();
+    let git = out
+        .lines()
+        .find_map(|l| l.strip_prefix("git /"))
+        .map(|g| format!("/{g}"))
+        .ok_or_else(|| {
+            provision_error(format!(
+                "the image {image} has git on its PATH {path} only as a shell function or alias"
+            ))
+        })?;
+    Ok(ImageFacts { path, shell, git })
 }
 
 /// The environment of a process in the pod: the gateway's environment inside (credentials
 /// as placeholders) without what names the engine's machine — its paths, user and shell
 /// variables, and any value naming one of `engine_dirs` (its HOME and the CLI's, the repository,
 /// its working directory: `npm_config_cache=/home/me/.npm` means nothing in a pod and tells the agent about
-/// the engine) — plus the pod's own.
-fn pod_env(inside: &[(String, String)], engine_dirs: &[String]) -> Vec<(String, String)> {
+/// the engine) — plus the pod's own: the image's PATH with the runtime after it (the image's
+/// own tools come first), its shell.
+fn pod_env(
+    inside: &[(String, String)],
+    engine_dirs: &[String],
+    image: &ImageFacts,
+) -> Vec<(String, String)> {
     const ENGINE_ONLY: &[&str] = &[
         "PATH",
         "HOME",
@@ -268,13 +428,15 @@ fn pod_env(inside: &[(String, String)], engine_dirs: &[String]) -> Vec<(String, 
         })
         .cloned()
         .collect();
+    let path = format!("{RUNTIME_HISTORY}:{}:{RUNTIME_BIN}", image.path);
     for (k, v) in [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("PATH", path.as_str()),
         ("HOME", HOME),
         ("USER", "agent"),
         ("LOGNAME", "agent"),
-        ("SHELL", "/bin/bash"),
+        ("SHELL", image.shell.as_str()),
         ("CLAUDE_CONFIG_DIR", "/home/agent/.claude"),
+        ("CRA_GIT", image.git.as_str()),
     ] {
         env.push((k.to_string(), v.to_string()));
     }
@@ -478,8 +640,9 @@ $G update-ref refs/cra/final "$c"
 $G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
 "#;
 
-/// The repository goes in: a bundle of `default_branch` streamed into the pod, cloned at
-/// [`WORKDIR`] without a remote. Returns the base commit.
+/// The repository goes in: the commit `default_branch` names, packed alone (its tree, no
+/// history: [`history`]) and streamed into the pod, checked out at [`WORKDIR`] shallow at it,
+/// with `origin` the session's history server. Returns the base commit.
 async fn send_repository(
     step: &Steps<'_>,
     repo_root: &Path,
@@ -496,61 +659,73 @@ async fn send_repository(
     .await
     .map_err(|e| provision_error(format!("cannot resolve {default_branch}")).with_cause(e))?;
     let base = String::from_utf8_lossy(&base.stdout).trim().to_string();
-    let refname = format!("refs/heads/{default_branch}");
-    let mut bundle = git_command(repo_root, &["bundle", "create", "-", &refname])
+    let objects = run_git(repo_root, &["rev-list", "--objects", "--no-walk", &base])
+        .await
+        .map_err(|e| provision_error(format!("cannot list the tree of {base}")).with_cause(e))?;
+    let mut pack = git_command(repo_root, &["pack-objects", "--stdout", "-q"])
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| provision_error("cannot run git bundle").with_cause(e))?;
-    let mut bundle_out = bundle
-        .stdout
-        .take()
-        .ok_or_else(|| provision_error("git bundle has no stdout"))?;
-    let receive = step
+        .map_err(|e| provision_error("cannot run git pack-objects").with_cause(e))?;
+    let (Some(mut pack_in), Some(mut pack_out)) = (pack.stdin.take(), pack.stdout.take()) else {
+        return Err(provision_error("git pack-objects has no stdio"));
+    };
+    let branch = sh_quote(default_branch);
+    // The pack goes straight into index-pack; the checkout is shallow at the commit, and the
+    // marker says its history can be fetched ([`history`]; image/git-history).
+    let receive = format!(
+        "set -e; mkdir -p {WORKDIR}; cd {WORKDIR}; git init -q; git index-pack --stdin >/dev/null; \
+         echo {base} > .git/shallow; git update-ref refs/heads/{branch} {base}; \
+         git symbolic-ref HEAD refs/heads/{branch}; git config remote.origin.url {url}; \
+         : > .git/cra-history; git reset -q --hard",
+        url = sh_quote(history::REMOTE_URL),
+    );
+    let receiver = step
         .shell
         .spawn(RemoteCommand {
-            argv: vec!["sh".into(), "-c".into(), format!("cat > {STATE}/in.bundle")],
+            argv: vec!["sh".into(), "-c".into(), receive],
             env: step.env.to_vec(),
             cwd: "/".into(),
         })
         .await?;
-    let mut stdin = receive.stdin;
-    let mut control = receive.control;
-    let copied = tokio::time::timeout(STEP_TIMEOUT * 10, async {
-        tokio::io::copy(&mut bundle_out, &mut stdin).await?;
-        stdin.shutdown().await
+    let (mut stdin, mut control) = (receiver.stdin, receiver.control);
+    let mut stderr = receiver.stderr;
+    let limit = STEP_TIMEOUT * 10;
+    let sent = tokio::time::timeout(limit, async {
+        // Moved in, so that the pipe closes (EOF: pack-objects starts) once the list is in.
+        let list = async move { pack_in.write_all(&objects.stdout).await };
+        let copy = async {
+            tokio::io::copy(&mut pack_out, &mut stdin).await?;
+            stdin.shutdown().await
+        };
+        let mut said = Vec::new();
+        let mut diagnostics = (&mut stderr).take(MAX_STEP_OUTPUT as u64);
+        let (l, c, _) = tokio::join!(list, copy, diagnostics.read_to_end(&mut said));
+        (l.and(c), said)
     })
     .await;
-    let status = bundle.wait().await;
+    let packed = pack.wait().await;
     let received = tokio::time::timeout(STEP_TIMEOUT, control.wait()).await;
-    match (copied, status, received) {
-        (Ok(Ok(())), Ok(s), Ok(Some(r))) if s.success() && r.success() => {}
-        (c, s, r) => {
+    match (sent, packed, received) {
+        (Ok((Ok(()), _)), Ok(p), Ok(Some(r))) if p.success() && r.success() => Ok(base),
+        (sent, p, r) => {
             let mut err = String::new();
-            if let Some(mut e) = bundle.stderr.take() {
+            if let Some(mut e) = pack.stderr.take() {
                 let _ = e.read_to_string(&mut err).await;
             }
-            return Err(provision_error(format!(
-                "cannot send {default_branch} to the session's pod (copy {c:?}, git bundle {s:?}, receiver {r:?}): {}",
+            let said = match &sent {
+                Ok((_, said)) => String::from_utf8_lossy(said).trim().to_string(),
+                Err(_) => format!("not within {}s", limit.as_secs()),
+            };
+            Err(provision_error(format!(
+                "cannot send {default_branch} to the session's pod (git pack-objects {p:?}, \
+                 the pod's checkout {r:?}): {} {said}",
                 err.trim()
-            )));
+            )))
         }
     }
-    let clone = format!(
-        "set -e; git clone -q --branch {b} {STATE}/in.bundle {WORKDIR}; rm -f {STATE}/in.bundle; \
-         cd {WORKDIR}; git remote remove origin",
-        b = sh_quote(default_branch)
-    );
-    step.run(
-        "clone",
-        vec!["sh".into(), "-c".into(), clone],
-        &[],
-        STEP_TIMEOUT * 10,
-        "/",
-    )
-    .await?;
-    Ok(base)
 }
 
 fn provision_error(message: impl Into<String>) -> AdapterError {
@@ -569,6 +744,8 @@ pub struct KubernetesEnvironment {
     /// The Implementor's snapshot (None: a read-only session).
     snapshot: Option<PodSnapshot>,
     sandboxed: bool,
+    /// Serves the pod's `git fetch --unshallow` while the session lives.
+    _history: history::HistoryServer,
 }
 
 impl KubernetesEnvironment {
@@ -743,9 +920,10 @@ impl Environment for KubernetesEnvironment {
 
     fn describe(&self) -> String {
         format!(
-            "Kubernetes pod {} on node {}; {}; network only through the egress proxy, over the \
-             pod's exec stream; the pod's resources are its limits",
+            "Kubernetes pod {} of image {} on node {}; {}; network only through the egress \
+             proxy, over the pod's exec stream; the pod's resources are its limits",
             self.pod.name,
+            self.pod.image,
             self.pod.node,
             if self.sandboxed {
                 "bubblewrap in the pod"
@@ -872,10 +1050,19 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let dirs = ["/home/me", "/srv/repo", "/srv/engine"].map(String::from);
-        let env = pod_env(&inside, &dirs);
+        let image = ImageFacts {
+            path: "/opt/node/bin:/usr/bin:/bin".into(),
+            shell: "/usr/bin/bash".into(),
+            git: "/usr/bin/git".into(),
+        };
+        let env = pod_env(&inside, &dirs, &image);
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("HOME"), Some(HOME));
-        assert_eq!(get("PATH"), Some("/usr/local/bin:/usr/bin:/bin"));
+        assert_eq!(
+            get("PATH"),
+            Some("/opt/claude-runtime-adapter/history:/opt/node/bin:/usr/bin:/bin:/opt/claude-runtime-adapter/bin")
+        );
+        assert_eq!(get("SHELL"), Some("/usr/bin/bash"));
         assert_eq!(get("LANG"), Some("de_DE.UTF-8"));
         assert_eq!(
             get("ANTHROPIC_API_KEY"),
