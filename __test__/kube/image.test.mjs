@@ -122,7 +122,7 @@ describe('session image', () => {
     const r = jailed(pod, 'rw', '/workspace/repo', 'ls -A /; echo ---; ls -A /workspace; echo ---; ls -A /run; ls -d /var /var/lib/cra /var/run/secrets /workspace/other 2>&1');
     const [top, workspace, rest] = r.stdout.split('---\n');
     expect(top.trim().split('\n').sort()).toEqual(
-      ['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'proc', 'run', 'sbin', 'tmp', 'usr', 'workspace'],
+      ['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'opt', 'proc', 'run', 'sbin', 'tmp', 'usr', 'workspace'],
     );
     expect(workspace.trim()).toBe('repo');
     expect(rest.split('\n')[0]).toBe('claude-runtime-adapter');
@@ -178,8 +178,8 @@ describe('session image', () => {
       echo "after the starter ended: $(pgrep -c -f '^sleep 777$')"
       pg=$(ps -o pgid= -p "$(pgrep -o -f '^/bin/sh ${JAIL} rw')" | tr -d ' ')
       kill -TERM -"$pg"
-      for i in $(seq 100); do pgrep -f '^(sleep 777|/usr/bin/bwrap)' >/dev/null || break; sleep 0.05; done
-      echo "after the signal: $(pgrep -c -f '^(sleep 777|/usr/bin/bwrap|/bin/sh ${JAIL})')"`);
+      for i in $(seq 100); do pgrep -f '^(sleep 777|\S+ld-linux\S+ --library-path \S+ \S+/bwrap)' >/dev/null || break; sleep 0.05; done
+      echo "after the signal: $(pgrep -c -f '^(sleep 777|\S+ld-linux\S+ --library-path \S+ \S+/bwrap|/bin/sh ${JAIL})')"`);
     expect(out).toBe('after the starter ended: 1\nafter the signal: 0\n');
   });
 
