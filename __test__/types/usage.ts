@@ -20,6 +20,7 @@ import {
   type SessionInfo,
   type SessionStats,
   type WorkItem,
+  type KubernetesBackend,
 } from 'claude-runtime-adapter';
 
 // --- engine-side providers (class instances: the adapter calls them as methods) ---
@@ -249,4 +250,13 @@ export async function engineIssue11(): Promise<void> {
   createClaudeAdapter(unsandboxed, deps);
   createClaudeAdapter(defaultSandbox, deps);
   createClaudeAdapter(limited, deps);
+}
+
+// Sessions on a cluster: in the team's own image with the adapter's runtime copied in, or in
+// the image the repository's devcontainer.json names (only runtimeImage given).
+const ciImage: KubernetesBackend = { namespace: 'agents', image: 'ghcr.io/acme/ci:1', runtimeImage: 'ghcr.io/acme/cra-session:1' };
+const devcontainerImage: KubernetesBackend = { namespace: 'agents', runtimeImage: 'ghcr.io/acme/cra-session:1' };
+export function onACluster(): void {
+  createClaudeAdapter({ ...fullConfig, backend: { kubernetes: ciImage } }, deps);
+  createClaudeAdapter({ ...fullConfig, backend: { kubernetes: devcontainerImage } }, deps);
 }

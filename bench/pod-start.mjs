@@ -1,0 +1,500 @@
+// Benchmark: what an Implementor's start (start → handle: checkout made, sandbox or pod and CLI
+// up) costs on the Kubernetes backend against the local one, on a real repository and on one
+// with the same tree and a history ten times longer: a pod now receives one commit's tree
+// (`git pack-objects` of `defaultBranch`'s commit, src/environment/kubernetes/mod.rs), no longer
+// a bundle of the whole history, so the history's length should not show in its start.
+//
+//   node bench/pod-start.mjs [--n=3] [--cargo=<git dir>] [--only=cargo,cargo10x]
+//                            [--modes=local,local-new,session,user] [--scale=10] [--tmp=<dir>]
+//
+// Needs KUBECONFIG (a cluster up) for the pod modes; the images come from CRA_KUBE_IMAGE (else
+// target/session-image/ref) and CRA_KUBE_MINIMAL_IMAGE (else the `minimal` line of
+// target/test-images/refs); CRA_KUBE_NAMESPACE (default `default`), CRA_KUBE_PULL_POLICY
+// (default `IfNotPresent`) as in the Kubernetes suite. The cargo history is taken from --cargo=,
+// CRA_BENCH_CARGO or /work/.mirror/rust-lang+cargo/repo (a git dir, e.g. a bare mirror).
+//
+// Repositories:
+//   cargo      a clone of rust-lang/cargo, `main` at its default branch's tip, plus one commit
+//              adding the agent definitions (.claude/agents/*.md)
+//   cargo10x   the same final tree (checked: HEAD^{tree} equal) after a linear history of
+//              <scale> × cargo's commit count: a `git fast-import` chain, each commit changing
+//              one small file, then one commit whose tree is cargo's tip tree
+// Modes (one adapter each per repository; the fake Messages API answers at once, outcome
+// `blocked`, so each session ends right after its start; its result is awaited before the next):
+//   local      local backend, sandbox as default, the commit's shared base already made
+//              (steady state: the warm-up made it)
+//   local-new  local backend on a new commit (an empty commit on main just before): the start
+//              makes the base (checks out the tree)
+//   session    one pod per session in the session image (`image` = CRA_KUBE_IMAGE)
+//   user       one pod per session in a user image (`image` = CRA_KUBE_MINIMAL_IMAGE, git and a
+//              shell only; `runtimeImage` = CRA_KUBE_IMAGE copied in by an init container)
+// n runs of each mode, interleaved (the order rotates each round), after one warm-up each.
+// Figures: median and min–max of start → handle per repository × mode; on cargo, pod − local in
+// seconds against the target (≤ 1.5 s); per mode, cargo10x / cargo against ≤ 1.10; per
+// repository, user / session image. Also what a pod receives, by size: the pack of one commit's
+// tree (now) against `git bundle create - main` (before). Raw data goes to bench/results/.
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { reply, structured, startFakeApi } from '../__test__/support/fake-api.mjs';
+import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
+import { addon, engineState, recordingLogger, RevisionProvider, WorkItemProvider } from '../__test__/support/harness.mjs';
+import { agentFile } from '../__test__/support/repo.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary } from './support/common.mjs';
+
+const arg = (name, dflt) => {
+  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
+  return a ? a.slice(name.length + 3) : dflt;
+};
+const MIRROR = '/work/.mirror/rust-lang+cargo/repo';
+const N = Number(arg('n', 3));
+const CARGO = arg('cargo', process.env.CRA_BENCH_CARGO ?? (existsSync(MIRROR) ? MIRROR : ''));
+const ONLY = arg('only', 'cargo,cargo10x').split(',');
+const MODES = arg('modes', 'local,local-new,session,user').split(',');
+const SCALE = Number(arg('scale', 10));
+const WORK = arg('tmp', tmpdir());
+const POD_TARGET_MS = 1500;
+const HISTORY_TARGET = 1.1;
+const RESULT_TIMEOUT_MS = 300_000;
+const KNOWN_MODES = ['local', 'local-new', 'session', 'user'];
+for (const m of MODES) if (!KNOWN_MODES.includes(m)) throw new Error(`unknown mode ${m} (known: ${KNOWN_MODES.join(', ')})`);
+for (const r of ONLY) if (!['cargo', 'cargo10x'].includes(r)) throw new Error(`unknown repository ${r} (known: cargo, cargo10x)`);
+if (!CARGO) throw new Error('no cargo history: give --cargo=<git dir> (or CRA_BENCH_CARGO)');
+
+// ---------------------------------------------------------------- the cluster
+
+const readRef = (file, pick) => {
+  try {
+    return pick(readFileSync(join(ROOT, file), 'utf8'));
+  } catch {
+    return undefined;
+  }
+};
+const SESSION_IMAGE = process.env.CRA_KUBE_IMAGE ?? readRef('target/session-image/ref', (s) => s.trim());
+const USER_IMAGE = process.env.CRA_KUBE_MINIMAL_IMAGE ?? readRef('target/test-images/refs', (s) => /^minimal (\S+)/m.exec(s)?.[1]);
+const NAMESPACE = process.env.CRA_KUBE_NAMESPACE ?? 'default';
+const PULL = process.env.CRA_KUBE_PULL_POLICY ?? 'IfNotPresent';
+const podModes = MODES.filter((m) => m === 'session' || m === 'user');
+if (podModes.length && !process.env.KUBECONFIG) throw new Error('the pod modes need KUBECONFIG (or give --modes=local,local-new)');
+if (podModes.length && !SESSION_IMAGE) throw new Error('no session image: set CRA_KUBE_IMAGE (or build target/session-image/ref)');
+if (MODES.includes('user') && !USER_IMAGE) throw new Error('no user image: set CRA_KUBE_MINIMAL_IMAGE (or build target/test-images/refs)');
+const kubeBackend = (extra) => ({ kubernetes: { namespace: NAMESPACE, imagePullPolicy: PULL, kubeconfig: process.env.KUBECONFIG, ...extra } });
+const BACKENDS = {
+  local: {},
+  'local-new': {},
+  session: { backend: kubeBackend({ image: SESSION_IMAGE }) },
+  user: { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE }) },
+};
+const IMAGE_OF = { session: SESSION_IMAGE, user: USER_IMAGE };
+/** The adapter's pods left in the namespace (none once every session has settled). */
+function adapterPods() {
+  const out = execFileSync('kubectl', ['-n', NAMESPACE, 'get', 'pods', '-l', 'app.kubernetes.io/managed-by=claude-runtime-adapter', '-o', 'name'], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 30_000 });
+  return out.toString().split('\n').filter(Boolean);
+}
+
+// ---------------------------------------------------------------- helpers
+
+const AGENTS = {
+  planner: { description: 'planner', tools: ['Bash', 'Read'], prompt: 'You are the planner.' },
+  implementor: { description: 'implementor', tools: ['Bash', 'Read', 'Write'], prompt: 'You are the implementor.' },
+  reviewer: { description: 'reviewer', tools: ['Read'], prompt: 'You are the reviewer.' },
+};
+// Answered at once, with nothing changed: `blocked` (a `completed` with no change is ERR_EMPTY_PATCH).
+const DONE = structured({ role: 'implementor', outcome: 'blocked', summary: 'bench: nothing to do' });
+
+const T0 = performance.now();
+const say = (msg) => process.stderr.write(`  [${((performance.now() - T0) / 1000).toFixed(0).padStart(4)} s] ${msg}\n`);
+const since = (t) => performance.now() - t;
+const fmtS = (ms) => (ms == null ? null : `${(ms / 1000).toFixed(2)} s`);
+
+function git(cwd, ...args) {
+  return execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'], maxBuffer: 256 * MiB }).toString();
+}
+function timed(fn) {
+  const t = performance.now();
+  const value = fn();
+  return [since(t), value];
+}
+function rmrf(p) {
+  try {
+    rmSync(p, { recursive: true, force: true });
+  } catch {
+    try {
+      execFileSync('chmod', ['-R', 'u+rwx', p], { stdio: 'ignore' });
+      rmSync(p, { recursive: true, force: true });
+    } catch (err) {
+      console.error(`could not remove ${p}: ${err.message}`);
+    }
+  }
+}
+function identity(root) {
+  git(root, 'config', 'user.name', 'Bench User');
+  git(root, 'config', 'user.email', 'bench@example.invalid');
+  git(root, 'config', 'commit.gpgsign', 'false');
+}
+/** Bytes a shell pipeline writes (counted by `wc -c`, nothing held here), and how long it took. */
+function pipeBytes(cwd, script) {
+  const [ms, out] = timed(() => execFileSync('bash', ['-o', 'pipefail', '-c', `${script} | wc -c`], { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString());
+  return { bytes: Number(out.trim()), ms };
+}
+
+// ---------------------------------------------------------------- shared state, cleanup
+
+mkdirSync(WORK, { recursive: true });
+const scratch = mkdtempSync(join(tmpdir(), 'cra-pod-start-'));
+const work = mkdtempSync(join(WORK, 'cra-pod-start-work-'));
+const temps = [scratch, work];
+let aborted = false;
+const checkAborted = () => {
+  if (aborted) throw new Error('aborted');
+};
+const liveAdapters = new Set();
+const api = await startFakeApi({ keepBodies: false, script: () => reply(DONE) });
+const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config') });
+const deps = () => ({
+  workItemReader: new WorkItemProvider({ 1: 'Work item 1.\n\nNothing to change: answer at once.\n' }),
+  revisionReader: new RevisionProvider({}),
+  getState: () => engineState({ workItems: [{ id: '1', title: 'Item 1', status: 'open', linkedRevision: null }] }),
+  getReviewHistory: async () => ({ reviews: [], inlineComments: [] }),
+});
+
+let cleaning = null;
+async function cleanup() {
+  cleaning ??= (async () => {
+    for (const a of liveAdapters) await a.shutdown().catch((e) => console.error(`shutdown: ${e.message}`));
+    liveAdapters.clear();
+    await api.close().catch(() => {});
+    for (const t of temps.reverse()) rmrf(t);
+  })();
+  return cleaning;
+}
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  process.once(sig, () => {
+    console.error(`\n${sig}: stopping; cleaning up (shutting the adapters down deletes their pods)`);
+    aborted = true;
+    const hard = setTimeout(() => {
+      console.error('cleanup took over 90 s: removing the temp dirs and exiting');
+      for (const t of temps) rmrf(t);
+      process.exit(130);
+    }, 90_000);
+    cleanup().finally(() => {
+      clearTimeout(hard);
+      process.exit(130);
+    });
+  });
+}
+
+/** An adapter on `root` for `mode` (its own logs dir: the transcript says which pod and image). */
+function adapterOn(root, mode) {
+  checkAborted();
+  const logger = recordingLogger();
+  const logsDir = mkdtempSync(join(scratch, `logs-${mode}-`));
+  const adapter = addon.createClaudeAdapter(
+    {
+      repoRoot: root,
+      defaultBranch: 'main',
+      contextPaths: [],
+      maxAgentDuration: 0,
+      logging: { agentSessions: true, logsDir },
+      bashValidatorHook: addon.createBashValidatorHook(),
+      logger,
+      env,
+      worktreeSetupCommand: null,
+      ...BACKENDS[mode],
+    },
+    deps(),
+  );
+  liveAdapters.add(adapter);
+  return {
+    adapter,
+    async shutdown() {
+      liveAdapters.delete(adapter);
+      await adapter.shutdown();
+    },
+    warnings: () => logger.entries.filter((e) => e.level === 'warn' || e.level === 'error').map((e) => e.message),
+  };
+}
+
+let seq = 0;
+/** One Implementor: start → handle, then its result awaited (cancelled if it does not come). */
+async function session(a, root, mode) {
+  checkAborted();
+  const tag = `s${++seq}`;
+  if (mode === 'local-new') git(root, 'commit', '-q', '--allow-empty', '-m', `bench: new commit for ${tag}`);
+  const t0 = performance.now();
+  const handle = await a.adapter.startAgent({ role: 'implementor', workItemID: '1', branchName: `bench-${tag}` });
+  const handleMs = since(t0);
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      a.adapter.cancelAgent(handle.sessionID);
+      reject(new Error(`no result within ${RESULT_TIMEOUT_MS / 1000} s: cancelled`));
+    }, RESULT_TIMEOUT_MS);
+  });
+  let result;
+  try {
+    result = await Promise.race([handle.result, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+  const resultMs = since(t0);
+  if (result.outcome !== 'blocked') throw new Error(`session ${tag} (${mode}) failed: ${JSON.stringify(result).slice(0, 300)}`);
+  let pod = null;
+  if (IMAGE_OF[mode] && handle.logFilePath) {
+    try {
+      pod = readFileSync(handle.logFilePath, 'utf8').split('\n').find((l) => l.includes('Kubernetes pod')) ?? null;
+    } catch {
+      // no transcript
+    }
+  }
+  return { handleMs, resultMs, pod, imageSeen: pod == null ? null : pod.includes(`of image ${IMAGE_OF[mode]}`) };
+}
+
+// ---------------------------------------------------------------- repositories
+
+function writeAgents(root) {
+  for (const [n, def] of Object.entries(AGENTS)) {
+    mkdirSync(join(root, '.claude', 'agents'), { recursive: true });
+    writeFileSync(join(root, '.claude', 'agents', `${n}.md`), agentFile({ name: n, ...def }));
+  }
+}
+const countFiles = (root) => git(root, 'ls-files').split('\n').filter(Boolean).length;
+const countCommits = (root) => Number(git(root, 'rev-list', '--count', 'main').trim());
+
+/** A clone of the cargo history, `main` at its default branch's tip, agent files committed. */
+function cargoRepo(src) {
+  const root = mkdtempSync(join(work, 'cargo-'));
+  const [cloneMs] = timed(() => git(work, 'clone', '-q', src, root));
+  git(root, 'checkout', '-q', '-B', 'main');
+  identity(root);
+  writeAgents(root);
+  git(root, 'add', '.claude');
+  git(root, 'commit', '-q', '-m', 'bench: agent definitions');
+  return { root, makeMs: cloneMs, files: countFiles(root), commits: countCommits(root), tree: git(root, 'rev-parse', 'HEAD^{tree}').trim() };
+}
+
+/** Writes `chunks()`'s strings to `git fast-import` in `root`, minding the pipe's back-pressure. */
+function fastImport(root, chunks) {
+  return new Promise((resolve, reject) => {
+    const child = spawn('git', ['-c', 'pack.compression=1', 'fast-import', '--quiet', '--done'], { cwd: root, stdio: ['pipe', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (d) => (err += d));
+    child.on('error', reject);
+    child.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`git fast-import exited ${code}: ${err.slice(-2000)}`))));
+    const it = chunks();
+    const pump = () => {
+      for (;;) {
+        const { value, done } = it.next();
+        if (done) return child.stdin.end();
+        if (!child.stdin.write(value)) return child.stdin.once('drain', pump);
+      }
+    };
+    child.stdin.on('error', reject);
+    pump();
+  });
+}
+
+/**
+ * cargo's tip tree after a linear history of `scale` × its commit count: a chain of commits each
+ * changing one of 64 small files, then a commit whose tree is `cargo`'s (its objects copied in
+ * as one pack). The same final tree, checked.
+ */
+async function longHistoryRepo(cargo, scale) {
+  const root = mkdtempSync(join(work, 'cargo10x-'));
+  const t0 = performance.now();
+  git(root, 'init', '-q', '-b', 'main');
+  identity(root);
+  const chain = Math.round(scale * cargo.commits) - 1;
+  const start = 1_300_000_000;
+  function* stream() {
+    const data = (s) => `data ${Buffer.byteLength(s)}\n${s}\n`;
+    let batch = '';
+    for (let c = 1; c <= chain; c++) {
+      batch += `commit refs/heads/main\ncommitter Historian <h@example.invalid> ${start + c * 600} +0000\n${data(`step ${c}`)}M 100644 inline history/${c % 64}.txt\n${data(`step ${c} of ${chain}\n`)}`;
+      if (batch.length > 1 << 20) {
+        yield batch;
+        batch = '';
+      }
+    }
+    yield `${batch}done\n`;
+  }
+  await fastImport(root, stream);
+  const importMs = since(t0);
+  // cargo's tip tree, every object of it, as one pack.
+  execFileSync('sh', ['-c', `git -C "$1" rev-list --objects "$2" | git -C "$1" pack-objects --stdout -q | git index-pack --stdin >/dev/null`, 'sh', cargo.root, cargo.tree], { cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
+  const when = `${start + (chain + 1) * 600} +0000`;
+  const tip = execFileSync('git', ['commit-tree', cargo.tree, '-p', 'main', '-m', "cargo's tip tree"], { cwd: root, env: { ...process.env, GIT_AUTHOR_DATE: when, GIT_COMMITTER_DATE: when } }).toString().trim();
+  git(root, 'update-ref', 'refs/heads/main', tip);
+  git(root, 'reset', '-q', '--hard', 'main');
+  const makeMs = since(t0);
+  const tree = git(root, 'rev-parse', 'HEAD^{tree}').trim();
+  if (tree !== cargo.tree) throw new Error(`cargo10x's tree ${tree} is not cargo's ${cargo.tree}`);
+  return { root, makeMs, importMs, files: countFiles(root), commits: countCommits(root), tree };
+}
+
+/** What a pod receives now (one commit's tree, packed) against before (a bundle of main's history). */
+function podSizes(root) {
+  return {
+    treePack: pipeBytes(root, 'git rev-list --objects --no-walk HEAD | git pack-objects --stdout -q'),
+    bundle: pipeBytes(root, 'git bundle create -q - main'),
+  };
+}
+
+// ---------------------------------------------------------------- measuring
+
+/** Every mode on one repository: one warm-up each, then n rounds, the order rotated each round. */
+async function measureRepo(name, root) {
+  const out = Object.fromEntries(MODES.map((m) => [m, []]));
+  const warmup = {};
+  const adapters = {};
+  // local and local-new share one adapter (and so the repository's bases).
+  const adapterFor = (mode) => {
+    const key = mode === 'local-new' ? 'local' : mode;
+    adapters[key] ??= adapterOn(root, key);
+    return adapters[key];
+  };
+  try {
+    for (const m of MODES) {
+      checkAborted();
+      const w = await session(adapterFor(m), root, m);
+      warmup[m] = w;
+      say(`${name}: warm-up ${m}: start → handle ${fmtMs(w.handleMs)}, → result ${fmtMs(w.resultMs)}${w.imageSeen === false ? ` (POD LINE DOES NOT NAME ${IMAGE_OF[m]}: ${w.pod})` : ''}`);
+    }
+    for (let i = 0; i < N; i++) {
+      const order = MODES.map((_, k) => MODES[(k + i) % MODES.length]);
+      const line = [];
+      for (const m of order) {
+        const s = await session(adapterFor(m), root, m);
+        out[m].push(s);
+        line.push(`${m} ${fmtMs(s.handleMs)}`);
+      }
+      say(`${name}: ${i + 1}/${N}: ${line.join(', ')}`);
+    }
+  } finally {
+    for (const a of Object.values(adapters)) await a.shutdown();
+  }
+  const podsLeft = podModes.length ? adapterPods() : [];
+  return { runs: out, warmup, warnings: [...new Set(Object.values(adapters).flatMap((a) => a.warnings()))], podsLeft };
+}
+
+// ---------------------------------------------------------------- main
+
+const results = { bench: 'pod-start', machine: machine(), cli: claudePackageVersion(), n: N, scale: SCALE, modes: MODES, images: { session: SESSION_IMAGE, user: USER_IMAGE }, namespace: NAMESPACE, repos: {}, errors: {} };
+let cargo = null;
+try {
+  if (!aborted) {
+    try {
+      say(`cargo: cloning ${CARGO}`);
+      cargo = cargoRepo(CARGO);
+      say(`cargo: ${cargo.files} files, ${cargo.commits} commits, cloned in ${fmtMs(cargo.makeMs)}`);
+    } catch (err) {
+      results.errors.cargo = err.stack ?? String(err);
+      console.error(`\ncargo FAILED: ${err.stack ?? err}\n`);
+    }
+  }
+  const repos = [];
+  if (cargo && ONLY.includes('cargo')) repos.push(['cargo', () => cargo]);
+  if (cargo && ONLY.includes('cargo10x')) {
+    repos.push([
+      'cargo10x',
+      async () => {
+        say(`cargo10x: fast-import of ${Math.round(SCALE * cargo.commits) - 1} commits, then cargo's tree`);
+        const r = await longHistoryRepo(cargo, SCALE);
+        say(`cargo10x: ${r.files} files, ${r.commits} commits, made in ${fmtMs(r.makeMs)} (fast-import ${fmtMs(r.importMs)}); tree ${r.tree} = cargo's`);
+        return r;
+      },
+    ]);
+  }
+  for (const [name, make] of repos) {
+    if (aborted) break;
+    try {
+      const r = await make();
+      const sizes = podSizes(r.root);
+      say(`${name}: tree pack ${(sizes.treePack.bytes / MiB).toFixed(2)} MiB (${fmtMs(sizes.treePack.ms)}), bundle of main ${(sizes.bundle.bytes / MiB).toFixed(2)} MiB (${fmtMs(sizes.bundle.ms)})`);
+      results.repos[name] = { files: r.files, commits: r.commits, tree: r.tree, makeMs: r.makeMs, importMs: r.importMs, sizes };
+      Object.assign(results.repos[name], await measureRepo(name, r.root));
+    } catch (err) {
+      results.errors[name] = err.stack ?? String(err);
+      console.error(`\n${name} FAILED: ${err.stack ?? err}\n`);
+    }
+  }
+} finally {
+  results.totalMs = since(T0);
+  await cleanup();
+}
+
+// ---------------------------------------------------------------- report
+
+const hs = (xs) => (xs ?? []).map((x) => x.handleMs);
+const med = (xs) => summary(hs(xs)).median;
+const raw = (xs) => hs(xs).map((x) => Math.round(x)).join(' ');
+const range = (xs) => {
+  const s = summary(hs(xs));
+  return s.min == null ? null : `${Math.round(s.min)}–${Math.round(s.max)}`;
+};
+const verdict = (ok) => (ok == null ? '-' : ok ? 'met' : 'NOT met');
+const R = results.repos;
+
+console.log(`\npod-start bench: n=${N}; CLI ${results.cli}; ${results.machine.cpus} CPUs (${results.machine.cpuModel}); kernel ${results.machine.kernel}; load ${results.machine.loadavg.join(' ')}`);
+console.log(`images: session ${SESSION_IMAGE ?? '-'}; user ${USER_IMAGE ?? '-'} (runtime from the session image); namespace ${NAMESPACE}, pull ${PULL}`);
+for (const [name, r] of Object.entries(R)) {
+  console.log(`${name}: ${r.files} files, ${r.commits} commits on main, tree ${r.tree.slice(0, 12)}; made in ${fmtS(r.makeMs)}${r.importMs != null ? ` (fast-import ${fmtS(r.importMs)})` : ''}`);
+}
+
+const rows = [];
+for (const [name, r] of Object.entries(R)) {
+  if (!r.runs) continue;
+  for (const m of MODES) rows.push([name, m, fmtMs(med(r.runs[m])), range(r.runs[m]), raw(r.runs[m]), fmtMs(summary(r.runs[m].map((x) => x.resultMs)).median), fmtMs(r.warmup[m]?.handleMs)]);
+}
+if (rows.length) {
+  console.log('\nImplementor start → handle (ms)');
+  printTable(['repo', 'mode', 'median', 'min–max', 'raw (run order)', 'start → result', 'warm-up'], rows);
+}
+
+const cmp = [];
+const c = R.cargo?.runs;
+if (c) {
+  for (const pod of podModes) {
+    for (const local of ['local', 'local-new'].filter((m) => MODES.includes(m))) {
+      const d = med(c[pod]) - med(c[local]);
+      cmp.push([`cargo: ${pod} − ${local}`, fmtS(d), `≤ ${fmtS(POD_TARGET_MS)}`, local === 'local' ? verdict(d <= POD_TARGET_MS) : '(info)']);
+    }
+  }
+}
+const x = R.cargo10x?.runs;
+if (c && x) {
+  for (const m of MODES) {
+    const q = med(x[m]) / med(c[m]);
+    cmp.push([`${m}: cargo10x / cargo`, ratio(med(x[m]), med(c[m])), `≤ ${HISTORY_TARGET.toFixed(2)}x`, verdict(q <= HISTORY_TARGET)]);
+  }
+}
+for (const [name, r] of Object.entries(R)) {
+  if (r.runs?.user && r.runs?.session) cmp.push([`${name}: user / session image`, ratio(med(r.runs.user), med(r.runs.session)), '', `(${fmtS(med(r.runs.user) - med(r.runs.session))} more)`]);
+}
+if (cmp.length) {
+  console.log('\nagainst the targets (medians)');
+  printTable(['comparison', 'value', 'target', 'verdict'], cmp);
+}
+
+const sizeRows = Object.entries(R)
+  .filter(([, r]) => r.sizes)
+  .map(([name, r]) => [name, `${(r.sizes.treePack.bytes / MiB).toFixed(2)} MiB`, `${(r.sizes.bundle.bytes / MiB).toFixed(2)} MiB`, ratio(r.sizes.treePack.bytes, r.sizes.bundle.bytes)]);
+if (sizeRows.length) {
+  console.log('\nwhat a pod receives: pack of one commit\'s tree (now) vs `git bundle create - main` (before)');
+  printTable(['repo', 'tree pack', 'bundle', 'ratio'], sizeRows);
+}
+
+for (const [name, r] of Object.entries(R)) {
+  if (!r.runs) continue;
+  const pods = podModes.flatMap((m) => [...r.runs[m], r.warmup[m]]);
+  const wrong = pods.filter((s) => s.imageSeen !== true);
+  if (pods.length) console.log(`${name}: pod sessions whose transcript names their mode's image: ${pods.length - wrong.length}/${pods.length}${wrong.length ? ` (others: ${wrong.map((s) => s.pod ?? 'no pod line').join(' | ')})` : ''}`);
+  if (r.podsLeft.length) console.log(`${name}: adapter pods left after shutdown: ${r.podsLeft.join(', ')}`);
+  if (r.warnings.length) console.log(`${name}: adapter warnings: ${r.warnings.join(' | ')}`);
+}
+const errs = Object.entries(results.errors);
+for (const [name, e] of errs) console.log(`\n${name} FAILED: ${e.split('\n')[0]}`);
+console.log(`\ntotal ${(results.totalMs / 1000).toFixed(0)} s; raw results: ${saveResults('pod-start', results)}`);
+process.exit(errs.length ? 1 : 0);
