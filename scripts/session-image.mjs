@@ -13,33 +13,19 @@
 // Needs root (mmdebstrap's root mode keeps the files' owners, which the image needs) and
 // installs mmdebstrap with apt-get when missing.
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, openSync, readFileSync, readSync, closeSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { builder, DPKG_EXCLUDES, fileHash, mib, secs, sha256, SUITE, toolsHash } from './image-build.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const log = (msg) => process.stderr.write(`session-image: ${msg}\n`);
-const fail = (msg) => {
-  log(`error: ${msg}`);
-  process.exit(1);
-};
+const { log, fail, run, ensureMmdebstrap, needRoot } = builder('session-image');
 
 // The image contract's packages (kube-design.md; image/Dockerfile installs the same list).
 const PACKAGES = [
   'git', 'bash', 'coreutils', 'ca-certificates', 'bubblewrap', 'socat', 'findutils', 'grep',
   'sed', 'procps', 'util-linux',
-];
-const SUITE = 'bookworm';
-// Nothing in a session reads manuals, docs or translations: ~40 MB less. Licences stay.
-const DPKG_EXCLUDES = [
-  'path-exclude=/usr/share/man/*',
-  'path-exclude=/usr/share/info/*',
-  'path-exclude=/usr/share/doc/*',
-  'path-include=/usr/share/doc/*/copyright',
-  'path-exclude=/usr/share/locale/*',
-  'path-exclude=/usr/share/lintian/*',
 ];
 const CLI_PACKAGE = '@anthropic-ai/claude-agent-sdk-linux-x64';
 const MUSL_TARGET = 'x86_64-unknown-linux-musl';
@@ -56,19 +42,8 @@ const { values: opt } = parseArgs({
 });
 
 const t0 = performance.now();
-const secs = (since) => `${((performance.now() - since) / 1000).toFixed(1)} s`;
-// A step's command, its output on stderr (stdout carries only the reference).
-function run(cmd, args, opts = {}) {
-  try {
-    execFileSync(cmd, args, { stdio: ['ignore', process.stderr, 'inherit'], ...opts });
-  } catch (e) {
-    fail(`${cmd} ${args.join(' ')} failed: ${e.status != null ? `exit ${e.status}` : e.message}`);
-  }
-}
-const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex');
-const fileHash = (path) => sha256(readFileSync(path));
 
-if (process.getuid?.() !== 0) fail('run as root (mmdebstrap must keep the owners of the rootfs files)');
+needRoot();
 
 // The CLI: exactly the version package.json pins.
 const pinned = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).optionalDependencies?.[CLI_PACKAGE];
@@ -115,6 +90,7 @@ const inputs = {
   makeRuntime: fileHash(runtimeScript),
   gitHistory: fileHash(historyScript),
   script: fileHash(fileURLToPath(import.meta.url)),
+  tools: toolsHash(),
   mkimage: fileHash(mkimage),
 };
 const digest = sha256(JSON.stringify(inputs)).slice(0, 12);
@@ -134,14 +110,7 @@ const rootfs = `${out}.rootfs`;
 rmSync(rootfs, { recursive: true, force: true });
 rmSync(stampFile, { force: true });
 
-if (!existsSync('/usr/bin/mmdebstrap')) {
-  const t = performance.now();
-  log('installing mmdebstrap (apt-get update && apt-get install -y mmdebstrap)');
-  // A fresh machine's package lists may be empty or stale: update them first.
-  run('apt-get', ['update']);
-  run('apt-get', ['install', '-y', 'mmdebstrap']);
-  log(`apt-get install mmdebstrap: ${secs(t)}`);
-}
+ensureMmdebstrap();
 
 // Everything that goes in beyond the packages is done by mmdebstrap's hooks, in the rootfs
 // (`$1`), before it is finished: the binaries, the user and the directories of the contract.
@@ -183,10 +152,6 @@ writeFileSync(stampFile, stamp);
 log(`mkimage (tar ${mib(statSync(out).size)}): ${secs(t)}`);
 log(`built ${ref} -> ${out} in ${secs(t0)}`);
 process.stdout.write(`${ref}\n`);
-
-function mib(n) {
-  return `${(n / 1048576).toFixed(1)} MiB`;
-}
 
 // A 64-bit little-endian ELF executable with no program interpreter (PT_INTERP): it runs in
 // any image, whatever libc the image has or lacks.

@@ -21,29 +21,15 @@
 // claude may be in it. Needs root (mmdebstrap's root mode keeps the files' owners) and
 // installs mmdebstrap with apt-get when missing.
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { existsSync, lstatSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { builder, DPKG_EXCLUDES, fileHash, mib, secs, sha256, SUITE, toolsHash } from './image-build.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const log = (msg) => process.stderr.write(`test-images: ${msg}\n`);
-const fail = (msg) => {
-  log(`error: ${msg}`);
-  process.exit(1);
-};
+const { log, fail, run, ensureMmdebstrap, needRoot } = builder('test-images');
 
-const SUITE = 'bookworm';
-// As in session-image.mjs: no manuals, docs or translations. Licences stay.
-const DPKG_EXCLUDES = [
-  'path-exclude=/usr/share/man/*',
-  'path-exclude=/usr/share/info/*',
-  'path-exclude=/usr/share/doc/*',
-  'path-include=/usr/share/doc/*/copyright',
-  'path-exclude=/usr/share/locale/*',
-  'path-exclude=/usr/share/lintian/*',
-];
 // The PATH the checks run with: mkimage.py's image PATH (what a session in the image gets).
 const CHECK_PATH = '/bin:/usr/bin:/sbin:/usr/sbin';
 // What none of these images may have: the adapter's tests use them as images without the
@@ -120,17 +106,6 @@ const names = opt.only ? opt.only.split(',').map((n) => n.trim()).filter(Boolean
 for (const n of names) if (!IMAGES[n]) fail(`unknown image ${n} (known: ${Object.keys(IMAGES).join(', ')})`);
 
 const t0 = performance.now();
-const secs = (since) => `${((performance.now() - since) / 1000).toFixed(1)} s`;
-// A step's command, its output on stderr (stdout carries only the image lines).
-function run(cmd, args, opts = {}) {
-  try {
-    execFileSync(cmd, args, { stdio: ['ignore', process.stderr, 'inherit'], ...opts });
-  } catch (e) {
-    fail(`${cmd} ${args.join(' ')} failed: ${e.status != null ? `exit ${e.status}` : e.message}`);
-  }
-}
-const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex');
-const fileHash = (path) => sha256(readFileSync(path));
 const exists = (path) => {
   try {
     lstatSync(path);
@@ -140,7 +115,7 @@ const exists = (path) => {
   }
 };
 
-if (process.getuid?.() !== 0) fail('run as root (mmdebstrap must keep the owners of the rootfs files)');
+needRoot();
 
 const mkimage = resolve(opt.mkimage);
 if (!existsSync(mkimage)) fail(`mkimage.py not found at ${mkimage} (pass --mkimage PATH)`);
@@ -168,6 +143,7 @@ function build(name, image) {
     dpkg: DPKG_EXCLUDES,
     mirror: opt.mirror,
     script: scriptHash,
+    tools: toolsHash(),
     mkimage: mkimageHash,
   };
   const ref = `local/cra-test-${name}:${sha256(JSON.stringify(inputs)).slice(0, 12)}`;
@@ -247,16 +223,4 @@ function verify(name, image, rootfs) {
   log(`${name}: check: ${output.trim().split('\n').join('; ')}`);
 }
 
-function ensureMmdebstrap() {
-  if (existsSync('/usr/bin/mmdebstrap')) return;
-  const t = performance.now();
-  log('installing mmdebstrap (apt-get update && apt-get install -y mmdebstrap)');
-  // A fresh machine's package lists may be empty or stale: update them first.
-  run('apt-get', ['update']);
-  run('apt-get', ['install', '-y', 'mmdebstrap']);
-  log(`apt-get install mmdebstrap: ${secs(t)}`);
-}
 
-function mib(n) {
-  return `${(n / 1048576).toFixed(1)} MiB`;
-}

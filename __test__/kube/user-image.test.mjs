@@ -12,7 +12,7 @@ import { agentRuns } from '../support/agent-bash.mjs';
 import { rejection, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
-import { adapterPods, IMAGE, kubeBackend, podLine } from './support.mjs';
+import { adapterPods, IMAGE, kubeBackend, kubectl, podLine } from './support.mjs';
 
 const IMAGES = {
   toolchain: process.env.CRA_KUBE_TOOLCHAIN_IMAGE,
@@ -185,5 +185,49 @@ describe('the history on demand', () => {
     expect(out[0]).toMatch(/^1\n/);
     expect(out[0]).not.toContain('secret.txt');
     expect(out[0]).toMatch(/bad object|unknown revision|not our ref|not allowed/);
+  });
+});
+
+describe('the runtime in an image without glibc', () => {
+  it('the musl image runs the copied runtime: cra-pod as pid 1, bubblewrap and socat through the runtime\'s own loader, the CLI through it too', { timeout: 180_000 }, async () => {
+    // The adapter's pod spec for another image (cluster.rs), made by hand: the init container
+    // of the session image copies the runtime, the musl image runs it.
+    const name = `cra-musl-test-${process.pid}`;
+    const pod = {
+      apiVersion: 'v1',
+      kind: 'Pod',
+      metadata: { name, labels: { 'claude-runtime-adapter-test': 'musl' } },
+      spec: {
+        restartPolicy: 'Never',
+        terminationGracePeriodSeconds: 1,
+        automountServiceAccountToken: false,
+        securityContext: { runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true },
+        volumes: [{ name: 'runtime', emptyDir: {} }],
+        initContainers: [{ name: 'runtime', image: IMAGE, imagePullPolicy: 'IfNotPresent', command: ['cp', '-dR', '--preserve=mode', '/opt/claude-runtime-adapter', '/copy/runtime'], volumeMounts: [{ name: 'runtime', mountPath: '/copy' }] }],
+        containers: [{ name: 'session', image: IMAGES.musl, imagePullPolicy: 'IfNotPresent', command: ['/opt/claude-runtime-adapter/bin/cra-pod', 'idle'], volumeMounts: [{ name: 'runtime', mountPath: '/opt/claude-runtime-adapter', subPath: 'runtime', readOnly: true }] }],
+      },
+    };
+    execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
+    try {
+      kubectl('wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s');
+      const rt = '/opt/claude-runtime-adapter';
+      const out = kubectl('exec', name, '--', 'sh', '-c', [
+        'test -e /lib64/ld-linux-x86-64.so.2 && echo has-glibc || echo no-glibc',
+        'cat /proc/1/cmdline | tr "\\0" " "; echo',
+        `${rt}/bin/bwrap --version`,
+        `${rt}/bin/socat -V | grep -m1 'socat version'`,
+        `${rt}/bin/claude --version`,
+        `${rt}/bin/bwrap --unshare-user --unshare-net --ro-bind / / --dev /dev --ro-bind /proc /proc sh -c 'echo sandboxed; cat /proc/net/dev | grep -c :'`,
+      ].join('; '));
+      const lines = out.trim().split('\n');
+      expect(lines[0]).toBe('no-glibc');
+      expect(lines[1].trim()).toBe(`${rt}/bin/cra-pod idle`);
+      expect(lines[2]).toMatch(/^bubblewrap \d/);
+      expect(lines[3]).toMatch(/socat version \d/);
+      expect(lines[4]).toMatch(/\(Claude Code\)$/);
+      expect(lines.slice(5)).toEqual(['sandboxed', '1']);
+    } finally {
+      kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
+    }
   });
 });
