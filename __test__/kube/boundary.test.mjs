@@ -58,15 +58,16 @@ describe('the boundary inside the pod', () => {
     expect(out[0].trim().split('\n').at(-1)).toBe('repo');
   });
 
-  it("the egress proxy refuses a host not allowed, and push fails (no remote, no route)", { timeout: 180_000 }, async () => {
+  it("the egress proxy refuses a host not allowed, and push fails (to a URL: no route; to origin, the history's read-only transport: refused)", { timeout: 180_000 }, async () => {
     await kubeSetup();
     const { out } = await implementorRuns([
       "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n' >&3 && head -1 <&3",
-      'git push https://example.com/x.git HEAD 2>&1; echo "push rc=$?"; git remote -v | wc -l',
+      'git push https://example.com/x.git HEAD 2>&1; echo "push rc=$?"; git push origin HEAD:refs/heads/x 2>&1; echo "origin rc=$?"',
     ]);
     expect(out[0]).toMatch(/HTTP\/1\.1 403/);
     expect(out[1]).toMatch(/push rc=[1-9]/);
-    expect(out[1].trim().split('\n').at(-1)).toBe('0');
+    expect(out[1]).toMatch(/transport 'ext' not allowed/);
+    expect(out[1]).toMatch(/origin rc=[1-9]/);
   });
 
   it('the direct probe: the node the pod runs on is reachable from the pod, not from the agent', { timeout: 180_000 }, async () => {

@@ -53,7 +53,7 @@ describe('each role in a pod of its own', () => {
       expect(rest).toContain('origin');
       expect(out[0]).not.toContain(h.repo.root);
       const line = podLine(transcriptOf(handle));
-      expect(line).toMatch(/Kubernetes pod \S+ on node node-|Kubernetes pod \S+ on node \S+/);
+      expect(line).toMatch(/Kubernetes pod \S+ of image \S+ on node \S+/);
       expect(line).toContain(out[0].trim().split('\n').at(-1));
       if (role === 'implementor') expect(result.patch).toContain('+++ b/role.txt');
       expect(adapterPods(handle.sessionID)).toEqual([]);
