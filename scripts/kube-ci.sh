@@ -73,3 +73,10 @@ done
 step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
   env CRA_KUBE_TESTS=1 cargo test --test kube_cluster
 step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube
+# The local backend's guarantees in a user's image: the boundary, the failures, every end of a
+# session and 16 at once again, with the sessions in the minimal test image (git and a shell
+# only; the runtime copied in from the session image).
+step "npm run test:kube again in the user's minimal image (CRA_KUBE_SESSION_IMAGE=$CRA_KUBE_MINIMAL_IMAGE)" \
+  env CRA_KUBE_SESSION_IMAGE="$CRA_KUBE_MINIMAL_IMAGE" npm run test:kube -- \
+  __test__/kube/boundary.test.mjs __test__/kube/failures.test.mjs __test__/kube/sessions.test.mjs \
+  -t "boundary|cannot run|goes under|each role|failing setup|16 sessions|every end deletes"

@@ -12,9 +12,20 @@ if (!process.env.KUBECONFIG || !IMAGE) {
   throw new Error('the Kubernetes suite needs KUBECONFIG and CRA_KUBE_IMAGE (see README: Kubernetes backend)');
 }
 
+// CRA_KUBE_SESSION_IMAGE: run the sessions in that image instead (a user's image, the runtime
+// copied in from CRA_KUBE_IMAGE): kube-ci.sh runs the boundary and lifecycle cases again so.
+const SESSION_IMAGE = process.env.CRA_KUBE_SESSION_IMAGE;
+
 /** `backend` of an adapter config for the cluster under test, with `extra` fields merged in. */
 export const kubeBackend = (extra = {}) => ({
-  kubernetes: { namespace: NAMESPACE, image: IMAGE, imagePullPolicy: PULL, kubeconfig: process.env.KUBECONFIG, ...extra },
+  kubernetes: {
+    namespace: NAMESPACE,
+    image: SESSION_IMAGE ?? IMAGE,
+    ...(SESSION_IMAGE ? { runtimeImage: IMAGE } : {}),
+    imagePullPolicy: PULL,
+    kubeconfig: process.env.KUBECONFIG,
+    ...extra,
+  },
 });
 
 export const MANAGED = 'app.kubernetes.io/managed-by=claude-runtime-adapter';
