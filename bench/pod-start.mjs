@@ -18,7 +18,8 @@
 //              adding the agent definitions (.claude/agents/*.md)
 //   cargo10x   the same final tree (checked: HEAD^{tree} equal) after a linear history of
 //              <scale> × cargo's commit count: a `git fast-import` chain, each commit changing
-//              one small file, then one commit whose tree is cargo's tip tree
+//              one small file, then one commit whose tree is cargo's tip tree. Made in a clone
+//              of cargo with its refs deleted, so that tree's objects are packed as in cargo.
 // Modes (one adapter each per repository; the fake Messages API answers at once, outcome
 // `blocked`, so each session ends right after its start; its result is awaited before the next):
 //   local      local backend, sandbox as default, the commit's shared base already made
@@ -153,6 +154,9 @@ const checkAborted = () => {
 const liveAdapters = new Set();
 const api = await startFakeApi({ keepBodies: false, script: () => reply(DONE) });
 const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config') });
+// Not the CLI's business; and a config value of `env` is redacted from transcripts, so the
+// image refs in CRA_KUBE_* would show as [REDACTED] in the pod line checked below.
+for (const k of Object.keys(env)) if (k.startsWith('CRA_KUBE_') || k.startsWith('CRA_BENCH_') || k === 'KUBECONFIG') delete env[k];
 const deps = () => ({
   workItemReader: new WorkItemProvider({ 1: 'Work item 1.\n\nNothing to change: answer at once.\n' }),
   revisionReader: new RevisionProvider({}),
@@ -249,7 +253,9 @@ async function session(a, root, mode) {
       // no transcript
     }
   }
-  return { handleMs, resultMs, pod, imageSeen: pod == null ? null : pod.includes(`of image ${IMAGE_OF[mode]}`) };
+  const node = pod ? /on node (\S+?);/.exec(pod)?.[1] ?? null : null;
+  const imageSeen = pod == null || pod.includes('[REDACTED]') ? null : pod.includes(`of image ${IMAGE_OF[mode]}`);
+  return { handleMs, resultMs, pod, node, imageSeen };
 }
 
 // ---------------------------------------------------------------- repositories
@@ -298,14 +304,20 @@ function fastImport(root, chunks) {
 
 /**
  * cargo's tip tree after a linear history of `scale` × its commit count: a chain of commits each
- * changing one of 64 small files, then a commit whose tree is `cargo`'s (its objects copied in
- * as one pack). The same final tree, checked.
+ * changing one of 64 small files, then a commit whose tree is `cargo`'s. The repository starts as
+ * a clone of `cargo` with every ref deleted, so the tip tree's objects are stored exactly as in
+ * cargo (deltas against cargo's history, now unreachable): a fresh pack of just that tree would
+ * make `git pack-objects` of it, part of a pod's start, several times cheaper than on cargo.
  */
 async function longHistoryRepo(cargo, scale) {
-  const root = mkdtempSync(join(work, 'cargo10x-'));
+  const root = join(work, 'cargo10x');
   const t0 = performance.now();
-  git(root, 'init', '-q', '-b', 'main');
+  git(work, 'clone', '-q', '--no-checkout', cargo.root, root);
   identity(root);
+  git(root, 'remote', 'remove', 'origin');
+  const refs = git(root, 'for-each-ref', '--format=delete %(refname)');
+  execFileSync('git', ['update-ref', '--stdin'], { cwd: root, input: refs });
+  git(root, 'symbolic-ref', 'HEAD', 'refs/heads/main');
   const chain = Math.round(scale * cargo.commits) - 1;
   const start = 1_300_000_000;
   function* stream() {
@@ -320,10 +332,9 @@ async function longHistoryRepo(cargo, scale) {
     }
     yield `${batch}done\n`;
   }
+  const t1 = performance.now();
   await fastImport(root, stream);
-  const importMs = since(t0);
-  // cargo's tip tree, every object of it, as one pack.
-  execFileSync('sh', ['-c', `git -C "$1" rev-list --objects "$2" | git -C "$1" pack-objects --stdout -q | git index-pack --stdin >/dev/null`, 'sh', cargo.root, cargo.tree], { cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
+  const importMs = since(t1);
   const when = `${start + (chain + 1) * 600} +0000`;
   const tip = execFileSync('git', ['commit-tree', cargo.tree, '-p', 'main', '-m', "cargo's tip tree"], { cwd: root, env: { ...process.env, GIT_AUTHOR_DATE: when, GIT_COMMITTER_DATE: when } }).toString().trim();
   git(root, 'update-ref', 'refs/heads/main', tip);
@@ -331,6 +342,8 @@ async function longHistoryRepo(cargo, scale) {
   const makeMs = since(t0);
   const tree = git(root, 'rev-parse', 'HEAD^{tree}').trim();
   if (tree !== cargo.tree) throw new Error(`cargo10x's tree ${tree} is not cargo's ${cargo.tree}`);
+  const others = git(root, 'for-each-ref', '--format=%(refname)').split('\n').filter((r) => r && r !== 'refs/heads/main');
+  if (others.length) throw new Error(`cargo10x has refs besides main: ${others.join(' ')}`);
   return { root, makeMs, importMs, files: countFiles(root), commits: countCommits(root), tree };
 }
 
@@ -360,7 +373,7 @@ async function measureRepo(name, root) {
       checkAborted();
       const w = await session(adapterFor(m), root, m);
       warmup[m] = w;
-      say(`${name}: warm-up ${m}: start → handle ${fmtMs(w.handleMs)}, → result ${fmtMs(w.resultMs)}${w.imageSeen === false ? ` (POD LINE DOES NOT NAME ${IMAGE_OF[m]}: ${w.pod})` : ''}`);
+      say(`${name}: warm-up ${m}: start → handle ${fmtMs(w.handleMs)}, → result ${fmtMs(w.resultMs)}${w.node ? ` (${w.node})` : ''}${w.imageSeen === false ? ` (POD LINE DOES NOT NAME ${IMAGE_OF[m]}: ${w.pod})` : ''}`);
     }
     for (let i = 0; i < N; i++) {
       const order = MODES.map((_, k) => MODES[(k + i) % MODES.length]);
@@ -375,7 +388,12 @@ async function measureRepo(name, root) {
   } finally {
     for (const a of Object.values(adapters)) await a.shutdown();
   }
-  const podsLeft = podModes.length ? adapterPods() : [];
+  let podsLeft = [];
+  try {
+    if (podModes.length) podsLeft = adapterPods();
+  } catch (err) {
+    podsLeft = [`(kubectl failed: ${err.message.split('\n')[0]})`];
+  }
   return { runs: out, warmup, warnings: [...new Set(Object.values(adapters).flatMap((a) => a.warnings()))], podsLeft };
 }
 
@@ -446,11 +464,11 @@ for (const [name, r] of Object.entries(R)) {
 const rows = [];
 for (const [name, r] of Object.entries(R)) {
   if (!r.runs) continue;
-  for (const m of MODES) rows.push([name, m, fmtMs(med(r.runs[m])), range(r.runs[m]), raw(r.runs[m]), fmtMs(summary(r.runs[m].map((x) => x.resultMs)).median), fmtMs(r.warmup[m]?.handleMs)]);
+  for (const m of MODES) rows.push([name, m, fmtMs(med(r.runs[m])), range(r.runs[m]), raw(r.runs[m]), r.runs[m].map((x) => x.node ?? '-').join(' '), fmtMs(summary(r.runs[m].map((x) => x.resultMs)).median), fmtMs(r.warmup[m]?.handleMs)]);
 }
 if (rows.length) {
   console.log('\nImplementor start → handle (ms)');
-  printTable(['repo', 'mode', 'median', 'min–max', 'raw (run order)', 'start → result', 'warm-up'], rows);
+  printTable(['repo', 'mode', 'median', 'min–max', 'raw (run order)', 'pods\' nodes', 'start → result', 'warm-up'], rows);
 }
 
 const cmp = [];
@@ -489,8 +507,10 @@ if (sizeRows.length) {
 for (const [name, r] of Object.entries(R)) {
   if (!r.runs) continue;
   const pods = podModes.flatMap((m) => [...r.runs[m], r.warmup[m]]);
-  const wrong = pods.filter((s) => s.imageSeen !== true);
-  if (pods.length) console.log(`${name}: pod sessions whose transcript names their mode's image: ${pods.length - wrong.length}/${pods.length}${wrong.length ? ` (others: ${wrong.map((s) => s.pod ?? 'no pod line').join(' | ')})` : ''}`);
+  const named = pods.filter((s) => s.imageSeen === true).length;
+  const redacted = pods.filter((s) => s.pod?.includes('[REDACTED]')).length;
+  const wrong = pods.filter((s) => s.imageSeen === false || s.pod == null);
+  if (pods.length) console.log(`${name}: pod sessions whose transcript names their mode's image: ${named}/${pods.length}${redacted ? `; image redacted in ${redacted}` : ''}${wrong.length ? `; ${wrong.length} wrong or without a pod line, e.g. ${wrong[0].pod ?? 'no pod line'}` : ''}`);
   if (r.podsLeft.length) console.log(`${name}: adapter pods left after shutdown: ${r.podsLeft.join(', ')}`);
   if (r.warnings.length) console.log(`${name}: adapter warnings: ${r.warnings.join(' | ')}`);
 }
