@@ -43,7 +43,7 @@ import { reply, structured, startFakeApi } from '../__test__/support/fake-api.mj
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { addon, engineState, recordingLogger, RevisionProvider, WorkItemProvider } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked } from './support/common.mjs';
 
 const arg = (name, dflt) => {
   const a = process.argv.find((x) => x.startsWith(`--${name}=`));
@@ -210,15 +210,7 @@ function adapterOn(root, mode) {
     },
     deps(),
   );
-  liveAdapters.add(adapter);
-  return {
-    adapter,
-    async shutdown() {
-      liveAdapters.delete(adapter);
-      await adapter.shutdown();
-    },
-    warnings: () => logger.entries.filter((e) => e.level === 'warn' || e.level === 'error').map((e) => e.message),
-  };
+  return tracked(adapter, logger, liveAdapters);
 }
 
 let seq = 0;

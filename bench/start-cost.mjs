@@ -41,7 +41,7 @@ import { assistantTurns, bash, reply, structured, userText, startFakeApi } from 
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { addon, engineState, recordingLogger, RevisionProvider, WorkItemProvider } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked } from './support/common.mjs';
 
 /** Which build of the addon is loaded (as bench/sandbox.mjs tells it). */
 function build() {
@@ -217,17 +217,7 @@ function adapterOn(root, extra = {}) {
     },
     deps(),
   );
-  liveAdapters.add(adapter);
-  return {
-    adapter,
-    logger,
-    async shutdown() {
-      liveAdapters.delete(adapter);
-      await adapter.shutdown();
-    },
-    /** Warnings the adapter logged (e.g. that Implementors fall back to full clones). */
-    warnings: () => logger.entries.filter((e) => e.level === 'warn' || e.level === 'error').map((e) => e.message),
-  };
+  return tracked(adapter, logger, liveAdapters);
 }
 
 // ---------------------------------------------------------------- sessions

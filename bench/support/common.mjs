@@ -118,3 +118,19 @@ export function printTable(header, rows) {
 export const fmtMs = (x) => (x == null ? null : `${x.toFixed(x < 10 ? 2 : 1)} ms`);
 export const fmtMiB = (x) => (x == null ? null : `${(x / MiB).toFixed(2)} MiB`);
 export const ratio = (a, b) => (a == null || b == null || b === 0 ? null : `${(a / b).toFixed(2)}x`);
+
+/** `adapter` kept in `live` (what an interrupted bench shuts down) until its shutdown; the
+ * warnings and errors it logged to `logger` (a recording logger). */
+export function tracked(adapter, logger, live) {
+  live.add(adapter);
+  return {
+    adapter,
+    logger,
+    async shutdown() {
+      live.delete(adapter);
+      await adapter.shutdown();
+    },
+    /** Warnings the adapter logged (e.g. that Implementors fall back to full clones). */
+    warnings: () => logger.entries.filter((e) => e.level === 'warn' || e.level === 'error').map((e) => e.message),
+  };
+}
