@@ -35,15 +35,15 @@
 // repository, user / session image. Also what a pod receives, by size: the pack of one commit's
 // tree (now) against `git bundle create - main` (before). Raw data goes to bench/results/.
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { reply, structured, startFakeApi } from '../__test__/support/fake-api.mjs';
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
-import { addon, engineState, recordingLogger, RevisionProvider, WorkItemProvider } from '../__test__/support/harness.mjs';
+import { addon, recordingLogger } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce } from './support/common.mjs';
 
 const arg = (name, dflt) => {
   const a = process.argv.find((x) => x.startsWith(`--${name}=`));
@@ -118,18 +118,6 @@ function timed(fn) {
   const value = fn();
   return [since(t), value];
 }
-function rmrf(p) {
-  try {
-    rmSync(p, { recursive: true, force: true });
-  } catch {
-    try {
-      execFileSync('chmod', ['-R', 'u+rwx', p], { stdio: 'ignore' });
-      rmSync(p, { recursive: true, force: true });
-    } catch (err) {
-      console.error(`could not remove ${p}: ${err.message}`);
-    }
-  }
-}
 function identity(root) {
   git(root, 'config', 'user.name', 'Bench User');
   git(root, 'config', 'user.email', 'bench@example.invalid');
@@ -157,23 +145,9 @@ const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-co
 // Not the CLI's business; and a config value of `env` is redacted from transcripts, so the
 // image refs in CRA_KUBE_* would show as [REDACTED] in the pod line checked below.
 for (const k of Object.keys(env)) if (k.startsWith('CRA_KUBE_') || k.startsWith('CRA_BENCH_') || k === 'KUBECONFIG') delete env[k];
-const deps = () => ({
-  workItemReader: new WorkItemProvider({ 1: 'Work item 1.\n\nNothing to change: answer at once.\n' }),
-  revisionReader: new RevisionProvider({}),
-  getState: () => engineState({ workItems: [{ id: '1', title: 'Item 1', status: 'open', linkedRevision: null }] }),
-  getReviewHistory: async () => ({ reviews: [], inlineComments: [] }),
-});
+const deps = benchDeps(['1'], () => 'Work item 1.\n\nNothing to change: answer at once.\n');
 
-let cleaning = null;
-async function cleanup() {
-  cleaning ??= (async () => {
-    for (const a of liveAdapters) await a.shutdown().catch((e) => console.error(`shutdown: ${e.message}`));
-    liveAdapters.clear();
-    await api.close().catch(() => {});
-    for (const t of temps.reverse()) rmrf(t);
-  })();
-  return cleaning;
-}
+const cleanup = cleanupOnce(liveAdapters, api, temps);
 for (const sig of ['SIGINT', 'SIGTERM']) {
   process.once(sig, () => {
     console.error(`\n${sig}: stopping; cleaning up (shutting the adapters down deletes their pods)`);

@@ -33,15 +33,15 @@
 // Every session is sandboxed (`sandbox: {}`), with the native Bash validator hook, the real
 // CLI and the fake Messages API. The table is printed at the end; raw data goes to bench/results/.
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { assistantTurns, bash, reply, structured, userText, startFakeApi } from '../__test__/support/fake-api.mjs';
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
-import { addon, engineState, recordingLogger, RevisionProvider, WorkItemProvider } from '../__test__/support/harness.mjs';
+import { addon, recordingLogger } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce } from './support/common.mjs';
 
 /** Which build of the addon is loaded (as bench/sandbox.mjs tells it). */
 function build() {
@@ -97,19 +97,6 @@ function du(...paths) {
   const out = execFileSync('du', ['-s', '-c', '--block-size=1', ...paths], { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
   return Number(/^(\d+)\s+total$/m.exec(out)[1]);
 }
-function rmrf(p) {
-  try {
-    rmSync(p, { recursive: true, force: true });
-  } catch {
-    // an overlayfs `work/work` left with mode 000 (unprivileged runs): open it up and retry
-    try {
-      execFileSync('chmod', ['-R', 'u+rwx', p], { stdio: 'ignore' });
-      rmSync(p, { recursive: true, force: true });
-    } catch (err) {
-      console.error(`could not remove ${p}: ${err.message}`);
-    }
-  }
-}
 function run(cmd, args, opts) {
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], ...opts });
@@ -161,23 +148,9 @@ const api = await startFakeApi({ keepBodies: false });
 const npmCache = execFileSync('npm', ['config', 'get', 'cache']).toString().trim();
 const env = offlineCliEnv({ apiUrl: api.url, configDir: join(scratch, 'claude-config'), extra: { npm_config_cache: npmCache } });
 const items = Array.from({ length: Math.max(PARALLEL, 1) }, (_, i) => String(i + 1));
-const deps = () => ({
-  workItemReader: new WorkItemProvider(Object.fromEntries(items.map((id) => [id, `Work item ${id}.\n\nCHANGE=${id}\n`]))),
-  revisionReader: new RevisionProvider({}),
-  getState: () => engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'open', linkedRevision: null })) }),
-  getReviewHistory: async () => ({ reviews: [], inlineComments: [] }),
-});
+const deps = benchDeps(items, (id) => `Work item ${id}.\n\nCHANGE=${id}\n`);
 
-let cleaning = null;
-async function cleanup() {
-  cleaning ??= (async () => {
-    for (const a of liveAdapters) await a.shutdown().catch((e) => console.error(`shutdown: ${e.message}`));
-    liveAdapters.clear();
-    await api.close().catch(() => {});
-    for (const t of temps.reverse()) rmrf(t);
-  })();
-  return cleaning;
-}
+const cleanup = cleanupOnce(liveAdapters, api, temps);
 let releaseHeld = () => {};
 for (const sig of ['SIGINT', 'SIGTERM']) {
   process.once(sig, () => {

@@ -1,8 +1,10 @@
 // Helpers shared by the benchmarks: statistics, /proc inspection, memory, machine conditions.
-import { readdirSync, readFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { readdirSync, readFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, totalmem, freemem, release } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { engineState, RevisionProvider, WorkItemProvider } from '../../__test__/support/harness.mjs';
 
 export const BENCH_DIR = join(dirname(fileURLToPath(import.meta.url)), '..');
 export const ROOT = join(BENCH_DIR, '..');
@@ -132,5 +134,44 @@ export function tracked(adapter, logger, live) {
     },
     /** Warnings the adapter logged (e.g. that Implementors fall back to full clones). */
     warnings: () => logger.entries.filter((e) => e.level === 'warn' || e.level === 'error').map((e) => e.message),
+  };
+}
+
+/** Removes `p`, also an overlayfs `work/work` left with mode 000 (unprivileged runs). */
+export function rmrf(p) {
+  try {
+    rmSync(p, { recursive: true, force: true });
+  } catch {
+    try {
+      execFileSync('chmod', ['-R', 'u+rwx', p], { stdio: 'ignore' });
+      rmSync(p, { recursive: true, force: true });
+    } catch (err) {
+      console.error(`could not remove ${p}: ${err.message}`);
+    }
+  }
+}
+
+/** The engine's deps for a bench: open work items `items`, each with the body `bodyOf(id)`. */
+export function benchDeps(items, bodyOf) {
+  return () => ({
+    workItemReader: new WorkItemProvider(Object.fromEntries(items.map((id) => [id, bodyOf(id)]))),
+    revisionReader: new RevisionProvider({}),
+    getState: () => engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'open', linkedRevision: null })) }),
+    getReviewHistory: async () => ({ reviews: [], inlineComments: [] }),
+  });
+}
+
+/** A cleanup that runs once however often it is called: the live adapters shut down, the fake
+ * API closed, the temp dirs removed (last made first). */
+export function cleanupOnce(live, api, temps) {
+  let cleaning = null;
+  return () => {
+    cleaning ??= (async () => {
+      for (const a of live) await a.shutdown().catch((e) => console.error(`shutdown: ${e.message}`));
+      live.clear();
+      await api.close().catch(() => {});
+      for (const t of temps.reverse()) rmrf(t);
+    })();
+    return cleaning;
   };
 }
