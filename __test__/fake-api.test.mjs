@@ -1,7 +1,8 @@
 // The fake Messages API and the real Claude Code CLI working together, WITHOUT the adapter:
 // these tests pin down the CLI behaviour the Rust protocol code relies on (PROTOCOL-NOTES.md).
 import { afterEach, describe, expect, it } from 'vitest';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
   apiError,
@@ -30,17 +31,18 @@ const SCHEMA = {
 };
 const AGENT_PROMPT = 'You are the implementor agent. Follow the work item.';
 
-const open = []; // { session, api, repo } to clean up after each test
+const open = []; // { session, api, repo, configDir } to clean up after each test
 
 afterEach(async () => {
   while (open.length) {
-    const { session, api, repo } = open.pop();
+    const { session, api, repo, configDir } = open.pop();
     if (session && !session.exitInfo) {
       session.kill('SIGKILL');
       await session.exited;
     }
     await api?.close();
     repo?.cleanup();
+    if (configDir) rmSync(configDir, { recursive: true, force: true });
   }
 });
 
@@ -60,11 +62,12 @@ async function startSession({
 } = {}) {
   const api = await startFakeApi({ script: script ?? scenario.steps(steps) });
   const repo = makeTempRepo();
+  const configDir = mkdtempSync(join(tmpdir(), 'claude-config-'));
   const hookCalls = [];
   const session = spawnCli({
     bin: claudeBinaryPath(),
     cwd: repo.root,
-    env: offlineCliEnv({ apiUrl: api.url, maxRetries }),
+    env: offlineCliEnv({ apiUrl: api.url, configDir, maxRetries }),
     args: cliArgs({ agent: 'implementor', jsonSchema: schema, maxTurns, sessionId: randomUUID() }),
     onControl: async (request) => {
       if (request.subtype !== 'hook_callback') throw new Error(`unexpected control request ${request.subtype}`);
@@ -72,7 +75,7 @@ async function startSession({
       return hook(request);
     },
   });
-  const ctx = { session, api, repo, hookCalls };
+  const ctx = { session, api, repo, configDir, hookCalls };
   open.push(ctx);
   ctx.init = await session.initialize({
     hooks: { PreToolUse: [{ matcher: 'Bash', hookCallbackIds: ['hook_0'], ...matcher }] },

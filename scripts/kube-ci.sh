@@ -20,14 +20,18 @@ step() {
   echo "== kube-ci: $step" >&2
   local start=$SECONDS
   "$@"
-  echo "== kube-ci: $step: done in $((SECONDS - start)) s" >&2
+  echo "== kube-ci: $step: done in $((SECONDS - start)) s (disk free: $(free_disk))" >&2
 }
+
+# Free space where the nodes keep images and pods' volumes: a pod of a user's image holds a copy
+# of the runtime (~400 MB), so 16 at once need ~6.5 GB beyond the images.
+free_disk() { df -h --output=avail "${KUBE_LOCAL_DIR:-/var/tmp}" 2>/dev/null | tail -1 | tr -d ' '; }
 
 finish() {
   local status=$?
   trap - EXIT
   if [ "$status" -ne 0 ]; then
-    echo "== kube-ci: FAILED in step '${step:-start}' (exit $status)" >&2
+    echo "== kube-ci: FAILED in step '${step:-start}' (exit $status; disk free: $(free_disk))" >&2
   fi
   echo "== kube-ci: cluster down" >&2
   if ! "$kube_dir/down"; then

@@ -1,9 +1,7 @@
 // Locating the real Claude Code CLI and the environment it needs to run offline against the
 // fake Messages API (see fake-api.mjs).
 import { createRequire } from 'node:module';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 
 const require = createRequire(import.meta.url);
 const PKG = '@anthropic-ai/claude-agent-sdk';
@@ -48,19 +46,20 @@ export function claudePackageVersion() {
  * SDK replaces the child's environment rather than merging): PATH/HOME/etc. from the parent,
  * minus NODE_OPTIONS/DEBUG and any ANTHROPIC_/CLAUDE_ variables of the parent, plus:
  *   ANTHROPIC_BASE_URL, a dummy ANTHROPIC_API_KEY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1,
- *   a scratch CLAUDE_CONFIG_DIR (created when not given) that is also HOME, IS_SANDBOX=1 (root + bypassPermissions),
+ *   CLAUDE_CONFIG_DIR = `configDir` (a scratch dir the caller owns and removes; created if missing), also HOME, IS_SANDBOX=1 (root + bypassPermissions),
  *   CLAUDE_CODE_MAX_RETRIES (default 0: API errors end the session at once instead of retrying
  *   with backoff; pass `maxRetries: null` to leave the CLI default).
  * `extra` is merged last.
  */
 export function offlineCliEnv({ apiUrl, configDir, maxRetries = 0, extra = {} } = {}) {
   if (!apiUrl) throw new Error('offlineCliEnv: apiUrl is required');
+  if (!configDir) throw new Error('offlineCliEnv: configDir is required (a scratch dir the caller removes)');
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {
     if (k === 'NODE_OPTIONS' || k === 'DEBUG' || k.startsWith('ANTHROPIC_') || k.startsWith('CLAUDE_') || k.startsWith('VITEST')) continue;
     env[k] = v;
   }
-  const config = configDir ?? mkdtempSync(join(tmpdir(), 'claude-config-'));
+  const config = configDir;
   mkdirSync(config, { recursive: true });
   Object.assign(env, {
     ANTHROPIC_BASE_URL: apiUrl,
