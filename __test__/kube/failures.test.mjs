@@ -1,6 +1,6 @@
 // What goes wrong with a cluster settles the session with a clear code and cause, within a
 // bound, leaving no pod (issue 21): an unreachable API server, a missing namespace, a missing
-// image, an unschedulable pod, a pod deleted or OOM-killed under the agent.
+// image, an unschedulable pod, a pod deleted, OOM-killed or evicted for disk under the agent.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -100,6 +100,20 @@ describe('a pod that goes under the agent', () => {
     expect(err.code).toBe('ERR_RESOURCE_LIMIT');
     expect(err.message).toMatch(/OOMKilled|memory/);
     expect(err.message).toContain('600Mi');
+    expect(adapterPods()).toEqual([]);
+  });
+
+  it('evicted past its ephemeral-storage limit: ERR_RESOURCE_LIMIT naming that limit, and no pod is left', { timeout: 180_000 }, async () => {
+    // The checkout is the pod's disk (an emptyDir), so what the agent writes there counts, as
+    // does the runtime's copy (~400 MB) in a user's image; the kubelet checks every ~10 s.
+    await kubeSetup({ resources: { limits: { 'ephemeral-storage': '1Gi' } } });
+    h.api.setScript(scenario.steps([bash('head -c 1500M /dev/zero > big.bin; sleep 100; echo survived'), ROLES.implementor.done]));
+    const { err, ms } = await failed();
+    expect(err.code).toBe('ERR_RESOURCE_LIMIT');
+    expect(err.message).toMatch(/was evicted for disk/);
+    expect(err.message).toContain('1Gi (backend.kubernetes.resources.limits.ephemeral-storage)');
+    expect(err.message).toMatch(/the kubelet: .*ephemeral (local )?storage/i);
+    expect(ms).toBeLessThan(100_000);
     expect(adapterPods()).toEqual([]);
   });
 });

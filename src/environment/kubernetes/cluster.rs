@@ -161,7 +161,18 @@ pub struct Pod {
     url: String,
     /// `resources.limits.memory`, named when the pod was killed for memory.
     memory_limit: Option<String>,
+    /// `resources.limits.ephemeral-storage`, named when the kubelet evicted the pod past it.
+    storage_limit: Option<String>,
     active_deadline: Option<i64>,
+}
+
+/// Whether an eviction's message is the kubelet's for a pod or container past its own
+/// `ephemeral-storage` limit (pkg/kubelet/eviction: "Pod ephemeral local storage usage exceeds
+/// the total limit of containers …", "Container … exceeded its local ephemeral storage limit
+/// …"), not for a node short of disk ("The node was low on resource: ephemeral-storage").
+fn past_storage_limit(message: &str) -> bool {
+    message.contains("ephemeral local storage usage exceeds")
+        || message.contains("exceeded its local ephemeral storage limit")
 }
 
 /// How an exec's process ended.
@@ -495,6 +506,7 @@ impl Cluster {
             image: image.clone(),
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
+            storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
             active_deadline: req.active_deadline.map(deadline_seconds),
         };
         let params = PostParams::default();
@@ -897,6 +909,9 @@ impl Pod {
                 self.name
             ));
         }
+        if reason == "Evicted" && past_storage_limit(&message) {
+            return Some(self.evicted_for_storage(&message));
+        }
         if !reason.is_empty() {
             // Evicted (node pressure), NodeLost, and what else the cluster names.
             return failed(format!("pod {} ended: {reason}: {message}", self.name));
@@ -933,6 +948,22 @@ impl Pod {
                 "pod {} was killed for memory: past its limit of {} (backend.kubernetes.resources.limits.memory)",
                 self.name,
                 self.memory_limit.as_deref().unwrap_or("the node's memory (no limit set)")
+            ),
+        )
+    }
+
+    /// `ERR_RESOURCE_LIMIT` naming the pod's ephemeral-storage limit: the kubelet evicted the
+    /// pod because its files (the checkout, HOME, what its container wrote, the runtime's copy
+    /// in a user's image) passed the limit the session was given. A node short of disk is not
+    /// the session's limit and stays `ERR_AGENT_FAILED` with the kubelet's words.
+    fn evicted_for_storage(&self, kubelet: &str) -> AdapterError {
+        AdapterError::new(
+            ErrorCode::ResourceLimit,
+            format!(
+                "pod {} was evicted for disk: its files passed its ephemeral-storage limit of {} (backend.kubernetes.resources.limits.ephemeral-storage); the kubelet: {}",
+                self.name,
+                self.storage_limit.as_deref().unwrap_or("(none set here)"),
+                kubelet.trim()
             ),
         )
     }
@@ -1006,6 +1037,22 @@ mod tests {
         assert_ne!(label_value("a b"), label_value("a/b"));
         assert_ne!(label_value("a b"), label_value("ab"));
         assert!(label_value("sess ion").starts_with("session-"));
+    }
+
+    #[test]
+    fn only_an_eviction_past_the_pods_own_storage_limit_is_the_sessions_limit() {
+        assert!(past_storage_limit(
+            "Pod ephemeral local storage usage exceeds the total limit of containers 200Mi. "
+        ));
+        assert!(past_storage_limit(
+            "Container session exceeded its local ephemeral storage limit \"200Mi\". "
+        ));
+        assert!(!past_storage_limit(
+            "The node was low on resource: ephemeral-storage. Container session was using 10Gi, which exceeds its request of 0. "
+        ));
+        assert!(!past_storage_limit(
+            "The node was low on resource: memory. "
+        ));
     }
 
     #[test]
