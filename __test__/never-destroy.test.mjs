@@ -1,14 +1,15 @@
 // Issue 10: the adapter never destroys what it did not make. The sweep that runs when an adapter
 // is created removes only worktrees carrying this adapter's owner record whose process is gone
-// (saving their work first); a person's worktree under .worktrees/ is never touched.
+// (saving their work first); a person's worktree under .worktrees/ is never touched. So do the
+// temp dirs named after a process that is gone.
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
-import { hostname } from 'node:os';
+import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
 import { engineProcess } from './support/engine-process.mjs';
-import { addon, engineState, logEntry, rejection, setup, SWEPT, workOf } from './support/harness.mjs';
+import { addon, engineState, logEntry, rejection, setup, SWEPT, TEMP_SWEPT, workOf } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
 
@@ -70,11 +71,21 @@ describe('a crash loses no work', () => {
     const written = () => existsSync(join(checkout, '.git')) && existsSync(work()) && readFileSync(work(), 'utf8') === 'agent work\n';
     for (let i = 0; i < 400 && !written(); i++) await new Promise((r) => setTimeout(r, 25));
     expect(written()).toBe(true);
+    // The session's socket directory, named after the engine process that made it.
+    const tempDirs = () => readdirSync(tmpdir()).filter((n) => n.startsWith(`claude-runtime-adapter-sockets-${engine.pid}-`));
+    expect(tempDirs()).toHaveLength(1);
+    const leftDir = join(tmpdir(), tempDirs()[0]);
     engine.kill('SIGKILL');
     await new Promise((r) => engine.on('exit', r));
+    expect(existsSync(leftDir)).toBe(true);
 
     addon.createClaudeAdapter(h.config, h.deps);
     const swept = await logEntry(h.logger, SWEPT);
+    // The killed engine's temp dirs go too; this process's own (a live owner's) are kept.
+    const removed = await logEntry(h.logger, TEMP_SWEPT);
+    expect(removed.data.paths).toContain(leftDir);
+    expect(removed.data.paths.every((p) => !p.includes(`-${process.pid}-`))).toBe(true);
+    expect(existsSync(leftDir)).toBe(false);
     expect(existsSync(join(root, '.worktrees', 'wi-7'))).toBe(false);
     // Its layer and the base it was over went too (after the work was read through them).
     expect(readdirSync(join(root, '.worktrees'))).toEqual(['theirs']);

@@ -124,6 +124,21 @@ impl Adapter {
         }
     }
 
+    /// Remove the temp directories (sockets, history servers, patch scratch repositories) of
+    /// adapters whose engine process is gone; logged.
+    pub async fn sweep_temp_dirs(&self) {
+        let Ok(removed) = tokio::task::spawn_blocking(crate::scratch::sweep).await else {
+            return;
+        };
+        if !removed.is_empty() {
+            self.log(
+                LogLevel::Info,
+                "removed temp directories of adapters whose process is gone",
+                json!({ "paths": removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>() }),
+            );
+        }
+    }
+
     /// Delete what the backend made for sessions of engine processes that are gone (a
     /// Kubernetes backend: their pods); bounded, ended by `shutdown()`, logged.
     pub async fn sweep_backend(&self) {

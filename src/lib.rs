@@ -18,5 +18,6 @@ pub mod output;
 pub mod params;
 pub mod sandbox;
 pub mod schema;
+pub mod scratch;
 pub mod stats;
 pub mod transcript;

@@ -1,7 +1,8 @@
 // Sessions on a real Kubernetes cluster (issue 21), through the addon from Node: the real CLI
 // in the session image's pods, against the fake Messages API on the engine's 127.0.0.1 (which
 // no pod can reach: the model API goes over the pod's exec stream), real git.
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from '../support/fake-api.mjs';
 import { agentRuns } from '../support/agent-bash.mjs';
@@ -273,10 +274,18 @@ describe('every end deletes the pod', () => {
     h.api.setScript(waiting());
     const adapter = h.adapter();
     const live = await adapter.startAgent(ROLES.implementor.params('live'));
+    // The temp dirs on the engine's side (the pod's history server, the sandbox's sockets) are
+    // named after the process that made them: the dead engine's go, this live one's stay.
+    const tempDirs = (pid) => readdirSync(tmpdir()).filter((n) => /^claude-runtime-adapter-(history|sockets)-/.test(n) && n.includes(`-${pid}-`));
+    expect(tempDirs(engine.pid).length).toBeGreaterThan(0);
+    const ours = tempDirs(process.pid);
+    expect(ours.length).toBeGreaterThan(0);
     engine.kill('SIGKILL');
     await new Promise((r) => engine.once('exit', r));
     h.adapter();
     await eventually(() => adapterPods(orphans[0].metadata.annotations['claude-runtime-adapter/session-id']).length === 0, 60_000, 'the dead engine\'s pod was deleted');
+    await eventually(() => tempDirs(engine.pid).length === 0, 10_000, 'the dead engine\'s temp dirs were removed');
+    expect(tempDirs(process.pid)).toEqual(expect.arrayContaining(ours));
     expect(adapterPods(live.sessionID)).toHaveLength(1);
     adapter.cancelAgent(live.sessionID);
     await rejection(live.result);

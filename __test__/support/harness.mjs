@@ -117,6 +117,7 @@ export async function logEntry(logger, message, timeoutMs = 10_000) {
 }
 
 export const SWEPT = 'swept worktrees left by processes that are gone';
+export const TEMP_SWEPT = 'removed temp directories of adapters whose process is gone';
 
 /** Everything the output iterable yields, joined. */
 export async function collect(output) {

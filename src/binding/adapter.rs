@@ -104,11 +104,16 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
         warn_now(&config_obj, SANDBOX_OFF)?;
     }
     let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
-    // Worktrees a dead engine process left behind are removed in the background; the repo's
-    // git lock orders the sweep before any provisioning that would race it.
+    // Worktrees, pods and temp dirs a dead engine process left behind are removed in the
+    // background; the repo's git lock orders the worktree sweep before any provisioning that
+    // would race it.
     let sweeper = inner.clone();
     napi::bindgen_prelude::spawn(async move {
-        tokio::join!(sweeper.sweep_stale_worktrees(), sweeper.sweep_backend());
+        tokio::join!(
+            sweeper.sweep_stale_worktrees(),
+            sweeper.sweep_backend(),
+            sweeper.sweep_temp_dirs()
+        );
     });
     Ok(RuntimeAdapter { inner })
 }

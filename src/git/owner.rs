@@ -48,6 +48,15 @@ impl Owner {
         })
     }
 
+    /// A record of this host read back from elsewhere (a directory's name).
+    pub fn on_this_host(pid: u32, start_time: u64) -> Owner {
+        Owner {
+            pid,
+            start_time,
+            host: hostname(),
+        }
+    }
+
     /// The text stored as the worktree's lock reason.
     pub fn to_record(&self) -> String {
         self.to_string()

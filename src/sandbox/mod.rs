@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::scratch::ScratchDir;
 
 pub use available::{check_available, find_on_path, INSTALL_HINT};
 pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
@@ -141,8 +142,8 @@ impl Gateway {
                 allow = allow.with_endpoint(&host, port);
             }
         }
-        let proxy = EgressProxy::start(allow, sink, &sockets.0.join(EGRESS_SOCKET)).await?;
-        let relay = ModelRelay::start_plan(&sockets.0.join(MODEL_SOCKET), plan.plan).await?;
+        let proxy = EgressProxy::start(allow, sink, &sockets.join(EGRESS_SOCKET)).await?;
+        let relay = ModelRelay::start_plan(&sockets.join(MODEL_SOCKET), plan.plan).await?;
         Ok(Gateway {
             env,
             _proxy: proxy,
@@ -162,8 +163,8 @@ impl Gateway {
     /// script ([`BRIDGE_SCRIPT`]) expects them.
     pub fn sockets(&self) -> [(&'static str, PathBuf); 2] {
         [
-            (EGRESS_SOCKET, self.sockets.0.join(EGRESS_SOCKET)),
-            (MODEL_SOCKET, self.sockets.0.join(MODEL_SOCKET)),
+            (EGRESS_SOCKET, self.sockets.join(EGRESS_SOCKET)),
+            (MODEL_SOCKET, self.sockets.join(MODEL_SOCKET)),
         ]
     }
 
@@ -268,7 +269,7 @@ impl SessionSandbox {
             .env
             .extend(path.clone().map(|p| ("PATH".to_string(), p)));
         let sockets = &gateway.sockets;
-        let git_config_file = sockets.0.join("gitconfig");
+        let git_config_file = sockets.join("gitconfig");
         std::fs::write(&git_config_file, &gateway.git_config).map_err(|e| {
             AdapterError::new(
                 ErrorCode::SandboxUnavailable,
@@ -296,7 +297,7 @@ impl SessionSandbox {
         #[cfg(target_os = "linux")]
         let limits = limits::SessionLimits::create(cfg.limits);
         #[cfg(target_os = "linux")]
-        let commands_files = commands_prefix(&limits, &gateway.sockets.0, &mut gateway.env)?;
+        let commands_files = commands_prefix(&limits, gateway.sockets.path(), &mut gateway.env)?;
         #[cfg(not(target_os = "linux"))]
         let commands_files = Vec::new();
         let jail = Jail::new(&JailPlan {
@@ -306,7 +307,7 @@ impl SessionSandbox {
             home,
             home_files,
             scratch: config_dir.into_iter().collect(),
-            sockets: Some(gateway.sockets.0.clone()),
+            sockets: Some(gateway.sockets.path().to_path_buf()),
             socket_files: commands_files,
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
@@ -379,7 +380,7 @@ impl SessionSandbox {
         let limits = "no kernel limits";
         format!(
             "bubblewrap; sockets {}; network only through the egress proxy; {limits}",
-            self.gateway.sockets.0.display()
+            self.gateway.sockets.path().display()
         )
     }
 }
@@ -499,37 +500,28 @@ fn url_endpoint(url: &str) -> Option<(String, u16)> {
 }
 
 /// A private directory for one session's sockets, removed with them.
-struct SocketDir(PathBuf);
+struct SocketDir(ScratchDir);
 
 impl SocketDir {
     fn create() -> Result<SocketDir> {
-        let dir = std::env::temp_dir().join(format!(
-            "claude-runtime-adapter-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let made = std::fs::create_dir(&dir);
-        #[cfg(unix)]
-        let made = made.and_then(|()| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-        });
-        made.map_err(|e| {
+        ScratchDir::create("sockets").map(SocketDir).map_err(|e| {
             AdapterError::new(
                 ErrorCode::SandboxUnavailable,
                 format!(
-                    "cannot create the sandbox's socket directory {}",
-                    dir.display()
+                    "cannot create the sandbox's socket directory in {}",
+                    std::env::temp_dir().display()
                 ),
             )
             .with_cause(e)
-        })?;
-        Ok(SocketDir(dir))
+        })
     }
-}
 
-impl Drop for SocketDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.path().join(name)
     }
 }
 

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, run_git};
 use crate::git::RepoGit;
+use crate::scratch::ScratchDir;
 
 /// The socket's name in the pod's socket directory.
 pub const SOCKET: &str = "git.sock";
@@ -35,26 +36,29 @@ const UPLOAD_PACK_TIMEOUT_S: &str = "600";
 /// One session's history server: its repository and socket in a directory of its own, removed
 /// with it; the listener (and any upload-pack still running) ends when this is dropped.
 pub struct HistoryServer {
-    dir: PathBuf,
+    dir: ScratchDir,
     task: JoinHandle<()>,
 }
 
 impl HistoryServer {
     /// Serves `commit` as `refs/heads/<branch>` of `repo_root`'s objects.
     pub async fn start(repo_root: &Path, branch: &str, commit: &str) -> Result<HistoryServer> {
-        let dir = std::env::temp_dir().join(format!(
-            "claude-runtime-adapter-history-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
         let fail = |what: &str| {
             let what = what.to_string();
             move |e| AdapterError::new(ErrorCode::Provision, what).with_cause(e)
         };
         // Removed on every failure below as on drop.
         let mut server = HistoryServer {
-            dir: dir.clone(),
+            dir: ScratchDir::create("history").map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::Provision,
+                    "cannot make the directory of a pod's history server",
+                )
+                .with_cause(e)
+            })?,
             task: tokio::spawn(async {}),
         };
+        let dir = server.dir.path().to_path_buf();
         let served = dir.join("repo");
         RepoGit::for_repo(repo_root)
             .init_borrowing(&served)
@@ -85,14 +89,14 @@ impl HistoryServer {
 
     /// The engine-side socket the pod's `git.sock` is tunnelled to.
     pub fn socket(&self) -> PathBuf {
-        self.dir.join(SOCKET)
+        self.dir.path().join(SOCKET)
     }
 }
 
 impl Drop for HistoryServer {
     fn drop(&mut self) {
+        // The directory goes with `dir`, after the listener.
         self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -41,6 +41,7 @@ use crate::sandbox::commands::commands_share;
 use crate::sandbox::{
     bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
 };
+use crate::scratch::ScratchDir;
 
 /// The adapter's runtime in the pod ([`cluster::RUNTIME_DIR`]: the session image's own, or the
 /// copy a pod of another image gets; its contract: `image/`).
@@ -831,15 +832,19 @@ impl KubernetesEnvironment {
 /// bundle is fetched and the patch computed; removed when dropped.
 struct Scratch {
     dir: PathBuf,
+    /// Removes `dir` when the scratch repository is dropped.
+    _owned: ScratchDir,
 }
 
 impl Scratch {
     async fn create(repo_root: &Path) -> Result<Scratch> {
-        let dir = std::env::temp_dir().join(format!(
-            "claude-runtime-adapter-extract-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let scratch = Scratch { dir };
+        let owned = ScratchDir::create("extract").map_err(|e| {
+            patch_error("cannot make a scratch directory for the patch").with_cause(e)
+        })?;
+        let scratch = Scratch {
+            dir: owned.path().to_path_buf(),
+            _owned: owned,
+        };
         RepoGit::for_repo(repo_root)
             .init_borrowing(&scratch.dir)
             .await
@@ -896,12 +901,6 @@ impl Scratch {
             final_tree,
         )
         .await
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
