@@ -222,7 +222,8 @@ describe("the engine passing its run id as params.sessionID", () => {
 
   it('a run past maxAgentDuration is timed-out for the engine (abort reason timeout, message [ERR_TIMEOUT])', async () => {
     const { marker, command } = sleeper();
-    h = await setup({ script: scenario.steps([bash(command), done()]), state: twoItems, bodies, config: { maxAgentDuration: 3 } });
+    // 10 s: the limit counts from startAgent, and the start must fit in it on a busy machine.
+    h = await setup({ script: scenario.steps([bash(command), done()]), state: twoItems, bodies, config: { maxAgentDuration: 10 } });
     const engine = new TinyEngine(h.adapter(), { passId: true });
     const id = await engine.dispatch(implementor('7'));
     const run = engine.runs.get(id);

@@ -347,7 +347,9 @@ describe('cancel and timeout stop everything', () => {
 
   it('maxAgentDuration elapsing: ERR_TIMEOUT, abort reason timeout, no process left', async () => {
     const marker = `32.${Date.now() % 100000}`;
-    h = await setup({ script: scenario.steps([bash(`echo start; sleep ${marker}`), done()]), state: implementorState, bodies: { 7: 'x' }, config: { maxAgentDuration: 3 } });
+    // 10 s: the limit counts from startAgent, and the start (provisioning on a 2-core machine
+    // busy with the rest of the suite) must fit in it for a handle to exist; 3 s once did not.
+    h = await setup({ script: scenario.steps([bash(`echo start; sleep ${marker}`), done()]), state: implementorState, bodies: { 7: 'x' }, config: { maxAgentDuration: 10 } });
     const handle = await h.adapter().startAgent(implementorParams);
     const reasons = [];
     handle.abortSignal.addEventListener('abort', () => reasons.push(handle.abortSignal.reason));
