@@ -59,17 +59,16 @@ export function offlineCliEnv({ apiUrl, configDir, maxRetries = 0, extra = {} } 
     if (k === 'NODE_OPTIONS' || k === 'DEBUG' || k.startsWith('ANTHROPIC_') || k.startsWith('CLAUDE_') || k.startsWith('VITEST')) continue;
     env[k] = v;
   }
-  const config = configDir;
-  mkdirSync(config, { recursive: true });
+  mkdirSync(configDir, { recursive: true });
   Object.assign(env, {
     ANTHROPIC_BASE_URL: apiUrl,
     ANTHROPIC_API_KEY: 'sk-ant-fake-key-for-tests',
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
-    CLAUDE_CONFIG_DIR: config,
+    CLAUDE_CONFIG_DIR: configDir,
     // The CLI runs Bash as a login shell: a scratch HOME keeps the machine's own profile
     // (e.g. pyenv's rehash, which waits on a lock file a killed shell can leave) out of tests.
     // CRA_TEST_REAL_HOME=1 runs the suite with the real HOME and its login profile instead.
-    HOME: process.env.CRA_TEST_REAL_HOME === '1' ? process.env.HOME : config,
+    HOME: process.env.CRA_TEST_REAL_HOME === '1' ? process.env.HOME : configDir,
     IS_SANDBOX: '1',
   });
   if (maxRetries != null) env.CLAUDE_CODE_MAX_RETRIES = String(maxRetries);

@@ -108,7 +108,7 @@ pub struct Gateway {
     env: Vec<(String, String)>,
     _proxy: EgressProxy,
     _relay: ModelRelay,
-    sockets: SocketDir,
+    sockets: ScratchDir,
     git_config: String,
 }
 
@@ -131,7 +131,7 @@ impl Gateway {
         let relay_url = format!("http://127.0.0.1:{MODEL_PORT}");
         let plan = relay::provider::provider_relay(cli_env, &relay_url, substitutions).await?;
         env.extend(plan.inside);
-        let sockets = SocketDir::create()?;
+        let sockets = socket_dir()?;
         // The Anthropic API's host is reachable on its port (the CLI's own API traffic takes
         // the relay; this is for its other requests there). A provider's is not: the CLI
         // reaches it only through the relay.
@@ -142,8 +142,8 @@ impl Gateway {
                 allow = allow.with_endpoint(&host, port);
             }
         }
-        let proxy = EgressProxy::start(allow, sink, &sockets.join(EGRESS_SOCKET)).await?;
-        let relay = ModelRelay::start_plan(&sockets.join(MODEL_SOCKET), plan.plan).await?;
+        let proxy = EgressProxy::start(allow, sink, &sockets.path().join(EGRESS_SOCKET)).await?;
+        let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan.plan).await?;
         Ok(Gateway {
             env,
             _proxy: proxy,
@@ -163,8 +163,8 @@ impl Gateway {
     /// script ([`BRIDGE_SCRIPT`]) expects them.
     pub fn sockets(&self) -> [(&'static str, PathBuf); 2] {
         [
-            (EGRESS_SOCKET, self.sockets.join(EGRESS_SOCKET)),
-            (MODEL_SOCKET, self.sockets.join(MODEL_SOCKET)),
+            (EGRESS_SOCKET, self.sockets.path().join(EGRESS_SOCKET)),
+            (MODEL_SOCKET, self.sockets.path().join(MODEL_SOCKET)),
         ]
     }
 
@@ -269,7 +269,7 @@ impl SessionSandbox {
             .env
             .extend(path.clone().map(|p| ("PATH".to_string(), p)));
         let sockets = &gateway.sockets;
-        let git_config_file = sockets.join("gitconfig");
+        let git_config_file = sockets.path().join("gitconfig");
         std::fs::write(&git_config_file, &gateway.git_config).map_err(|e| {
             AdapterError::new(
                 ErrorCode::SandboxUnavailable,
@@ -500,29 +500,17 @@ fn url_endpoint(url: &str) -> Option<(String, u16)> {
 }
 
 /// A private directory for one session's sockets, removed with them.
-struct SocketDir(ScratchDir);
-
-impl SocketDir {
-    fn create() -> Result<SocketDir> {
-        ScratchDir::create("sockets").map(SocketDir).map_err(|e| {
-            AdapterError::new(
-                ErrorCode::SandboxUnavailable,
-                format!(
-                    "cannot create the sandbox's socket directory in {}",
-                    std::env::temp_dir().display()
-                ),
-            )
-            .with_cause(e)
-        })
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-
-    fn join(&self, name: &str) -> PathBuf {
-        self.path().join(name)
-    }
+fn socket_dir() -> Result<ScratchDir> {
+    ScratchDir::create("sockets").map_err(|e| {
+        AdapterError::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "cannot create the sandbox's socket directory in {}",
+                std::env::temp_dir().display()
+            ),
+        )
+        .with_cause(e)
+    })
 }
 
 #[cfg(test)]

@@ -58,8 +58,7 @@ impl HistoryServer {
             })?,
             task: tokio::spawn(async {}),
         };
-        let dir = server.dir.path().to_path_buf();
-        let served = dir.join("repo");
+        let served = server.dir.path().join("repo");
         RepoGit::for_repo(repo_root)
             .init_borrowing(&served)
             .await
@@ -75,7 +74,7 @@ impl HistoryServer {
                 .await
                 .map_err(fail("cannot set the served repository's branch"))?;
         }
-        let socket = dir.join(SOCKET);
+        let socket = server.socket();
         let listener = UnixListener::bind(&socket).map_err(|e| {
             AdapterError::new(
                 ErrorCode::Provision,

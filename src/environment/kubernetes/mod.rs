@@ -798,7 +798,7 @@ impl KubernetesEnvironment {
             })
             .await?;
         let scratch = Scratch::create(&self.repo_root).await?;
-        let bundle_path = scratch.dir.join("work.bundle");
+        let bundle_path = scratch.dir.path().join("work.bundle");
         let mut file = tokio::fs::File::create(&bundle_path)
             .await
             .map_err(|e| patch_error("cannot write the work's bundle").with_cause(e))?;
@@ -831,22 +831,17 @@ impl KubernetesEnvironment {
 /// A scratch repository on the engine borrowing the repository's objects, where the work's
 /// bundle is fetched and the patch computed; removed when dropped.
 struct Scratch {
-    dir: PathBuf,
-    /// Removes `dir` when the scratch repository is dropped.
-    _owned: ScratchDir,
+    dir: ScratchDir,
 }
 
 impl Scratch {
     async fn create(repo_root: &Path) -> Result<Scratch> {
-        let owned = ScratchDir::create("extract").map_err(|e| {
+        let dir = ScratchDir::create("extract").map_err(|e| {
             patch_error("cannot make a scratch directory for the patch").with_cause(e)
         })?;
-        let scratch = Scratch {
-            dir: owned.path().to_path_buf(),
-            _owned: owned,
-        };
+        let scratch = Scratch { dir };
         RepoGit::for_repo(repo_root)
-            .init_borrowing(&scratch.dir)
+            .init_borrowing(scratch.dir.path())
             .await
             .map_err(|e| {
                 patch_error("cannot make a scratch repository for the patch").with_cause(e)
@@ -861,7 +856,7 @@ impl Scratch {
         };
         let bundle = bundle.display().to_string();
         run_git(
-            &self.dir,
+            self.dir.path(),
             &[
                 "fetch",
                 "-q",
@@ -873,7 +868,7 @@ impl Scratch {
         .await
         .map_err(fail("cannot read the bundle of the agent's work"))?;
         let trees = run_git(
-            &self.dir,
+            self.dir.path(),
             &[
                 "rev-parse",
                 "refs/cra/snapshot^{tree}",
@@ -890,12 +885,12 @@ impl Scratch {
             ));
         };
         let at = At {
-            dir: &self.dir,
+            dir: self.dir.path(),
             jail: None,
         };
         patch_of_trees(
             at,
-            &self.dir.join(".git/index"),
+            &self.dir.path().join(".git/index"),
             base,
             Some(snapshot),
             final_tree,
