@@ -478,7 +478,7 @@ async fn random_session(seed: u64) {
             .filter(|k| !k.starts_with(".git"))
             .collect()
     };
-    for _ in 0..(4 + rng.below(12)) {
+    for step in 0..(4 + rng.below(12)) {
         let existing = tracked(w);
         let pick = |rng: &mut Rng| {
             existing
@@ -529,11 +529,12 @@ async fn random_session(seed: u64) {
             }
             8 => write(w, &format!("ignored/x{}.rs", rng.below(9)), b"ignored"),
             _ => {
-                // main moves on meanwhile
+                // main moves on meanwhile; the step in the content makes every such commit
+                // change something even when the random name repeats (else "nothing to commit").
                 write(
                     &root,
                     &format!("upstream{}.md", rng.below(1000)),
-                    b"upstream\n",
+                    format!("upstream {step}\n").as_bytes(),
                 );
                 git(&root, &["add", "-A"]);
                 git(&root, &["commit", "-q", "-m", "upstream"]);
@@ -593,4 +594,11 @@ async fn the_agents_git_config_in_its_clone_never_runs_outside_the_sandbox_durin
     assert!(patch.contains("a.txt"), "{patch}");
     assert!(!marker.exists());
     wt.cleanup().await.unwrap();
+}
+
+/// The seed CI once drew: main's side wrote the same upstream file twice, which must still
+/// move main (it made "nothing to commit" and failed the run, not the adapter).
+#[tokio::test]
+async fn random_session_where_main_rewrites_the_same_upstream_file() {
+    random_session(6697906693330502820).await;
 }
