@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# The Kubernetes part of CI (.ci/run calls it): bring the local two-node test cluster up, build
-# the session image without a registry, import it into both nodes, run `npm run test:kube`
-# against it, and bring the cluster down again, also when a step fails or CI is interrupted.
+# The Kubernetes part of CI (.ci/run calls it): the local two-node test cluster of ../shared/kube,
+# the session image and the test images built without a registry and imported into both nodes,
+# the cluster client's tests and `npm run test:kube` against it, and the cluster down again.
+#
+#   scripts/kube-ci.sh               everything below in order, the cluster down at the end
+#                                    (also when a step fails or it is interrupted)
+#   scripts/kube-ci.sh test-images   build the test images (needs no cluster and nothing built)
+#   scripts/kube-ci.sh prepare       the cluster up, the session image built, every image imported
+#                                    (waits for test-images' refs when another process builds them)
+#   scripts/kube-ci.sh test          the tests against the prepared cluster, then the cluster down
+#   scripts/kube-ci.sh down          the cluster down
+#
+# .ci/run runs test-images and prepare in the background while the CPU-bound steps run (image
+# builds and the cluster's start wait mostly on the Debian mirror and the disk), then test.
 # Says which step failed and exits with its status.
 #
 # CRA_KUBE_DIR: the cluster's scripts (default ../shared/kube, next to the project); the
@@ -11,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 kube_dir=${CRA_KUBE_DIR:-../shared/kube}
 image_tar=target/session-image/session.tar
+refs=target/test-images/refs
 step=
 
 # step NAME CMD...: runs CMD as the step NAME, with its time.
@@ -21,66 +33,147 @@ step() {
   local start=$SECONDS
   "$@"
   echo "== kube-ci: $step: done in $((SECONDS - start)) s (disk free: $(free_disk))" >&2
+  # .ci/run's summary of step times; a background part's steps are marked.
+  if [ -n "${CRA_CI_TIMES:-}" ]; then
+    printf '%6d s  %skube-ci: %s\n' "$((SECONDS - start))" "${CRA_CI_BACKGROUND:+[bg] }" "$step" >>"$CRA_CI_TIMES"
+  fi
 }
 
 # Free space where the nodes keep images and pods' volumes: a pod of a user's image holds a copy
 # of the runtime (~400 MB), so 16 at once need ~6.5 GB beyond the images.
 free_disk() { df -h --output=avail "${KUBE_LOCAL_DIR:-/var/tmp}" 2>/dev/null | tail -1 | tr -d ' '; }
 
+# At exit: on failure say in which step and remove an unfinished refs file (a `prepare` waiting
+# for it then stops waiting); then, by the part's rule ($1), `down` brings the cluster down,
+# `down-on-failure` only on failure.
 finish() {
   local status=$?
   trap - EXIT
   if [ "$status" -ne 0 ]; then
     echo "== kube-ci: FAILED in step '${step:-start}' (exit $status; disk free: $(free_disk))" >&2
+    rm -f "$refs.partial"
   fi
+  case "$1:$status" in
+    down:*) cluster_down || status=${status/#0/1} ;;
+    down-on-failure:0) ;;
+    down-on-failure:*) cluster_down || true ;;
+    *) ;;
+  esac
+  exit "$status"
+}
+
+cluster_down() {
   echo "== kube-ci: cluster down" >&2
   if ! "$kube_dir/down"; then
     echo "== kube-ci: FAILED to bring the cluster down ($kube_dir/down)" >&2
-    [ "$status" -ne 0 ] || status=1
+    return 1
   fi
-  exit "$status"
 }
-trap finish EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-step "cluster up ($kube_dir/up)" "$kube_dir/up"
-export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
-
-mkdir -p target/session-image
-step "session image build (scripts/session-image.mjs)" \
-  node scripts/session-image.mjs --out "$image_tar" --mkimage "$kube_dir/mkimage.py" >target/session-image/ref
-CRA_KUBE_IMAGE=$(cat target/session-image/ref)
-export CRA_KUBE_IMAGE
-echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
-
-step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
 
 # The images a team brings instead of the session image (no bubblewrap, socat or CLI in any):
 # toolchain (git, node, npm, yarn, python3, gcc), minimal (git only), nogit (refused: no git)
 # and musl (no glibc, no git). Built the same registry-free way; a no-op when their inputs did
-# not change. refs has one line per image, `NAME REF TARPATH`; each REF is exported for the
-# tests as CRA_KUBE_<NAME>_IMAGE: CRA_KUBE_TOOLCHAIN_IMAGE, CRA_KUBE_MINIMAL_IMAGE,
-# CRA_KUBE_NOGIT_IMAGE, CRA_KUBE_MUSL_IMAGE.
-mkdir -p target/test-images
-step "test images build (scripts/test-images.mjs)" \
-  node scripts/test-images.mjs --mkimage "$kube_dir/mkimage.py" >target/test-images/refs
-# Read whole first: the imports must not read the rest of refs from stdin.
-mapfile -t test_images <target/test-images/refs
-for line in "${test_images[@]}"; do
-  read -r name ref tar <<<"$line"
-  step "test image $name import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$tar"
-  export "CRA_KUBE_${name^^}_IMAGE=$ref"
-  echo "== kube-ci: test image $name: $ref" >&2
-done
+# not change. refs has one line per image, `NAME REF TARPATH`, written whole at the end (a
+# partial file is never read as the list).
+test_images() {
+  mkdir -p target/test-images
+  rm -f "$refs"
+  step "test images build (scripts/test-images.mjs)" \
+    node scripts/test-images.mjs --mkimage "$kube_dir/mkimage.py" >"$refs.partial"
+  mv "$refs.partial" "$refs"
+}
 
-step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
-  env CRA_KUBE_TESTS=1 cargo test --test kube_cluster
-step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube
-# The local backend's guarantees in a user's image: the boundary, the failures, every end of a
-# session and 16 at once again, with the sessions in the minimal test image (git and a shell
-# only; the runtime copied in from the session image).
-step "npm run test:kube again in the user's minimal image (CRA_KUBE_SESSION_IMAGE=$CRA_KUBE_MINIMAL_IMAGE)" \
-  env CRA_KUBE_SESSION_IMAGE="$CRA_KUBE_MINIMAL_IMAGE" npm run test:kube -- \
-  __test__/kube/boundary.test.mjs __test__/kube/failures.test.mjs __test__/kube/sessions.test.mjs \
-  -t "boundary|cannot run|goes under|each role|failing setup|16 sessions|every end deletes"
+prepare() {
+  step "cluster up ($kube_dir/up)" "$kube_dir/up"
+  export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
+  mkdir -p target/session-image
+  step "session image build (scripts/session-image.mjs)" \
+    node scripts/session-image.mjs --out "$image_tar" --mkimage "$kube_dir/mkimage.py" >target/session-image/ref
+  echo "== kube-ci: image $(cat target/session-image/ref)" >&2
+  step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
+  if [ ! -f "$refs" ]; then
+    # Another process (.ci/run's) builds them: wait for its refs, or build them here.
+    if [ -f "$refs.partial" ]; then
+      step "waiting for the test images' build" wait_for_refs
+    else
+      test_images
+    fi
+  fi
+  local name ref tar
+  mapfile -t test_images <"$refs"
+  for line in "${test_images[@]}"; do
+    read -r name ref tar <<<"$line"
+    step "test image $name import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$tar"
+  done
+}
+
+# Until the test images' refs exist; fails when their build stopped without them (its log says
+# why) or after 30 minutes.
+wait_for_refs() {
+  local waited=0
+  while [ ! -f "$refs" ]; do
+    if [ ! -f "$refs.partial" ] || [ "$waited" -ge 1800 ]; then
+      echo "== kube-ci: the test images' build ended without $refs" >&2
+      return 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+}
+
+run_tests() {
+  export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
+  CRA_KUBE_IMAGE=$(cat target/session-image/ref)
+  export CRA_KUBE_IMAGE
+  echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
+  local name ref tar
+  mapfile -t test_images <"$refs"
+  for line in "${test_images[@]}"; do
+    read -r name ref tar <<<"$line"
+    # CRA_KUBE_TOOLCHAIN_IMAGE, CRA_KUBE_MINIMAL_IMAGE, CRA_KUBE_NOGIT_IMAGE, CRA_KUBE_MUSL_IMAGE
+    export "CRA_KUBE_${name^^}_IMAGE=$ref"
+    echo "== kube-ci: test image $name: $ref" >&2
+  done
+  step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
+    env CRA_KUBE_TESTS=1 node scripts/cargo-test.mjs --test kube_cluster
+  step "npm run test:kube (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" npm run test:kube
+  # What a user's image changes: the runtime copied in (an init container, its disk counted
+  # against the pod's ephemeral-storage), the image's own PATH and tools, bubblewrap and socat
+  # through the runtime's loader. So the boundary, a pod going under the agent, each role, a
+  # failing setup, 16 at once and every end run again with the sessions in the minimal test
+  # image (git and a shell only). Not again: a cluster that cannot run the session (API
+  # server, namespace, image name, scheduling: decided before any image runs).
+  step "npm run test:kube again in the user's minimal image (CRA_KUBE_SESSION_IMAGE=$CRA_KUBE_MINIMAL_IMAGE)" \
+    env CRA_KUBE_SESSION_IMAGE="$CRA_KUBE_MINIMAL_IMAGE" npm run test:kube -- \
+    __test__/kube/boundary.test.mjs __test__/kube/failures.test.mjs __test__/kube/sessions.test.mjs \
+    -t "boundary|goes under|each role|failing setup|16 sessions|every end deletes"
+}
+
+trap 'exit 130' INT
+trap 'exit 143' TERM
+case "${1:-all}" in
+  test-images)
+    trap 'finish keep' EXIT
+    test_images
+    ;;
+  prepare)
+    trap 'finish down-on-failure' EXIT
+    prepare
+    ;;
+  test)
+    trap 'finish down' EXIT
+    run_tests
+    ;;
+  down)
+    cluster_down
+    ;;
+  all)
+    trap 'finish down' EXIT
+    prepare
+    run_tests
+    ;;
+  *)
+    echo "usage: scripts/kube-ci.sh [test-images|prepare|test|down]" >&2
+    exit 2
+    ;;
+esac

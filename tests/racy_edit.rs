@@ -72,48 +72,53 @@ fn sh(dir: &Path, script: &str) {
 }
 
 /// The patch holds exactly the agent's one-line change of `src/index.js`.
-fn assert_holds_the_edit(patch: &str, run: usize) {
+fn assert_holds_the_edit(patch: &str, run: &str) {
     assert!(
         patch.contains("-export const answer = 42;\n+export const answer = 43;\n"),
-        "run {run}: the same-size edit is missing from the patch {patch:?}"
+        "{run}: the same-size edit is missing from the patch {patch:?}"
     );
-    assert_eq!(patch.matches("\n+++ ").count(), 1, "run {run}: {patch}");
+    assert_eq!(patch.matches("\n+++ ").count(), 1, "{run}: {patch}");
 }
 
-/// Provisions `runs` sessions one after another; in each, `edit` runs in the checkout at once
-/// and the extracted patch must hold the edit.
-async fn every_run_keeps(edit: &str, runs: usize) {
-    let (_t, root) = repo();
+/// Provisions `runs` sessions one after another per edit; in each, `edit` runs in the checkout
+/// at once and the extracted patch must hold the edit. The edits run side by side, each in its
+/// own repository, so every run of every edit shares the second of its checkout (the sleeps
+/// that place them there are the cost, paid once per run instead of once per edit).
+async fn every_run_keeps(edits: &[&str], runs: usize) {
+    let repos: Vec<_> = edits.iter().map(|_| repo()).collect();
     for run in 0..runs {
         at_the_start_of_a_second().await;
-        let wt = provision(&root, &format!("racy-{run}")).await;
-        sh(&wt.path, edit);
+        let branch = format!("racy-{run}");
+        let worktrees =
+            futures::future::join_all(repos.iter().map(|(_, root)| provision(root, &branch))).await;
+        for (wt, edit) in worktrees.iter().zip(edits) {
+            sh(&wt.path, edit);
+        }
         past_the_second().await;
-        let patch = wt.extract_patch().await.unwrap();
-        assert_holds_the_edit(&patch, run);
-        wt.cleanup().await.unwrap();
+        for (wt, edit) in worktrees.into_iter().zip(edits) {
+            let patch = wt.extract_patch().await.unwrap();
+            assert_holds_the_edit(&patch, &format!("run {run} of {edit:?}"));
+            wt.cleanup().await.unwrap();
+        }
     }
 }
 
 const SAME_SIZE: &str = "printf 'export const answer = 43;\\n' > src/index.js";
 
+/// A same-size edit in the checkout's second by `printf`, the same back-dated with `touch -d`
+/// to the old mtime, and the same staged with `git add` and not committed.
 #[tokio::test]
-async fn a_same_size_edit_in_the_second_of_the_checkout_is_in_the_patch_20_of_20() {
-    every_run_keeps(SAME_SIZE, RUNS).await;
-}
-
-#[tokio::test]
-async fn a_same_size_edit_back_dated_with_touch_is_in_the_patch_20_of_20() {
+async fn a_same_size_edit_plain_back_dated_or_staged_in_the_second_of_the_checkout_is_in_the_patch_20_of_20(
+) {
     every_run_keeps(
-        &format!("m=$(stat -c %Y src/index.js) && {SAME_SIZE} && touch -m -d @$m src/index.js"),
+        &[
+            SAME_SIZE,
+            &format!("m=$(stat -c %Y src/index.js) && {SAME_SIZE} && touch -m -d @$m src/index.js"),
+            &format!("{SAME_SIZE} && git add src/index.js"),
+        ],
         RUNS,
     )
     .await;
-}
-
-#[tokio::test]
-async fn a_same_size_edit_staged_with_git_add_and_not_committed_is_in_the_patch_20_of_20() {
-    every_run_keeps(&format!("{SAME_SIZE} && git add src/index.js"), RUNS).await;
 }
 
 #[tokio::test]
@@ -121,11 +126,11 @@ async fn a_same_size_edit_the_agents_config_would_let_git_trust_by_stat_is_in_th
     // `core.trustctime=false` and `core.checkStat=minimal` leave git only size and mtime; the
     // edit keeps both. The adapter's git overrides them, whenever the edit happens.
     every_run_keeps(
-        &format!(
+        &[&format!(
             "git config core.trustctime false && git config core.checkStat minimal && \
          git config core.ignoreStat true && m=$(stat -c %Y src/index.js) && {SAME_SIZE} && \
          touch -m -d @$m src/index.js"
-        ),
+        )],
         DETERMINISTIC_RUNS,
     )
     .await;
@@ -136,7 +141,9 @@ async fn an_edit_of_a_file_marked_assume_unchanged_is_in_the_patch() {
     // `git add -A` never looks at an "assume unchanged" file: its edit is only found when the
     // adapter clears the bit in its copy of the index.
     every_run_keeps(
-        &format!("git update-index --assume-unchanged src/index.js && {SAME_SIZE}"),
+        &[&format!(
+            "git update-index --assume-unchanged src/index.js && {SAME_SIZE}"
+        )],
         DETERMINISTIC_RUNS,
     )
     .await;
@@ -152,7 +159,7 @@ async fn extraction_leaves_the_agents_index_and_its_assume_unchanged_bit_as_they
     );
     let index = wt.path.join(".git/index");
     let before = std::fs::read(&index).unwrap();
-    assert_holds_the_edit(&wt.extract_patch().await.unwrap(), 0);
+    assert_holds_the_edit(&wt.extract_patch().await.unwrap(), "the one run");
     assert_eq!(std::fs::read(&index).unwrap(), before);
     assert_eq!(
         git(&wt.path, &["ls-files", "-v", "src/index.js"]),
@@ -183,49 +190,56 @@ fn records(root: &Path) -> Vec<PathBuf> {
 }
 
 /// A session whose engine died right after its agent's same-size edit (its checkout was never
-/// cleaned up); `record` may rewrite its session record first. The sweep must save the edit.
-async fn the_sweep_saves_a_dead_sessions_same_size_edit(record: impl Fn(&Path)) {
-    let (_t, root) = repo();
-    let rg = RepoGit::for_repo(&root);
+/// cleaned up), once per `record` (which may rewrite its session record first), each in its own
+/// repository and side by side in every run as in `every_run_keeps`. The sweep must save the edit.
+async fn the_sweep_saves_a_dead_sessions_same_size_edit(records_as: &[fn(&Path)]) {
+    let repos: Vec<_> = records_as.iter().map(|_| repo()).collect();
     for run in 0..RUNS {
         at_the_start_of_a_second().await;
-        let wt = provision(&root, &format!("dead-{run}")).await;
-        sh(&wt.path, SAME_SIZE);
-        past_the_second().await;
-        drop(wt);
-        for r in records(&root) {
-            record(&r);
+        let branch = format!("dead-{run}");
+        let worktrees =
+            futures::future::join_all(repos.iter().map(|(_, root)| provision(root, &branch))).await;
+        for wt in &worktrees {
+            sh(&wt.path, SAME_SIZE);
         }
-        let swept = rg
-            .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
-            .await
-            .unwrap();
-        assert_eq!(swept.len(), 1, "run {run}");
-        assert!(swept[0].patch.is_some(), "run {run}: nothing was saved");
-        let saved = salvaged(&root);
-        assert_eq!(saved.len(), run + 1, "run {run}");
-        assert!(
-            saved
-                .iter()
-                .all(|p| p.contains("+export const answer = 43;")),
-            "run {run}: {saved:?}"
-        );
+        past_the_second().await;
+        drop(worktrees);
+        for (variant, ((_, root), record)) in repos.iter().zip(records_as).enumerate() {
+            for r in records(root) {
+                record(&r);
+            }
+            let swept = RepoGit::for_repo(root)
+                .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+                .await
+                .unwrap();
+            let at = format!("run {run} of record variant {variant}");
+            assert_eq!(swept.len(), 1, "{at}");
+            assert!(swept[0].patch.is_some(), "{at}: nothing was saved");
+            let saved = salvaged(root);
+            assert_eq!(saved.len(), run + 1, "{at}");
+            assert!(
+                saved
+                    .iter()
+                    .all(|p| p.contains("+export const answer = 43;")),
+                "{at}: {saved:?}"
+            );
+        }
     }
 }
 
+/// The record as this version writes it, and one written before `snapshotTaken` existed (by
+/// which nothing is judged by stat data).
 #[tokio::test]
-async fn the_sweep_saves_a_dead_sessions_same_size_edit_20_of_20() {
-    the_sweep_saves_a_dead_sessions_same_size_edit(|_| {}).await;
-}
-
-#[tokio::test]
-async fn a_dead_sessions_record_from_an_older_version_trusts_no_stat_data() {
-    // Records written before `snapshotTaken` existed: nothing is judged by stat data.
-    the_sweep_saves_a_dead_sessions_same_size_edit(|record| {
-        let mut json: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(record).unwrap()).unwrap();
-        json.as_object_mut().unwrap().remove("snapshotTaken");
-        std::fs::write(record, serde_json::to_vec(&json).unwrap()).unwrap();
-    })
+async fn the_sweep_saves_a_dead_sessions_same_size_edit_from_this_or_an_older_versions_record_20_of_20(
+) {
+    the_sweep_saves_a_dead_sessions_same_size_edit(&[
+        |_| {},
+        |record| {
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(record).unwrap()).unwrap();
+            json.as_object_mut().unwrap().remove("snapshotTaken");
+            std::fs::write(record, serde_json::to_vec(&json).unwrap()).unwrap();
+        },
+    ])
     .await;
 }
