@@ -98,7 +98,7 @@ export interface KubernetesBackend {
    */
   image?: string
   /**
-   * the adapter's session image (README, Kubernetes backend): an init container copies its
+   * the adapter's session image (docs/kubernetes.md, Images): an init container copies its
    * runtime (pod agent, sandbox, bridges, CLI) into each pod of another image. Default: `image`
    * (which must then be the session image)
    */

@@ -71,7 +71,7 @@ async function until(what, predicate, timeoutMs = 15_000) {
  * handles keyed by it, `cancelAgent(itsOwnId)` on cancel and in stop(), then a bounded wait
  * (`shutdownTimeout`, 300 s in the engine); a terminal UI reading `getAgentStream(id)`;
  * `abortSignal.reason === 'timeout'` → `timed-out`; only `error.message` kept.
- * `passId` is the one-field change of "Wiring it into the engine".
+ * `passId` is the one-field change of docs/engine.md ("Wiring it into the engine").
  */
 class TinyEngine {
   constructor(adapter, { passId, shutdownTimeoutMs = 300_000 }) {

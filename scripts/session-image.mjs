@@ -22,7 +22,7 @@ import { builder, DPKG_EXCLUDES, fileHash, mib, secs, sha256, SUITE, toolsHash }
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const { log, fail, run, ensureMmdebstrap, needRoot } = builder('session-image');
 
-// The image contract's packages (kube-design.md; image/Dockerfile installs the same list).
+// The image contract's packages (docs/kubernetes.md, Images; image/Dockerfile installs the same list).
 const PACKAGES = [
   'git', 'bash', 'coreutils', 'ca-certificates', 'bubblewrap', 'socat', 'findutils', 'grep',
   'sed', 'procps', 'util-linux',

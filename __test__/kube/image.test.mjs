@@ -36,7 +36,7 @@ function jailed(pod, mode, workdir, script) {
   return kubectl(['exec', pod, '--', 'env', PATH, JAIL, mode, workdir, '--', 'bash', '-c', script]);
 }
 
-// The contract's pod (kube-design.md "Image contract"), with its command.
+// The contract's pod (docs/kubernetes.md, "The adapter's session image"), with its command.
 function podSpec(name, extraPodSecurity = {}) {
   return {
     apiVersion: 'v1',

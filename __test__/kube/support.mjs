@@ -9,7 +9,7 @@ export const NAMESPACE = process.env.CRA_KUBE_NAMESPACE ?? 'default';
 const PULL = process.env.CRA_KUBE_PULL_POLICY ?? 'IfNotPresent';
 
 if (!process.env.KUBECONFIG || !IMAGE) {
-  throw new Error('the Kubernetes suite needs KUBECONFIG and CRA_KUBE_IMAGE (see README: Kubernetes backend)');
+  throw new Error('the Kubernetes suite needs KUBECONFIG and CRA_KUBE_IMAGE (see docs/contributing.md: the Kubernetes suite)');
 }
 
 // CRA_KUBE_SESSION_IMAGE: run the sessions in that image instead (a user's image, the runtime
