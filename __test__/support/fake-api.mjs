@@ -8,6 +8,8 @@
 //   { error: { status, type?, message? }, delayMs?, headers? }   → HTTP error with the API's error body
 //   { streamError: { type?, message? }, content? }               → 200, some blocks, then an SSE `error` event
 //   { hang: true }                                               → never answers (until close())
+//   { cut: true }                                                → reads the request, then closes the
+//                                                                  connection without an answer
 // where a block is one of
 //   { type:'text', text }            { type:'thinking', thinking, signature? }
 //   { type:'tool_use', name, input, id? }
@@ -365,9 +367,12 @@ export async function startFakeApi({ script, sideScript, keepBodies = true } = {
 
     const decide = kind === 'main' ? currentScript : (sideScript ?? (() => reply(text('ok'))));
     const r = normaliseReply(await decide(body, entry));
-    entry.reply = r.hang ? 'hang' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
+    entry.reply = r.hang ? 'hang' : r.cut ? 'cut' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
 
     if (r.delayMs) await new Promise((resolve) => setTimeout(resolve, r.delayMs));
+    // The request arrived whole; the connection goes without an answer (a server that failed
+    // after reading it: whether it acted on it, the client cannot know).
+    if (r.cut) return req.socket.destroy();
     if (r.hang) {
       hanging.add(res);
       res.on('close', () => hanging.delete(res));
