@@ -7,7 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use claude_runtime_adapter::error::ErrorCode;
-use claude_runtime_adapter::git::{Owner, RepoGit, Worktree};
+use claude_runtime_adapter::git::{RepoGit, Worktree};
+use claude_runtime_adapter::process::Owner;
 use tokio_util::sync::CancellationToken;
 
 mod common;

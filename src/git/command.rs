@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::environment::process::KillTree;
+use crate::process::tree::KillTree;
 use crate::sandbox::Jail;
 
 /// Environment variables that would point git at another repository, index or diff program.

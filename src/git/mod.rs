@@ -12,8 +12,9 @@
 //!   runs sandboxed ([`command::At`]);
 //! - [`sweep`]: removing checkouts this adapter made for sessions that are gone, after saving
 //!   their work; it never touches anything else;
-//! - [`owner`] and [`record`]: the records that say a checkout is ours, whose it is, and how to
-//!   save its work; [`list`]: reading worktrees from git's own files and clones from our records;
+//! - [`record`]: the records that say a checkout is ours, whose it is (a
+//!   [`crate::process::Owner`]), and how to save its work; [`list`]: reading worktrees from
+//!   git's own files and clones from our records;
 //! - [`base`]: the shared per-commit base (checked out once, setup run once, refcounted,
 //!   swept) and an Implementor's copy-on-write layer over it, where the overlay can be
 //!   mounted (else the full clone of [`provision`]);
@@ -29,7 +30,6 @@ pub(crate) mod binary;
 pub mod command;
 pub(crate) mod hooks;
 pub(crate) mod list;
-pub mod owner;
 pub(crate) mod patch;
 pub mod provision;
 pub mod record;
@@ -41,7 +41,6 @@ pub mod view;
 pub mod worktree;
 
 pub use command::CommandError;
-pub use owner::Owner;
 pub use patch::Snapshot;
 pub use provision::ProvisionRequest;
 pub use record::SessionRecord;

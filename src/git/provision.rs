@@ -29,13 +29,13 @@ use tokio_util::sync::CancellationToken;
 use super::base::Preparation;
 use super::command::{display_argv, git_command, run, run_git, At};
 use super::hooks;
-use super::owner::Owner;
 use super::patch::{self, Snapshot};
 use super::record::{AdminRecord, SessionRecord};
 use super::repo::{lock_std, provision_error, RepoGit};
 use super::setup::{run_bounded, seconds, RunError};
 use super::worktree::{Worktree, WorktreeState};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::process::Owner;
 
 /// Everything one provision needs.
 #[derive(Debug, Clone)]

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use super::base::Layer;
 use super::command::{run_git, run_git_retrying, CommandError};
 use super::list::{self, ListedWorktree};
-use super::owner::Owner;
-use super::record::AdminRecord;
+use super::record::{write_owner, AdminRecord};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::process::Owner;
 use crate::sandbox::{Jail, JailPlan};
 
 /// Directory (relative to the repository root) that holds the worktrees.
@@ -312,7 +312,7 @@ impl RepoGit {
         let record_dir = self.record_dir(path).await?;
         let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
             record.write(&record_dir)?;
-            self.owner.write_lock(&record_dir)
+            write_owner(&self.owner, &record_dir)
         });
         if let Err(e) = written {
             let _ = std::fs::remove_dir_all(&record_dir);

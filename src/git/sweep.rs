@@ -36,11 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::{run_git, At};
 use super::list::ListedWorktree;
-use super::owner::Owner;
 use super::patch;
 use super::record::AdminRecord;
 use super::repo::{provision_error, RepoGit, WORKTREES_DIR};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::process::Owner;
 
 /// A worktree the sweep removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
