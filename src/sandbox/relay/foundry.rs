@@ -11,7 +11,7 @@ use http::header::CONTENT_TYPE;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 
-use super::provider::{required, ProviderRoutes};
+use super::provider_spec::{required, ProviderRoutes, ProviderSpec};
 use super::{
     extra_roots, full, set_credential, AuthFuture, Authenticate, Route, StaticCredential, Upstream,
 };
@@ -29,7 +29,15 @@ const AUTHORITY: &str = "https://login.microsoftonline.com";
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
+pub(super) const FOUNDRY: ProviderSpec = ProviderSpec {
+    api: "Foundry",
+    switch: "CLAUDE_CODE_USE_FOUNDRY",
+    base_url_var: "ANTHROPIC_FOUNDRY_BASE_URL",
+    skip_auth_var: "CLAUDE_CODE_SKIP_FOUNDRY_AUTH",
+    routes: |cli_env| Box::pin(routes(cli_env)),
+};
+
+async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
     let var = |k| env_value(cli_env, k).filter(|v| !v.trim().is_empty());
     let upstream = match var("ANTHROPIC_FOUNDRY_BASE_URL") {
         Some(base) => base.to_string(),

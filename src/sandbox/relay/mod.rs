@@ -21,6 +21,7 @@
 mod bedrock;
 mod foundry;
 pub mod provider;
+mod provider_spec;
 mod vertex;
 
 use std::future::Future;
