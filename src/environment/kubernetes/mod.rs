@@ -35,7 +35,7 @@ use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::{git_command, neutral_git_sh, run_git, At};
-use crate::git::patch::{patch_error, patch_of_trees, STAT_TRUST_MARGIN_SECS};
+use crate::git::patch::{patch_of_trees, STAT_TRUST_MARGIN_SECS};
 use crate::git::RepoGit;
 use crate::sandbox::commands::commands_share;
 use crate::sandbox::{
@@ -801,7 +801,7 @@ impl KubernetesEnvironment {
         let bundle_path = scratch.dir.path().join("work.bundle");
         let mut file = tokio::fs::File::create(&bundle_path)
             .await
-            .map_err(|e| patch_error("cannot write the work's bundle").with_cause(e))?;
+            .map_err(|e| AdapterError::extract("cannot write the work's bundle").with_cause(e))?;
         let mut stderr = Vec::new();
         let mut bundle = (&mut exec.stdout).take(MAX_WORK_BUNDLE);
         let mut diagnostics = (&mut exec.stderr).take(MAX_STEP_OUTPUT as u64);
@@ -809,17 +809,18 @@ impl KubernetesEnvironment {
             tokio::io::copy(&mut bundle, &mut file),
             diagnostics.read_to_end(&mut stderr)
         );
-        let copied =
-            copied.map_err(|e| patch_error("cannot read the work out of the pod").with_cause(e))?;
+        let copied = copied.map_err(|e| {
+            AdapterError::extract("cannot read the work out of the pod").with_cause(e)
+        })?;
         file.flush().await.ok();
         let status = exec.control.wait().await;
         if copied >= MAX_WORK_BUNDLE {
-            return Err(patch_error(format!(
+            return Err(AdapterError::extract(format!(
                 "the work in the pod is more than {MAX_WORK_BUNDLE} bytes"
             )));
         }
         if !status.is_some_and(|s| s.success()) {
-            return Err(patch_error(format!(
+            return Err(AdapterError::extract(format!(
                 "reading the work out of the pod failed ({status:?}): {}",
                 String::from_utf8_lossy(&stderr).trim()
             )));
@@ -837,14 +838,15 @@ struct Scratch {
 impl Scratch {
     async fn create(repo_root: &Path) -> Result<Scratch> {
         let dir = ScratchDir::create("extract").map_err(|e| {
-            patch_error("cannot make a scratch directory for the patch").with_cause(e)
+            AdapterError::extract("cannot make a scratch directory for the patch").with_cause(e)
         })?;
         let scratch = Scratch { dir };
         RepoGit::for_repo(repo_root)
             .init_borrowing(scratch.dir.path())
             .await
             .map_err(|e| {
-                patch_error("cannot make a scratch repository for the patch").with_cause(e)
+                AdapterError::extract("cannot make a scratch repository for the patch")
+                    .with_cause(e)
             })?;
         Ok(scratch)
     }
@@ -852,7 +854,7 @@ impl Scratch {
     async fn patch(&self, bundle: &Path, base: &str) -> Result<String> {
         let fail = |what: &str| {
             let what = what.to_string();
-            move |e| patch_error(what).with_cause(e)
+            move |e| AdapterError::extract(what).with_cause(e)
         };
         let bundle = bundle.display().to_string();
         run_git(
@@ -880,7 +882,7 @@ impl Scratch {
         let trees = String::from_utf8_lossy(&trees.stdout);
         let mut trees = trees.split_whitespace();
         let (Some(snapshot), Some(final_tree)) = (trees.next(), trees.next()) else {
-            return Err(patch_error(
+            return Err(AdapterError::extract(
                 "the bundle of the agent's work lacks its trees",
             ));
         };
