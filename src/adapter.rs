@@ -24,6 +24,7 @@ use crate::git::RepoGit;
 use crate::lifecycle::{self, SessionHost, SessionInfo, StartedSession};
 use crate::logging::LogRoute;
 use crate::params;
+use crate::sandbox::GitJails;
 
 pub struct Adapter {
     /// What every session of this adapter shares.
@@ -70,7 +71,11 @@ impl Adapter {
     /// `config.extractionTimeout`; `shutdown()` ends the sweep.
     pub async fn sweep_stale_worktrees(&self) {
         let repo = RepoGit::for_repo(&self.host.config.repo_root);
-        let swept = repo.sweep_stale(self.host.config.extraction_timeout, &self.shut_down);
+        let swept = repo.sweep_stale(
+            self.host.config.extraction_timeout,
+            &GitJails,
+            &self.shut_down,
+        );
         match swept.instrument(self.host.log_route.span()).await {
             Ok(removed) => self.host.logger.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },

@@ -16,6 +16,7 @@
 mod available;
 pub mod commands;
 mod credentials;
+mod git_jail;
 mod home;
 pub mod jail;
 #[cfg(target_os = "linux")]
@@ -36,10 +37,13 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+#[cfg(target_os = "linux")]
+use crate::git::layer::LayerMounts;
 use crate::scratch::ScratchDir;
 
 pub use available::{check_available, find_on_path, INSTALL_HINT};
 pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
+pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
 pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
@@ -87,7 +91,7 @@ pub struct SessionScope {
     pub readable: Vec<PathBuf>,
     /// The Implementor's copy-on-write checkout, mounted at its path (the `cwd`).
     #[cfg(target_os = "linux")]
-    pub overlay: Option<overlay::Overlay>,
+    pub layer: Option<LayerMounts>,
 }
 
 /// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
@@ -300,7 +304,8 @@ impl SessionSandbox {
         let commands_files = commands_prefix(&limits, gateway.sockets.path(), &mut gateway.env)?;
         #[cfg(not(target_os = "linux"))]
         let commands_files = Vec::new();
-        let jail = Jail::new(&JailPlan {
+        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+        let mut plan = JailPlan {
             cwd: scope.cwd.clone(),
             writable,
             readable,
@@ -313,8 +318,13 @@ impl SessionSandbox {
             tmpfs_size: cfg.limits.tmpfs,
             secret_files: credentials::provider_credential_files(cli_env),
             #[cfg(target_os = "linux")]
-            overlay: scope.overlay.clone(),
-        });
+            overlay: None,
+        };
+        #[cfg(target_os = "linux")]
+        if let Some(layer) = &scope.layer {
+            plan.mount_layer(layer);
+        }
+        let jail = Jail::new(&plan);
         Ok(SessionSandbox {
             jail,
             gateway,
