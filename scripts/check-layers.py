@@ -94,10 +94,9 @@ def resolve(path):
     return None
 
 
-def absolute(mod, is_dir_mod, segs):
-    """`crate::`/`super::`/`self::` path segments -> a path from the crate root, or None."""
-    # A file's own module: `self` in `a/b.rs` is `a::b`; `super` is its parent.
-    base = None
+def absolute(mod, segs):
+    """`crate::`/`super::`/`self::` path segments -> a path from the crate root, or None.
+    `self` in `a/b.rs` or `a/b/mod.rs` is `a::b`; each `super` goes one module up."""
     rest = list(segs)
     if rest and rest[0] == 'crate':
         base, rest = (), rest[1:]
@@ -140,7 +139,6 @@ def use_paths(tree, prefix=()):
 imports = {}  # file -> {target file}
 for mod, f in mods.items():
     text = strip_comments_and_strings(strip_tests(open(os.path.join(src, f), encoding='utf-8').read()))
-    is_dir_mod = os.path.basename(f) in ('mod.rs', 'lib.rs', 'main.rs')
     paths = []
     for m in re.finditer(r'\buse\s+([^;]*);', text):
         paths += use_paths(m.group(1))
@@ -148,7 +146,7 @@ for mod, f in mods.items():
         paths.append(tuple(s.strip() for s in m.group(0).split('::')))
     targets = set()
     for p in paths:
-        a = absolute(mod, is_dir_mod, p)
+        a = absolute(mod, p)
         if a is None:
             continue
         t = resolve(a)
