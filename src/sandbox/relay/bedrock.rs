@@ -18,8 +18,11 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use http::header::HeaderValue;
 use http::Method;
 
-use super::provider_spec::{required, ProviderRoutes, ProviderSpec};
-use super::{sources, AuthFuture, Authenticate, Route, StaticCredential};
+use super::provider_spec::{
+    required, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec, StaticCredential,
+};
+use super::route::Route;
+use super::upstream::sources;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 

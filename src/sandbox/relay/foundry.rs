@@ -11,12 +11,15 @@ use http::header::CONTENT_TYPE;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 
-use super::provider_spec::{required, ProviderRoutes, ProviderSpec};
-use super::{
-    extra_roots, full, set_credential, AuthFuture, Authenticate, Route, StaticCredential, Upstream,
+use super::provider_spec::{
+    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
+    StaticCredential,
 };
+use super::route::Route;
+use super::upstream::{extra_roots, Upstream};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
+use crate::sandbox::proxy::full;
 
 /// The CLI's calls (2.1.330): the Messages API under the resource's `/anthropic` base.
 const ROUTES: [Route; 2] = [

@@ -10,8 +10,10 @@ use gcp_auth::{CustomServiceAccount, TokenProvider};
 use http::header::HeaderValue;
 use http::Method;
 
-use super::provider_spec::{required, ProviderRoutes, ProviderSpec};
-use super::{set_credential, AuthFuture, Authenticate, Route};
+use super::provider_spec::{
+    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
+};
+use super::route::Route;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
