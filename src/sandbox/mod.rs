@@ -13,6 +13,7 @@
 //! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
 //! macOS keeps Claude Code's own Seatbelt sandbox (`seatbelt.rs`).
 
+mod allowlist;
 mod available;
 pub mod commands;
 mod credentials;
@@ -30,6 +31,7 @@ mod toolchains;
 // Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
 #[cfg(any(target_os = "macos", test))]
 mod seatbelt;
+mod server;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -41,11 +43,12 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::layer::LayerMounts;
 use crate::scratch::ScratchDir;
 
+pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
 pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
 pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
-pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
+pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::provider::Provider;
 pub use relay::{placeholder, ModelRelay};

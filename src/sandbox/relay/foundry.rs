@@ -19,7 +19,7 @@ use super::route::Route;
 use super::upstream::{extra_roots, Upstream};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
-use crate::sandbox::proxy::full;
+use crate::sandbox::server::full;
 
 /// The CLI's calls (2.1.330): the Messages API under the resource's `/anthropic` base.
 const ROUTES: [Route; 2] = [

@@ -42,7 +42,7 @@ use self::mask::{find, Masker};
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
 use self::upstream::{extra_roots, sources, BoxError, Upstream};
-use super::proxy::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
+use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::error::{AdapterError, Result};
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
@@ -511,7 +511,7 @@ mod tests {
     use tokio_rustls::rustls::{self, ServerConfig};
     use tokio_rustls::TlsAcceptor;
 
-    use super::super::proxy::test_io::read_head;
+    use super::super::server::test_io::read_head;
     use super::*;
     use crate::error::ErrorCode;
 

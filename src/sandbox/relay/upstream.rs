@@ -20,7 +20,7 @@ use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::sandbox::proxy::{Body, STEP_TIMEOUT};
+use crate::sandbox::server::{Body, STEP_TIMEOUT};
 
 /// How long an idle upstream connection stays in the pool (the model API closes its own).
 const POOL_IDLE: Duration = Duration::from_secs(60);
