@@ -138,7 +138,8 @@ def use_paths(tree, prefix=()):
 
 imports = {}  # file -> {target file}
 for mod, f in mods.items():
-    text = strip_comments_and_strings(strip_tests(open(os.path.join(src, f), encoding='utf-8').read()))
+    with open(os.path.join(src, f), encoding='utf-8') as fh:
+        text = strip_comments_and_strings(strip_tests(fh.read()))
     paths = []
     for m in re.finditer(r'\buse\s+([^;]*);', text):
         paths += use_paths(m.group(1))
