@@ -17,6 +17,9 @@
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
 //! never disagree) unless reading the agent's work out of its checkout is still running
 //! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).
+//!
+//! What a session needs of the adapter that starts it (config, callbacks, registry, backend) is
+//! a [`SessionHost`], which the adapter builds: the lifecycle sits below the adapter.
 
 mod host;
 mod observer;

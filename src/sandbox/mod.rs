@@ -5,6 +5,9 @@
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
 //! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
 //! placeholder, the relay adds the real API key or token, which is never readable inside).
+//! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
+//! ([`GitJails`]: the answer to what git, a layer below, asks of the sandbox in
+//! `crate::git::confine`).
 //!
 //! Lifecycle use: [`check_available`] before anything is provisioned (fails closed);
 //! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay, and
