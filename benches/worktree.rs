@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use claude_runtime_adapter::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
+use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
@@ -147,7 +148,7 @@ fn main() {
         let run_ours = || {
             let t = Instant::now();
             let wt = rt
-                .block_on(rg.provision(&request(format!("ours{round}")), &go))
+                .block_on(rg.provision(&request(format!("ours{round}")), &GitJails, &go))
                 .unwrap();
             let d = t.elapsed();
             rt.block_on(wt.cleanup()).unwrap();
@@ -193,7 +194,7 @@ fn main() {
         let run_clone = || {
             let t = Instant::now();
             let wt = rt
-                .block_on(rg.provision(&request(format!("viewpeer{round}")), &go))
+                .block_on(rg.provision(&request(format!("viewpeer{round}")), &GitJails, &go))
                 .unwrap();
             let d = t.elapsed();
             rt.block_on(wt.cleanup()).unwrap();
@@ -254,7 +255,7 @@ fn main() {
 
     // --- patch extraction vs `git add -A && git diff --cached --binary` -------------------
     let wt = rt
-        .block_on(rg.provision(&request("patchbench".into()), &go))
+        .block_on(rg.provision(&request("patchbench".into()), &GitJails, &go))
         .unwrap();
     let plain_wt = root.join(".worktrees/plainpatch");
     git(
@@ -317,7 +318,7 @@ fn main() {
     let results = rt.block_on(futures::future::join_all((0..16).map(|i| {
         let rg = rg.clone();
         let (req, go) = (request(format!("conc/{i}")), go.clone());
-        async move { rg.provision(&req, &go).await }
+        async move { rg.provision(&req, &GitJails, &go).await }
     })));
     let wall = t.elapsed();
     let failures = results.iter().filter(|r| r.is_err()).count();

@@ -1,11 +1,13 @@
-//! `createClaudeAdapter`'s core (napi-free): one `Adapter` per call, holding the config, the
-//! engine's callbacks and the session registry. Each session's lifecycle is
-//! [`crate::lifecycle::Session`].
+//! `createClaudeAdapter`'s core (napi-free): one `Adapter` per call. What its sessions share —
+//! the config, the engine's callbacks, the session registry, the backend — is a
+//! [`SessionHost`] it builds and hands to each one (their lifecycle is
+//! [`crate::lifecycle::Session`]); the adapter itself keeps what only it does: the sweeps of
+//! what dead engines left, `shutdown()`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -19,22 +21,16 @@ use crate::environment::kubernetes::KubernetesBackend;
 use crate::environment::{Backend, LocalBackend};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::RepoGit;
-use crate::lifecycle::{self, Registry, SessionInfo, StartedSession};
+use crate::lifecycle::{self, SessionHost, SessionInfo, StartedSession};
 use crate::logging::LogRoute;
 use crate::params;
+use crate::sandbox::GitJails;
 
 pub struct Adapter {
-    config: AdapterConfig,
-    deps: Arc<dyn Deps>,
-    hook: Arc<dyn BashHook>,
-    logger: Arc<dyn Logger>,
-    registry: Arc<Registry>,
-    /// Where sessions run.
-    backend: Arc<dyn Backend>,
+    /// What every session of this adapter shares.
+    host: Arc<SessionHost>,
     /// Fired by `shutdown()`: later starts are refused and a sweep still running stops.
     shut_down: CancellationToken,
-    /// Routes the core modules' `tracing` diagnostics to this adapter's logger.
-    log_route: LogRoute,
 }
 
 impl Adapter {
@@ -56,48 +52,17 @@ impl Adapter {
             BackendConfig::Kubernetes(_) => Arc::new(LocalBackend),
         };
         Arc::new(Adapter {
-            config,
-            deps,
-            hook,
-            logger,
-            registry: Arc::default(),
-            backend,
+            host: Arc::new(SessionHost {
+                config,
+                deps,
+                hook,
+                logger,
+                registry: Arc::default(),
+                backend,
+                log_route,
+            }),
             shut_down: CancellationToken::new(),
-            log_route,
         })
-    }
-
-    pub fn config(&self) -> &AdapterConfig {
-        &self.config
-    }
-
-    pub fn deps(&self) -> &Arc<dyn Deps> {
-        &self.deps
-    }
-
-    pub fn hook(&self) -> &Arc<dyn BashHook> {
-        &self.hook
-    }
-
-    pub fn logger(&self) -> &Arc<dyn Logger> {
-        &self.logger
-    }
-
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
-    }
-
-    /// The span that routes `tracing` events of work done for this adapter to its logger.
-    pub fn log_span(&self) -> tracing::Span {
-        self.log_route.span()
-    }
-
-    pub fn log(&self, level: LogLevel, message: &str, data: Value) {
-        self.logger.log(level, message, data);
     }
 
     /// Remove worktrees that a dead engine process left under `.worktrees/`. Runs in the
@@ -105,10 +70,14 @@ impl Adapter {
     /// delay `createClaudeAdapter`; logs what it did. Each checkout's saving is bounded by
     /// `config.extractionTimeout`; `shutdown()` ends the sweep.
     pub async fn sweep_stale_worktrees(&self) {
-        let repo = RepoGit::for_repo(&self.config.repo_root);
-        let swept = repo.sweep_stale(self.config.extraction_timeout, &self.shut_down);
-        match swept.instrument(self.log_span()).await {
-            Ok(removed) => self.log(
+        let repo = RepoGit::for_repo(&self.host.config.repo_root);
+        let swept = repo.sweep_stale(
+            self.host.config.extraction_timeout,
+            &GitJails,
+            &self.shut_down,
+        );
+        match swept.instrument(self.host.log_route.span()).await {
+            Ok(removed) => self.host.logger.log(
                 if removed.is_empty() { LogLevel::Debug } else { LogLevel::Info },
                 "swept worktrees left by processes that are gone",
                 json!({
@@ -116,7 +85,7 @@ impl Adapter {
                     "patches": removed.iter().filter_map(|s| s.patch.as_ref()).map(|p| p.display().to_string()).collect::<Vec<_>>(),
                 }),
             ),
-            Err(e) => self.log(
+            Err(e) => self.host.logger.log(
                 LogLevel::Warn,
                 "could not sweep stale worktrees",
                 json!({ "error": e.to_string() }),
@@ -131,7 +100,7 @@ impl Adapter {
             return;
         };
         if !removed.is_empty() {
-            self.log(
+            self.host.logger.log(
                 LogLevel::Info,
                 "removed temp directories of adapters whose process is gone",
                 json!({ "paths": removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>() }),
@@ -143,17 +112,17 @@ impl Adapter {
     /// Kubernetes backend: their pods); bounded, ended by `shutdown()`, logged.
     pub async fn sweep_backend(&self) {
         let swept = tokio::select! {
-            r = self.backend.sweep() => r,
+            r = self.host.backend.sweep() => r,
             () = self.shut_down.cancelled() => return,
         };
         match swept {
             Ok(gone) if gone.is_empty() => {}
-            Ok(gone) => self.log(
+            Ok(gone) => self.host.logger.log(
                 LogLevel::Info,
                 "deleted what sessions of processes that are gone left in the backend",
                 json!({ "removed": gone }),
             ),
-            Err(e) => self.log(
+            Err(e) => self.host.logger.log(
                 LogLevel::Warn,
                 "could not sweep the backend",
                 json!({ "error": e.to_string() }),
@@ -163,32 +132,32 @@ impl Adapter {
 
     /// The enriched prompt `startAgent` would send; provisions and runs nothing.
     pub async fn preview_prompt(&self, params: &StartParams) -> Result<String> {
-        params::validate_start_params(params, &self.config.repo_root)?;
+        params::validate_start_params(params, &self.host.config.repo_root)?;
         let stop = StopSignal::default();
         let opts = FetchOptions {
-            concurrency: self.config.context_concurrency,
-            call_timeout: self.config.context_call_timeout,
+            concurrency: self.host.config.context_concurrency,
+            call_timeout: self.host.config.context_call_timeout,
             cancel: stop.token().clone(),
         };
-        context::build_prompt(params, &self.deps, &self.config.repo_root, &opts).await
+        context::build_prompt(params, &self.host.deps, &self.host.config.repo_root, &opts).await
     }
 
     pub fn cancel(&self, session_id: &str) {
-        self.registry.cancel(session_id);
+        self.host.registry.cancel(session_id);
     }
 
     /// The running sessions, oldest first.
     pub fn sessions(&self) -> Vec<SessionInfo> {
-        self.registry.list()
+        self.host.registry.list()
     }
 
     /// Later starts are refused; running sessions get up to `grace` to finish, then are
     /// cancelled; resolves once each one has settled and been cleaned up.
     pub async fn shutdown(&self, grace: Duration) {
         self.shut_down.cancel();
-        self.registry.stop_all(grace).await;
+        self.host.registry.stop_all(grace).await;
         // The bases kept for later sessions on the tip (git/base.rs): nobody will start one.
-        RepoGit::for_repo(&self.config.repo_root)
+        RepoGit::for_repo(&self.host.config.repo_root)
             .release_unused_bases()
             .await;
     }
@@ -204,8 +173,8 @@ impl Adapter {
                 "the adapter has been shut down",
             ));
         }
-        lifecycle::start_agent(self, params, options)
-            .instrument(self.log_span())
+        lifecycle::start_agent(&self.host, params, options)
+            .instrument(self.host.log_route.span())
             .await
     }
 }

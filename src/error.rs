@@ -90,6 +90,11 @@ impl AdapterError {
         Self::new(ErrorCode::Context, message)
     }
 
+    /// `ERR_EXTRACT`: the work in a checkout could not be read out as a patch.
+    pub fn extract(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Extract, message)
+    }
+
     /// A panic caught at a boundary (a bug here, never the engine's fault): `ERR_INTERNAL`
     /// with the panic's message, instead of an abort of the host process.
     pub fn from_panic(what: &str, payload: &(dyn std::any::Any + Send)) -> Self {

@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod output;
 pub mod params;
+pub mod process;
 pub mod sandbox;
 pub mod schema;
 pub mod scratch;

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::git::owner::Owner;
+use crate::process::Owner;
 
 const PREFIX: &str = "claude-runtime-adapter-";
 

@@ -19,7 +19,7 @@ use claude_runtime_adapter::environment::kubernetes::cluster::{
     Cluster, ExecEnd, Pod, PodRequest, ANNOTATION_OWNER, LABEL_HOST,
 };
 use claude_runtime_adapter::error::ErrorCode;
-use claude_runtime_adapter::git::Owner;
+use claude_runtime_adapter::process::Owner;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::api::{Api, DeleteParams, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use claude_runtime_adapter::git::{RepoGit, Worktree};
+use claude_runtime_adapter::sandbox::GitJails;
 use proptest::prelude::*;
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +55,11 @@ async fn provision(root: &Path, branch: &str) -> Worktree {
 
 async fn provision_with(root: &Path, branch: &str, setup: Option<&[&str]>) -> Worktree {
     RepoGit::for_repo(root)
-        .provision(&request(branch, setup), &CancellationToken::new())
+        .provision(
+            &request(branch, setup),
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap()
 }
@@ -571,7 +576,7 @@ async fn the_agents_git_config_in_its_clone_never_runs_outside_the_sandbox_durin
     let (t, root) = repo_with(&[("README.md", b"hello\n")]);
     let marker = t.path().join("pwned");
     let wt = RepoGit::for_repo(&root)
-        .provision(&request("cfg", None), &CancellationToken::new())
+        .provision(&request("cfg", None), &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     let touch = format!("touch {}", marker.display());

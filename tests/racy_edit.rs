@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use claude_runtime_adapter::git::{RepoGit, Worktree};
+use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 mod common;
@@ -52,7 +53,7 @@ async fn past_the_second() {
 
 async fn provision(root: &Path, branch: &str) -> Worktree {
     RepoGit::for_repo(root)
-        .provision(&request(branch, None), &CancellationToken::new())
+        .provision(&request(branch, None), &GitJails, &CancellationToken::new())
         .await
         .unwrap()
 }
@@ -209,7 +210,7 @@ async fn the_sweep_saves_a_dead_sessions_same_size_edit(records_as: &[fn(&Path)]
                 record(&r);
             }
             let swept = RepoGit::for_repo(root)
-                .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+                .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
                 .await
                 .unwrap();
             let at = format!("run {run} of record variant {variant}");

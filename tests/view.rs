@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use claude_runtime_adapter::git::{RepoGit, SessionRecord, ViewRequest};
+use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 mod common;
@@ -180,7 +181,11 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
     let path = view.path.clone();
     // Live while its session holds it.
     assert!(rg
-        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(
+            common::EXTRACTION_TIMEOUT,
+            &GitJails,
+            &CancellationToken::new()
+        )
         .await
         .unwrap()
         .is_empty());
@@ -189,7 +194,11 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
     drop(view);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(rg
-        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(
+            common::EXTRACTION_TIMEOUT,
+            &GitJails,
+            &CancellationToken::new()
+        )
         .await
         .unwrap()
         .is_empty());
@@ -255,7 +264,11 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_kept_while_i
     // A share dropped without cleanup: the others still hold the view, so it stays live.
     drop(b);
     assert!(rg
-        .sweep_stale(common::EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(
+            common::EXTRACTION_TIMEOUT,
+            &GitJails,
+            &CancellationToken::new()
+        )
         .await
         .unwrap()
         .is_empty());

@@ -7,7 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use claude_runtime_adapter::error::ErrorCode;
-use claude_runtime_adapter::git::{Owner, RepoGit, Worktree};
+use claude_runtime_adapter::git::{RepoGit, Worktree};
+use claude_runtime_adapter::process::Owner;
+use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 mod common;
@@ -55,8 +57,12 @@ async fn provision(
     branch: &str,
     setup: Option<&[&str]>,
 ) -> claude_runtime_adapter::error::Result<Worktree> {
-    rg.provision(&request(branch, setup), &CancellationToken::new())
-        .await
+    rg.provision(
+        &request(branch, setup),
+        &GitJails,
+        &CancellationToken::new(),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -383,6 +389,7 @@ async fn unknown_default_branch_is_a_provision_error() {
                 default_branch: "nope".into(),
                 ..request("b", None)
             },
+            &GitJails,
             &CancellationToken::new(),
         )
         .await
@@ -402,7 +409,10 @@ async fn setup_runs_in_the_worktree_with_the_given_env() {
     ];
     let mut req = request("s", Some(&setup));
     req.env.push(("SETUP_MARK".into(), "from-config".into()));
-    let wt = rg.provision(&req, &CancellationToken::new()).await.unwrap();
+    let wt = rg
+        .provision(&req, &GitJails, &CancellationToken::new())
+        .await
+        .unwrap();
     let cwd = std::fs::read_to_string(wt.path.join(".setup-cwd")).unwrap();
     assert_eq!(Path::new(cwd.trim()), wt.path);
     assert_eq!(
@@ -566,7 +576,7 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     drop(leaked);
 
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
@@ -584,7 +594,7 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(swept.len(), 1);
@@ -626,7 +636,7 @@ async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
     lock_with(&outside, &dead_owner().to_record());
     let rg = RepoGit::for_repo(&root);
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(swept, []);
@@ -719,7 +729,7 @@ async fn a_hung_setup_is_cancelled_promptly_with_its_process_tree_dead_and_nothi
     let req = request("hung", Some(&["sh", "-c", &script]));
     let run = {
         let (rg, stop) = (rg.clone(), stop.clone());
-        tokio::spawn(async move { rg.provision(&req, &stop).await })
+        tokio::spawn(async move { rg.provision(&req, &GitJails, &stop).await })
     };
     wait_for(&pids).await;
     let started = std::time::Instant::now();
@@ -751,7 +761,7 @@ async fn a_stop_before_the_lock_is_free_makes_nothing() {
     let stop = CancellationToken::new();
     stop.cancel();
     let err = rg
-        .provision(&request("early", None), &stop)
+        .provision(&request("early", None), &GitJails, &stop)
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Cancelled);
@@ -766,7 +776,7 @@ async fn a_setup_that_outlives_its_time_limit_is_a_provision_error_naming_the_li
     req.setup_timeout = Duration::from_secs(1);
     let err = tokio::time::timeout(
         Duration::from_secs(10),
-        rg.provision(&req, &CancellationToken::new()),
+        rg.provision(&req, &GitJails, &CancellationToken::new()),
     )
     .await
     .expect("the setup limit bounds the provision")
@@ -827,7 +837,7 @@ async fn crash_helper_provisions_then_waits_to_be_killed() {
     let mut req = request("crashed", Some(&["sh", "-c", "echo x > install-state.txt"]));
     req.session.transcript = std::env::var_os("CRA_CRASH_TRANSCRIPT").map(PathBuf::from);
     let wt = RepoGit::for_repo(&root)
-        .provision(&req, &CancellationToken::new())
+        .provision(&req, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     std::fs::write(wt.path.join("README.md"), "hello\nfrom the agent\n").unwrap();
@@ -876,7 +886,7 @@ async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
     std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
 
     let swept = RepoGit::for_repo(root)
-        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
@@ -1057,7 +1067,7 @@ async fn old_git_works() {
         "{patch}"
     );
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, &CancellationToken::new())
+        .sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");

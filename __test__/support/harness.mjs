@@ -181,7 +181,7 @@ export function viewOf(root) {
 
 /**
  * The git dir of an Implementor's checkout as the host sees it: a layered checkout's `.git` is a
- * file naming its layer's `git/` (src/git/base.rs), a full clone's is a directory.
+ * file naming its layer's `git/` (src/git/layer.rs), a full clone's is a directory.
  */
 export function hostGitDir(checkout) {
   const dotGit = join(checkout, '.git');

@@ -15,8 +15,10 @@ use tokio_util::sync::CancellationToken;
 use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+#[cfg(target_os = "linux")]
+use crate::git::list::object_dirs;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, EgressSink, SessionSandbox};
+use crate::sandbox::{env_value, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
 
@@ -41,7 +43,7 @@ impl Backend for LocalBackend {
         Box::pin(async move {
             let repo = RepoGit::for_repo(&req.repo_root);
             let workspace = match &req.workspace {
-                Workspace::Checkout(p) => Made::Checkout(repo.provision(p, stop).await?),
+                Workspace::Checkout(p) => Made::Checkout(repo.provision(p, &GitJails, stop).await?),
                 Workspace::View(v) => Made::View(repo.provision_view(v, stop).await?),
             };
             let env: Box<dyn Environment> = Box::new(LocalEnvironment {
@@ -94,23 +96,13 @@ impl LocalEnvironment {
         match &self.workspace {
             Made::Checkout(w) => {
                 scope.writable.push(w.path.clone());
-                if let Some(layer) = &w.layer {
-                    // The checkout's git dir is the layer's own; the base's objects (its setup
-                    // snapshot) are read through it.
-                    scope.overlay = Some(layer.overlay(&w.path));
-                    scope.writable.push(layer.git_dir());
-                    scope
-                        .readable
-                        .extend(crate::git::repo::object_dirs(&layer.base_git_dir()));
-                }
+                scope.layer = w.layer.as_ref().map(|l| l.mounts(&w.path));
             }
             Made::View(v) => scope.readable.push(v.path.clone()),
         }
         let repo = RepoGit::for_repo(&self.repo_root);
         if let Ok(common) = repo.common_dir().await {
-            scope
-                .readable
-                .extend(crate::git::repo::object_dirs(&common));
+            scope.readable.extend(object_dirs(&common));
         }
         if let Some(dir) = program.parent() {
             scope.readable.push(dir.to_path_buf());

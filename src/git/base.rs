@@ -22,21 +22,14 @@
 //! removes it ([`super::sweep`]) — after the layers over it, whose work needs it to be read.
 //! A base is never removed while a layer's record names it.
 //!
-//! **A layer** is an Implementor's checkout: `<repoRoot>/.worktrees/.layer-<uuid>/` holds
-//! `upper/` (every file the agent writes, deletions as overlayfs whiteouts), `work/`
-//! (overlayfs's scratch) and `git/`, the checkout's own git dir: the base's small files (HEAD,
-//! config, refs, the index with its timestamps, so `git status` is clean and instant) and an
-//! object store borrowing the base's, with the session's branch at the commit. The checkout is
-//! the overlay of `upper` on the base, mounted at `<repoRoot>/.worktrees/<branch>` only inside
-//! the session's sandbox and the jail its extraction runs in ([`crate::sandbox::overlay`]); on
-//! the host that directory holds just the `.git` file naming `git/` (which the overlay
-//! replaces by the same file in `upper`). An operator finds a session's work in `upper/`, and
-//! its commits in `git/`. Its record names the base and the layer, so a sweep saves its work
-//! exactly as a clone's and then removes all three.
+//! **A layer** is an Implementor's checkout: the overlay of the agent's writes on the base,
+//! with a git dir of its own (its parts, mounts and removal: [`super::layer`]), made here over
+//! the base it holds ([`RepoGit::make_layer`]).
 //!
 //! Where the overlay cannot be mounted (another OS, no user namespaces, a kernel before 5.11,
-//! bubblewrap missing) or `sandbox: false` or `sharedBase: false`, a session gets a full clone
-//! as before ([`super::provision`]); the log says once why.
+//! bubblewrap missing: the sandbox says, [`Confiner::layers_mountable`]) or `sandbox: false`
+//! or `sharedBase: false`, a session gets a full clone as before ([`super::provision`]); the
+//! log says once why.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -48,17 +41,19 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::command::run_git;
+use super::command::{run_git, CommandError};
+use super::confine::Confiner;
+use super::layer::Layer;
 use super::patch::Snapshot;
-use super::provision::{cancelled, ProvisionGuard};
-use super::record::{AdminRecord, LayerRecord, SessionRecord};
-use super::repo::{lock_std, provision_error, RepoGit, WORKTREES_DIR};
-use super::worktree::WorktreeState;
+use super::prepare::prepare_checkout;
+use super::record::{AdminRecord, SessionRecord};
+use super::repo::{
+    cancelled, lock_std, provision_error, LiveCheckout, ProvisionGuard, RepoGit, WORKTREES_DIR,
+};
 use crate::error::{ErrorCode, Result};
 
 /// The name every base directory starts with (a ref component cannot: no branch has it).
 pub const BASE_PREFIX: &str = ".base-";
-const LAYER_PREFIX: &str = ".layer-";
 
 /// How an Implementor's base is prepared after its checkout.
 #[derive(Debug, Clone)]
@@ -91,7 +86,7 @@ pub(crate) struct Base {
     default_branch: String,
     /// None: a private base (an unsandboxed Planner's), never shared.
     key: Option<BaseKey>,
-    state: WorktreeState,
+    checkout: LiveCheckout,
 }
 
 #[derive(Default)]
@@ -201,7 +196,7 @@ async fn release(base: Arc<Base>) -> Result<()> {
     let Some(b) = state.unused() else {
         return Ok(());
     };
-    let tip = b.state.repo.resolve_commit(&b.default_branch).await.ok();
+    let tip = b.checkout.repo.resolve_commit(&b.default_branch).await.ok();
     if tip.as_deref() == Some(b.commit.as_str()) {
         return Ok(());
     }
@@ -215,10 +210,10 @@ async fn release(base: Arc<Base>) -> Result<()> {
 /// because its work could not be read, or being swept): then it is left to the sweep, which
 /// removes it after that layer.
 async fn retire(base: Base) -> Result<()> {
-    if base.state.repo.layers_on(&base.path).await {
+    if base.checkout.repo.layers_on(&base.path).await {
         return Ok(());
     }
-    base.state.remove_checkout().await
+    base.checkout.remove().await
 }
 
 impl RepoGit {
@@ -379,17 +374,24 @@ impl RepoGit {
         let mut guard = ProvisionGuard::new(self, &path);
         let branch = self.local_branch(default_branch);
         let made = tokio::select! {
-            r = self.make_view(&path, commit, branch.as_deref()) => r.map_err(|e| {
+            r = self.check_out(&path, commit, branch.as_deref()) => r.map_err(|e| {
                 provision_error(format!("cannot check out the base at {}", path.display()))
                     .with_cause(e)
             }),
             _ = stop.cancelled() => Err(cancelled()),
         };
         let prepared = match (made, prep) {
-            (Ok(()), Some(p)) => self
-                .prepare_checkout(&path, commit, p.setup.as_deref(), &p.env, p.timeout, stop)
-                .await
-                .map(Some),
+            (Ok(()), Some(p)) => prepare_checkout(
+                self,
+                &path,
+                commit,
+                p.setup.as_deref(),
+                &p.env,
+                p.timeout,
+                stop,
+            )
+            .await
+            .map(Some),
             (made, _) => made.map(|()| None),
         };
         let snapshot = match prepared {
@@ -406,8 +408,42 @@ impl RepoGit {
             snapshot,
             default_branch: default_branch.to_string(),
             key,
-            state: WorktreeState::new(self.arc(), path),
+            checkout: LiveCheckout::new(self.arc(), path),
         })
+    }
+
+    /// `rev` when it is a branch of the repository (the base then has that branch checked
+    /// out, as the agent would expect); None for any other revision (a detached HEAD).
+    fn local_branch(&self, rev: &str) -> Option<String> {
+        let repo = git2::Repository::open(&self.root).ok()?;
+        let name = format!("refs/heads/{rev}");
+        repo.find_reference(&name).ok().map(|_| name)
+    }
+
+    /// A repository at `path` borrowing the repository's objects, its HEAD (on `branch` when
+    /// given) at `commit`, checked out. Every git here dies with the future (a stop drops it).
+    async fn check_out(
+        &self,
+        path: &Path,
+        commit: &str,
+        branch: Option<&str>,
+    ) -> std::result::Result<(), CommandError> {
+        self.init_borrowing(path).await?;
+        match branch {
+            Some(b) => {
+                run_git(path, &["update-ref", b, commit]).await?;
+                run_git(path, &["symbolic-ref", "HEAD", b]).await?;
+            }
+            None => {
+                run_git(path, &["update-ref", "--no-deref", "HEAD", commit]).await?;
+            }
+        }
+        run_git(
+            path,
+            &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
+        )
+        .await?;
+        Ok(())
     }
 
     /// Makes the layer of an Implementor's checkout at `target` over `base` (module docs),
@@ -422,17 +458,8 @@ impl RepoGit {
     ) -> Result<(Layer, Snapshot)> {
         let mut record = AdminRecord::new(session, branch, base.commit());
         record.path = target.to_str().map(str::to_string);
-        let layer = Layer {
-            base: base.path().to_path_buf(),
-            dir: self
-                .root
-                .join(WORKTREES_DIR)
-                .join(format!("{LAYER_PREFIX}{}", uuid::Uuid::new_v4())),
-        };
-        record.layer = Some(LayerRecord {
-            base: layer.base.display().to_string(),
-            dir: layer.dir.display().to_string(),
-        });
+        let layer = Layer::new(base.path(), &self.root.join(WORKTREES_DIR));
+        record.layer = Some(layer.record());
         let snapshot = base
             .snapshot()
             .cloned()
@@ -463,7 +490,7 @@ impl RepoGit {
         let steps = async {
             run_git(&self.root, &git(vec!["update-ref", &head, &base.commit])).await?;
             run_git(&self.root, &git(vec!["symbolic-ref", "HEAD", &head])).await?;
-            Ok::<(), super::CommandError>(())
+            Ok::<(), CommandError>(())
         };
         steps.await.map_err(|e| {
             provision_error(format!("cannot set up the branch in {}", git_dir.display()))
@@ -473,141 +500,13 @@ impl RepoGit {
     }
 }
 
-/// Where a layered checkout's parts are (module docs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layer {
-    /// The base's directory (the overlay's lower layer).
-    pub base: PathBuf,
-    /// The layer's own directory.
-    pub dir: PathBuf,
-}
-
-impl Layer {
-    pub(crate) fn from_record(r: &LayerRecord) -> Layer {
-        Layer {
-            base: PathBuf::from(&r.base),
-            dir: PathBuf::from(&r.dir),
-        }
-    }
-
-    pub fn upper(&self) -> PathBuf {
-        self.dir.join("upper")
-    }
-
-    fn work(&self) -> PathBuf {
-        self.dir.join("work")
-    }
-
-    /// The checkout's own git dir.
-    pub fn git_dir(&self) -> PathBuf {
-        self.dir.join("git")
-    }
-
-    /// The base's git dir (its object store holds the snapshot).
-    pub fn base_git_dir(&self) -> PathBuf {
-        self.base.join(".git")
-    }
-
-    /// The mount that makes the checkout at `target`.
-    #[cfg(target_os = "linux")]
-    pub fn overlay(&self, target: &Path) -> crate::sandbox::overlay::Overlay {
-        crate::sandbox::overlay::Overlay {
-            lower: self.base.clone(),
-            upper: self.upper(),
-            work: self.work(),
-            target: target.to_path_buf(),
-        }
-    }
-
-    /// The layer's directories, its git dir, and the `.git` files (at `target` on the host,
-    /// and in `upper`, which the overlay shows at the same place).
-    fn create(&self, target: &Path) -> std::io::Result<()> {
-        let base_git = self.base_git_dir();
-        let git = self.git_dir();
-        for d in [
-            self.upper(),
-            self.work(),
-            git.join("objects/info"),
-            git.join("refs/heads"),
-            git.join("refs/tags"),
-        ] {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::create_dir_all(target)?;
-        let mut pointer = b"gitdir: ".to_vec();
-        pointer.extend_from_slice(git.as_os_str().as_encoded_bytes());
-        pointer.push(b'\n');
-        std::fs::write(target.join(".git"), &pointer)?;
-        std::fs::write(self.upper().join(".git"), &pointer)?;
-        let mut alternates = base_git
-            .join("objects")
-            .into_os_string()
-            .into_encoded_bytes();
-        alternates.push(b'\n');
-        std::fs::write(git.join("objects/info/alternates"), alternates)?;
-        for f in ["HEAD", "config", "shallow", "packed-refs"] {
-            match std::fs::copy(base_git.join(f), git.join(f)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        std::fs::create_dir_all(git.join("info"))?;
-        // The index with its timestamps: git then trusts the base's stat data for every file
-        // the agent has not touched (overlayfs shows the lower file's own), so `git status` is
-        // clean without reading the tree.
-        let index = base_git.join("index");
-        if let Ok(meta) = std::fs::metadata(&index) {
-            std::fs::copy(&index, git.join("index"))?;
-            let copy = std::fs::File::options()
-                .write(true)
-                .open(git.join("index"))?;
-            copy.set_modified(meta.modified()?)?;
-        }
-        Ok(())
-    }
-}
-
-/// Removes a layer's directory `dir`, whose overlayfs scratch directory is `work`: overlayfs
-/// leaves `work/work` with mode 000, which an unprivileged owner cannot list (so cannot empty)
-/// until it is made accessible again.
-pub(crate) fn remove_layer_dir(dir: &Path, work: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    if let Ok(entries) = std::fs::read_dir(work) {
-        use std::os::unix::fs::PermissionsExt;
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o700));
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = work;
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
-
-/// Removes the layer a clone record names, if any (a session's cleanup, a rollback, a sweep).
-pub(crate) fn remove_recorded_layer(record: Option<&AdminRecord>) -> std::io::Result<()> {
-    match record.and_then(|r| r.layer.as_ref()) {
-        Some(l) => {
-            let layer = Layer::from_record(l);
-            remove_layer_dir(&layer.dir, &layer.work())
-        }
-        None => Ok(()),
-    }
-}
-
-/// Whether the layer of checkouts can be mounted here, said once in the log when not.
-pub(crate) async fn layers_work(root: &Path) -> bool {
+/// Whether the layer of checkouts can be mounted here (the sandbox mounts it, so it is asked),
+/// said once in the log when not.
+pub(crate) async fn layers_work(root: &Path, sandbox: &dyn Confiner) -> bool {
     #[cfg(target_os = "linux")]
     {
         static SAID: AtomicBool = AtomicBool::new(false);
-        let dir = root.join(WORKTREES_DIR);
-        let tried =
-            tokio::task::spawn_blocking(move || crate::sandbox::overlay::available(&dir)).await;
-        match tried.unwrap_or_else(|e| Err(e.to_string())) {
+        match sandbox.layers_mountable(&root.join(WORKTREES_DIR)).await {
             Ok(()) => true,
             Err(why) => {
                 if !SAID.swap(true, Ordering::SeqCst) {
@@ -619,7 +518,7 @@ pub(crate) async fn layers_work(root: &Path) -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = root;
+        let _ = (root, sandbox);
         false
     }
 }

@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use super::patch::patch_error;
-use crate::error::Result;
+use crate::error::{AdapterError, Result};
 
 /// Rewrites every file section of `patch` that is not valid UTF-8 as a binary patch.
 pub(crate) fn binarize_non_utf8(worktree: &Path, patch: &[u8]) -> Result<String> {
     let repo = git2::Repository::open(worktree).map_err(|e| {
-        patch_error("cannot open the worktree to re-encode a non-UTF-8 file").with_cause(e)
+        AdapterError::extract("cannot open the worktree to re-encode a non-UTF-8 file")
+            .with_cause(e)
     })?;
     let mut out = String::with_capacity(patch.len() + patch.len() / 4);
     for section in split_sections(patch) {
@@ -54,7 +54,7 @@ fn binary_section(repo: &git2::Repository, section: &[u8]) -> Result<String> {
             break;
         }
         let text = std::str::from_utf8(line)
-            .map_err(|_| patch_error("a patch header line is not UTF-8"))?;
+            .map_err(|_| AdapterError::extract("a patch header line is not UTF-8"))?;
         if let Some(rest) = text.strip_prefix("index ") {
             let range = rest.split_whitespace().next().unwrap_or("");
             if let Some((a, b)) = range.split_once("..") {
@@ -64,16 +64,16 @@ fn binary_section(repo: &git2::Repository, section: &[u8]) -> Result<String> {
         header.push_str(text);
     }
     let (old, new) =
-        oids.ok_or_else(|| patch_error("a non-UTF-8 diff section has no index line"))?;
+        oids.ok_or_else(|| AdapterError::extract("a non-UTF-8 diff section has no index line"))?;
     let blob = |hex: &str| -> Result<Vec<u8>> {
         let oid = git2::Oid::from_str(hex)
-            .map_err(|e| patch_error("bad object id in patch").with_cause(e))?;
+            .map_err(|e| AdapterError::extract("bad object id in patch").with_cause(e))?;
         if oid.is_zero() {
             return Ok(Vec::new());
         }
         let b = repo
             .find_blob(oid)
-            .map_err(|e| patch_error(format!("cannot read blob {hex}")).with_cause(e))?;
+            .map_err(|e| AdapterError::extract(format!("cannot read blob {hex}")).with_cause(e))?;
         Ok(b.content().to_vec())
     };
     let (old, new) = (blob(&old)?, blob(&new)?);

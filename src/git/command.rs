@@ -13,8 +13,8 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::environment::process::KillTree;
-use crate::sandbox::Jail;
+use super::confine::Confinement;
+use crate::process::tree::KillTree;
 
 /// Environment variables that would point git at another repository, index or diff program.
 /// The Node process may itself run under a git hook (which exports `GIT_DIR`, `GIT_INDEX_FILE`,
@@ -122,13 +122,13 @@ pub(crate) fn git_command<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Command {
 }
 
 /// Where a git command of the adapter's runs: a directory, and the sandbox to run it in when
-/// the directory is an agent's clone. The agent wrote that clone's config, hooks and
-/// attributes (`core.fsmonitor`, filter drivers, …), which git would otherwise run unconfined
-/// when the adapter stages the clone for its patch.
+/// the directory is an agent's clone ([`super::confine`]). The agent wrote that clone's config,
+/// hooks and attributes (`core.fsmonitor`, filter drivers, …), which git would otherwise run
+/// unconfined when the adapter stages the clone for its patch.
 #[derive(Clone, Copy)]
 pub(crate) struct At<'a> {
     pub dir: &'a Path,
-    pub jail: Option<&'a Jail>,
+    pub jail: Option<&'a dyn Confinement>,
 }
 
 impl std::ops::Deref for At<'_> {
@@ -173,9 +173,9 @@ pub(crate) fn neutral_git_sh() -> String {
 
 impl At<'_> {
     /// `git args` in this directory with the clone's own programs neutralised
-    /// ([`NEUTRALISED`]); inside the sandbox, with only a system `PATH` and a throwaway `HOME`,
-    /// when there is one, else in a process group of its own. Either way dropping the run (a
-    /// time limit, a cancel) kills git and everything it started ([`run`]).
+    /// ([`NEUTRALISED`]); inside the sandbox when there is one, else in a process group of its
+    /// own. Either way dropping the run (a time limit, a cancel) kills git and everything it
+    /// started ([`run`]).
     pub(crate) fn git<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
         let args: Vec<std::ffi::OsString> = NEUTRALISED
             .iter()
@@ -190,32 +190,7 @@ impl At<'_> {
             cmd.process_group(0);
             return cmd;
         };
-        let mut cmd = Command::new("bwrap");
-        cmd.args(jail.argv(OsStr::new("git"), &args))
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", "/tmp");
-        // A layered checkout exists only where its overlay is mounted (checked mountable when
-        // the layer was made, so this fails only for paths that changed since: then git does
-        // not start and the caller sees why).
-        #[cfg(target_os = "linux")]
-        match jail.pre_exec() {
-            Ok(Some(mount)) => {
-                // SAFETY: the overlay's pre-exec makes system calls only.
-                unsafe {
-                    cmd.pre_exec(mount);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot mount a layered checkout");
-                // SAFETY: returns an error without allocating.
-                unsafe {
-                    cmd.pre_exec(|| Err(std::io::Error::from_raw_os_error(libc::EINVAL)));
-                }
-            }
-        }
-        hygiene(cmd, self.dir)
+        hygiene(jail.command(OsStr::new("git"), &args), self.dir)
     }
 }
 

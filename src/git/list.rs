@@ -9,6 +9,9 @@
 //! - `<common>/worktrees/<id>/locked`: present when locked, holding the reason (may be empty).
 //!
 //! An admin dir without a readable `gitdir` is skipped (git would report it prunable).
+//!
+//! Likewise a repository's object stores: `objects/info/alternates` read the way git reads it
+//! ([`object_dirs`]), for what a sandbox must let a checkout's git read.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -157,6 +160,28 @@ fn path_from_bytes(p: &[u8]) -> PathBuf {
 #[cfg(not(unix))]
 fn path_from_bytes(p: &[u8]) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(p).into_owned())
+}
+
+/// The object store at `<common>/objects` and every store it borrows from (its
+/// `info/alternates`, recursively): what a `--shared` clone reads.
+pub(crate) fn object_dirs(common: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![common.join("objects")];
+    let mut i = 0;
+    while i < dirs.len() && dirs.len() < 16 {
+        let alt = std::fs::read_to_string(dirs[i].join("info/alternates")).unwrap_or_default();
+        for line in alt.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let p = dirs[i].join(line);
+            let p = p.canonicalize().unwrap_or(p);
+            if !dirs.contains(&p) {
+                dirs.push(p);
+            }
+        }
+        i += 1;
+    }
+    dirs
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use super::binary::binarize_non_utf8;
 use super::command::{run, run_with_input, At, CommandError};
 use super::list::admin_dir_of;
 use super::setup::seconds;
-use crate::error::{AdapterError, ErrorCode, Result};
+use crate::error::{AdapterError, Result};
 
 const NULL_OID: &str = "0000000000000000000000000000000000000000";
 
@@ -52,15 +52,10 @@ const NULL_OID: &str = "0000000000000000000000000000000000000000";
 /// sparse file of terabytes would otherwise be written out densely).
 pub(crate) const MAX_INDEX_BYTES: u64 = 512 << 20;
 
-/// `ERR_EXTRACT`: the work in a checkout could not be read out as a patch.
-pub(crate) fn patch_error(message: impl Into<String>) -> AdapterError {
-    AdapterError::new(ErrorCode::Extract, message)
-}
-
 /// The `ERR_EXTRACT` for an extraction that ran past `config.extractionTimeout` (its git and
 /// everything that git started have been killed by then: dropping a run kills its tree).
 pub(crate) fn timed_out(worktree: &Path, limit: Duration) -> AdapterError {
-    patch_error(format!(
+    AdapterError::extract(format!(
         "reading the work out of {} did not finish within {} (config.extractionTimeout); git \
          and everything it started were killed",
         worktree.display(),
@@ -162,21 +157,23 @@ async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
         "git update-index -q --really-refresh (temporary index)",
     )
     .await
-    .map_err(|e| patch_error("cannot refresh the temporary index").with_cause(e))?;
+    .map_err(|e| AdapterError::extract("cannot refresh the temporary index").with_cause(e))?;
     git_with_index(
         worktree.git(&["add", "-A"]),
         index,
         "git add -A (temporary index)",
     )
     .await
-    .map_err(|e| patch_error("cannot stage the worktree into a temporary index").with_cause(e))?;
+    .map_err(|e| {
+        AdapterError::extract("cannot stage the worktree into a temporary index").with_cause(e)
+    })?;
     write_tree(worktree, index).await
 }
 
 async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
     let out = git_with_index(worktree.git(&["write-tree"]), index, "git write-tree")
         .await
-        .map_err(|e| patch_error("cannot write the staged tree").with_cause(e))?;
+        .map_err(|e| AdapterError::extract("cannot write the staged tree").with_cause(e))?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
@@ -205,7 +202,9 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
         "git diff-tree -r -z (snapshot..final)".into(),
     )
     .await
-    .map_err(|e| patch_error("cannot compare the worktree with its snapshot").with_cause(e))?;
+    .map_err(|e| {
+        AdapterError::extract("cannot compare the worktree with its snapshot").with_cause(e)
+    })?;
     let mut records = Vec::new();
     let mut fields = out.stdout.split(|&b| b == 0).filter(|f| !f.is_empty());
     while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
@@ -213,7 +212,7 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
         let meta = String::from_utf8_lossy(meta);
         let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
         let [_, mode, _, oid, status] = parts[..] else {
-            return Err(patch_error(format!(
+            return Err(AdapterError::extract(format!(
                 "unexpected git diff-tree output: {meta}"
             )));
         };
@@ -232,7 +231,7 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
 /// The tree of `base` with `changes` applied (in a temporary index beside the real one).
 async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -> Result<String> {
     let temp = TempIndex::empty_beside(index);
-    let fail = |what: &str, e: CommandError| patch_error(what.to_string()).with_cause(e);
+    let fail = |what: &str, e: CommandError| AdapterError::extract(what.to_string()).with_cause(e);
     git_with_index(
         worktree.git(&["read-tree", base]),
         &temp.path,
@@ -276,7 +275,9 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
         format!("git diff-tree -r --binary -M {base_tree} {target}"),
     )
     .await
-    .map_err(|e| patch_error("cannot diff the worktree against its base commit").with_cause(e))?;
+    .map_err(|e| {
+        AdapterError::extract("cannot diff the worktree against its base commit").with_cause(e)
+    })?;
     match String::from_utf8(out.stdout) {
         Ok(s) => Ok(s),
         Err(e) => {
@@ -284,7 +285,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
             let wt = worktree.dir.to_path_buf();
             tokio::task::spawn_blocking(move || binarize_non_utf8(&wt, &bytes))
                 .await
-                .map_err(|e| patch_error(format!("patch conversion panicked: {e}")))?
+                .map_err(|e| AdapterError::extract(format!("patch conversion panicked: {e}")))?
         }
     }
 }
@@ -294,18 +295,20 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
 /// temporary index would be written wherever it points.
 fn index_path(worktree: At<'_>) -> Result<PathBuf> {
     let admin = admin_dir_of(&worktree).map_err(|e| {
-        patch_error(format!("{} is not a git worktree", worktree.display())).with_cause(e)
+        AdapterError::extract(format!("{} is not a git worktree", worktree.display())).with_cause(e)
     })?;
     match std::fs::symlink_metadata(&admin) {
         Ok(m) if m.is_dir() => Ok(admin.join("index")),
-        Ok(m) => Err(patch_error(format!(
+        Ok(m) => Err(AdapterError::extract(format!(
             "the git dir {} is {}, not a directory; its work is not read through it",
             admin.display(),
             file_kind(&m)
         ))),
-        Err(e) => {
-            Err(patch_error(format!("cannot read the git dir {}", admin.display())).with_cause(e))
-        }
+        Err(e) => Err(AdapterError::extract(format!(
+            "cannot read the git dir {}",
+            admin.display()
+        ))
+        .with_cause(e)),
     }
 }
 
@@ -342,14 +345,16 @@ fn file_kind(m: &std::fs::Metadata) -> &'static str {
 /// most [`MAX_INDEX_BYTES`]. `None`: there is no index (git treats that as empty).
 fn open_index(index: &Path) -> Result<Option<(std::fs::File, u64)>> {
     let refused = |why: String| {
-        Err(patch_error(format!(
+        Err(AdapterError::extract(format!(
             "the checkout's index {} {why}; it is not read",
             index.display()
         )))
     };
     match std::fs::symlink_metadata(index) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(patch_error("cannot read the worktree's index").with_cause(e)),
+        Err(e) => {
+            return Err(AdapterError::extract("cannot read the worktree's index").with_cause(e))
+        }
         Ok(m) if !m.is_file() => {
             return refused(format!("is {}, not a regular file", file_kind(&m)))
         }
@@ -361,10 +366,10 @@ fn open_index(index: &Path) -> Result<Option<(std::fs::File, u64)>> {
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NOFOLLOW | libc::O_NONBLOCK);
     let file = open
         .open(index)
-        .map_err(|e| patch_error("cannot open the worktree's index").with_cause(e))?;
+        .map_err(|e| AdapterError::extract("cannot open the worktree's index").with_cause(e))?;
     let m = file
         .metadata()
-        .map_err(|e| patch_error("cannot read the worktree's index").with_cause(e))?;
+        .map_err(|e| AdapterError::extract("cannot read the worktree's index").with_cause(e))?;
     if !m.is_file() {
         return refused(format!("is {}, not a regular file", file_kind(&m)));
     }
@@ -400,7 +405,8 @@ impl TempIndex {
             // No index yet: git treats a missing index file as empty.
             return Ok(temp);
         };
-        let copy_failed = |e| patch_error("cannot copy the worktree's index").with_cause(e);
+        let copy_failed =
+            |e| AdapterError::extract("cannot copy the worktree's index").with_cause(e);
         let mtime = file
             .metadata()
             .and_then(|m| m.modified())

@@ -19,23 +19,22 @@
 //! a stopped or failed provision removes what it made before it returns. Whatever is already at
 //! the path is handled by [`RepoGit::clear_path`].
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::base::Preparation;
-use super::command::{display_argv, git_command, run, run_git, At};
-use super::hooks;
-use super::owner::Owner;
-use super::patch::{self, Snapshot};
+use super::base::{layers_work, Preparation};
+use super::command::{git_command, run, run_git};
+use super::confine::Confiner;
+use super::patch::Snapshot;
+use super::prepare::{checkout_failed, prepare_checkout};
 use super::record::{AdminRecord, SessionRecord};
-use super::repo::{lock_std, provision_error, RepoGit};
-use super::setup::{run_bounded, seconds, RunError};
+use super::repo::{cancelled, provision_error, same_path, LiveCheckout, ProvisionGuard, RepoGit};
 use super::worktree::{Worktree, WorktreeState};
-use crate::error::{AdapterError, ErrorCode, Result};
+use crate::error::{AdapterError, Result};
+use crate::process::Owner;
 
 /// Everything one provision needs.
 #[derive(Debug, Clone)]
@@ -60,35 +59,31 @@ pub struct ProvisionRequest {
     pub layered: bool,
 }
 
-pub(crate) fn cancelled() -> AdapterError {
-    AdapterError::new(
-        ErrorCode::Cancelled,
-        "the session was stopped while its worktree was being provisioned",
-    )
-}
-
 impl RepoGit {
-    /// Provisions the checkout for `req` (see the module docs). `stop` firing at any point
-    /// removes whatever was made and returns `ERR_CANCELLED`.
+    /// Provisions the checkout for `req` (see the module docs). `sandbox` says whether a layer
+    /// can be mounted, and confines the adapter's git in the checkout and in a stale one in
+    /// its way. `stop` firing at any point removes whatever was made and returns
+    /// `ERR_CANCELLED`.
     pub async fn provision(
         &self,
         req: &ProvisionRequest,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Worktree> {
         check_branch_path(&req.branch)?;
         if stop.is_cancelled() {
             return Err(cancelled());
         }
-        if req.layered && super::base::layers_work(&self.root).await {
-            return self.provision_layered(req, stop).await;
+        if req.layered && layers_work(&self.root, sandbox).await {
+            return self.provision_layered(req, sandbox, stop).await;
         }
         let path = self.worktree_path(&req.branch);
-        let base_commit = self.claim(req, &path, None, stop).await?;
+        let base_commit = self.claim(req, &path, None, sandbox, stop).await?;
         // From here on any failure (or the future being dropped) removes what was made.
         let mut guard = ProvisionGuard::new(self, &path);
         match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot) => {
-                let jail = self.extraction_jail(&path).await?;
+                let jail = self.extraction_jail(sandbox, &path).await?;
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
@@ -97,7 +92,10 @@ impl RepoGit {
                     snapshot,
                     jail,
                     layer: None,
-                    state: Arc::new(WorktreeState::new(self.arc(), path)),
+                    state: Arc::new(WorktreeState::new(
+                        LiveCheckout::new(self.arc(), path),
+                        None,
+                    )),
                 })
             }
             Err(e) => {
@@ -112,6 +110,7 @@ impl RepoGit {
     async fn provision_layered(
         &self,
         req: &ProvisionRequest,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Worktree> {
         let commit = self.resolve_commit(&req.default_branch).await?;
@@ -131,7 +130,7 @@ impl RepoGit {
             )
             .await?;
         let path = self.worktree_path(&req.branch);
-        if let Err(e) = self.claim(req, &path, Some(&commit), stop).await {
+        if let Err(e) = self.claim(req, &path, Some(&commit), sandbox, stop).await {
             let _ = base.release().await;
             return Err(e);
         }
@@ -140,7 +139,7 @@ impl RepoGit {
             let (layer, snapshot) = self
                 .make_layer(&base, &path, &req.branch, &req.session)
                 .await?;
-            let jail = self.extraction_jail(&path).await?;
+            let jail = self.extraction_jail(sandbox, &path).await?;
             Ok::<_, AdapterError>((layer, snapshot, jail))
         };
         let made = tokio::select! {
@@ -157,7 +156,10 @@ impl RepoGit {
                     snapshot,
                     jail,
                     layer: Some(layer),
-                    state: Arc::new(WorktreeState::over(self.arc(), path, base)),
+                    state: Arc::new(WorktreeState::new(
+                        LiveCheckout::new(self.arc(), path),
+                        Some(base),
+                    )),
                 })
             }
             Err(e) => {
@@ -186,9 +188,10 @@ impl RepoGit {
         let own = self.worktree_path(branch);
         let head = format!("refs/heads/{branch}");
         let worktrees = self.list_worktrees().await?;
-        match worktrees.iter().find(|w| {
-            w.head_ref.as_deref() == Some(head.as_str()) && !super::repo::same_path(&w.path, &own)
-        }) {
+        match worktrees
+            .iter()
+            .find(|w| w.head_ref.as_deref() == Some(head.as_str()) && !same_path(&w.path, &own))
+        {
             Some(w) => Err(AdapterError::invalid_params(format!(
                 "branchName {branch:?} is checked out in the repository at {}; an Implementor \
                  needs a branch of its own (it is created at defaultBranch and deleted after the \
@@ -206,6 +209,7 @@ impl RepoGit {
         req: &ProvisionRequest,
         path: &Path,
         commit: Option<&str>,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<String> {
         let _guard = tokio::select! {
@@ -217,8 +221,15 @@ impl RepoGit {
             Some(c) => c.to_string(),
             None => self.resolve_commit(&req.default_branch).await?,
         };
-        self.clear_path(path, &req.branch, &base, req.extraction_timeout, stop)
-            .await?;
+        self.clear_path(
+            path,
+            &req.branch,
+            &base,
+            req.extraction_timeout,
+            sandbox,
+            stop,
+        )
+        .await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, &base);
         record.path = path.to_str().map(str::to_string);
         self.record_clone(path, &record).await?;
@@ -238,6 +249,7 @@ impl RepoGit {
         branch: &str,
         base: &str,
         limit: Duration,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<()> {
         let at = path.display();
@@ -247,10 +259,7 @@ impl RepoGit {
             )));
         }
         let listed = self.list_all().await?;
-        let Some(stale) = listed
-            .iter()
-            .find(|w| super::repo::same_path(&w.path, path))
-        else {
+        let Some(stale) = listed.iter().find(|w| same_path(&w.path, path)) else {
             return match std::fs::symlink_metadata(path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 _ => Err(provision_error(format!(
@@ -273,7 +282,7 @@ impl RepoGit {
             ))),
             _ => {
                 let swept = self
-                    .retire(stale, Some(base), limit, stop)
+                    .retire(stale, Some(base), limit, sandbox, stop)
                     .await
                     .map_err(|e| {
                         provision_error(format!(
@@ -377,16 +386,16 @@ impl RepoGit {
             r = steps => r.map_err(checkout_failed)?,
             _ = stop.cancelled() => return Err(cancelled()),
         };
-        let snapshot = self
-            .prepare_checkout(
-                path,
-                base,
-                req.setup.as_deref(),
-                &req.env,
-                req.setup_timeout,
-                stop,
-            )
-            .await?;
+        let snapshot = prepare_checkout(
+            self,
+            path,
+            base,
+            req.setup.as_deref(),
+            &req.env,
+            req.setup_timeout,
+            stop,
+        )
+        .await?;
         let record_dir = self.record_dir(path).await?;
         let mut record = AdminRecord::new(&req.session, &req.branch, base);
         record.path = path.to_str().map(str::to_string);
@@ -396,147 +405,6 @@ impl RepoGit {
             .write(&record_dir)
             .map_err(|e| provision_error("cannot record the worktree's snapshot").with_cause(e))?;
         Ok(snapshot)
-    }
-}
-
-impl RepoGit {
-    /// A fresh checkout of `commit` at `path` (a clone, or a base) made ready for an agent: the
-    /// repository's identity for commits, the `post-checkout` hook, the setup command, then the
-    /// snapshot its patches are measured from.
-    pub(crate) async fn prepare_checkout(
-        &self,
-        path: &Path,
-        commit: &str,
-        setup: Option<&[String]>,
-        env: &[(String, String)],
-        timeout: Duration,
-        stop: &CancellationToken,
-    ) -> Result<Snapshot> {
-        let checkout_failed = |e| checkout_failed(path, e);
-        // Commits made in the checkout carry the identity the repository's own commits would
-        // (a repository-local `user.*` is not cloned; the global one stays readable).
-        for key in ["user.name", "user.email"] {
-            if let Ok(v) = run_git(&self.root, &["config", "--get", key]).await {
-                let v = String::from_utf8_lossy(&v.stdout).trim().to_string();
-                run_git(path, &["config", key, &v])
-                    .await
-                    .map_err(checkout_failed)?;
-            }
-        }
-        let common = self.common_dir().await.map_err(checkout_failed)?;
-        hooks::post_checkout(&self.root, &common, path, commit, timeout, stop)
-            .await
-            .map_err(|e| bounded_error("post-checkout hook", path, timeout, e))?;
-        if let Some(argv) = setup.filter(|a| !a.is_empty()) {
-            let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..])
-                .current_dir(path)
-                .env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)));
-            let display = display_argv(&argv[0], &argv[1..]);
-            run_bounded(cmd, display, timeout, stop)
-                .await
-                .map_err(|e| bounded_error("setup command", path, timeout, e))?;
-        }
-        tokio::select! {
-            // Before the agent ran, the checkout's config is what clone and setup made of it.
-            s = patch::snapshot(At { dir: path, jail: None }) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message))),
-            _ = stop.cancelled() => Err(cancelled()),
-        }
-    }
-}
-
-/// The provision error for a git step of making the checkout at `path` that failed.
-fn checkout_failed(path: &Path, e: super::CommandError) -> AdapterError {
-    provision_error(format!(
-        "cannot check out the worktree at {}",
-        path.display()
-    ))
-    .with_cause(e)
-}
-
-/// The provision error for a hook or setup command that failed, ran out of time, or was
-/// stopped.
-fn bounded_error(what: &str, dir: &Path, limit: Duration, e: RunError) -> AdapterError {
-    match e {
-        RunError::Cancelled => cancelled(),
-        RunError::TimedOut { command, output } => {
-            let mut message = format!(
-                "{what} `{command}` did not finish within {} (config.worktreeSetupTimeout); it \
-                 and every process it started were killed",
-                seconds(limit)
-            );
-            push_tail(&mut message, &output);
-            provision_error(message)
-        }
-        RunError::Failed(e) => {
-            let mut message = format!(
-                "{what} `{}` failed in {} ({})",
-                e.command,
-                dir.display(),
-                e.status_text()
-            );
-            push_tail(&mut message, &e.output);
-            provision_error(message).with_cause(e)
-        }
-    }
-}
-
-fn push_tail(message: &mut String, output: &str) {
-    if !output.is_empty() {
-        message.push_str("; output tail:\n");
-        message.push_str(output);
-    }
-}
-
-/// Rolls a half-provisioned worktree (or repository view, [`super::view`]) back: awaited on
-/// error paths, spawned if the provision future is dropped.
-pub(crate) struct ProvisionGuard {
-    repo: Option<Arc<RepoGit>>,
-    path: PathBuf,
-}
-
-impl ProvisionGuard {
-    /// Armed for the clone at `path`, which [`RepoGit::record_clone`] has recorded.
-    pub(crate) fn new(repo: &RepoGit, path: &Path) -> ProvisionGuard {
-        ProvisionGuard {
-            repo: Some(repo.arc()),
-            path: path.to_path_buf(),
-        }
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.repo = None;
-    }
-
-    pub(crate) async fn rollback(&mut self) {
-        if let Some(repo) = self.repo.take() {
-            if let Err(e) = repo.remove_session(&self.path).await {
-                tracing::warn!(path = %self.path.display(), error = %e, "rolling back a failed provision failed");
-            }
-        }
-    }
-}
-
-impl Drop for ProvisionGuard {
-    fn drop(&mut self) {
-        let Some(repo) = self.repo.take() else {
-            return;
-        };
-        let path = std::mem::take(&mut self.path);
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    if let Err(e) = repo.remove_session(&path).await {
-                        tracing::warn!(path = %path.display(), error = %e, "rolling back a dropped provision failed");
-                    }
-                });
-            }
-            // No runtime left: the worktree is no longer live, so the next sweep removes it.
-            Err(_) => {
-                lock_std(&repo.live).remove(&path);
-            }
-        }
     }
 }
 

@@ -1,6 +1,16 @@
-//! What a later sweep needs to save a dead session's work: the session record, kept as
-//! `claude-runtime-adapter.json` in the clone's record dir
-//! (`<common>/claude-runtime-adapter/clones/<id>/`, beside the `locked` owner record; for
+//! The records that say a checkout is ours, whose it is, and how to save its work.
+//!
+//! **The owner record** ([`write_owner`], an [`Owner`] as text) is a `locked` file: in a clone's
+//! record dir (`<common>/claude-runtime-adapter/clones/<id>/locked`, written when the path is
+//! claimed, under the repository lock), or, for a worktree an earlier version of the adapter
+//! made, the worktree's git lock reason (`<common>/worktrees/<id>/locked`, the file `git
+//! worktree lock --reason` writes). Either lives outside the checkout's content, where no
+//! session's sandbox can write. A lock reason that is not this record (a person's `git worktree
+//! lock`, git's own placeholder) is never taken for ours: a checkout is never swept by mistake,
+//! at worst kept.
+//!
+//! **The session record** is what a later sweep needs to save a dead session's work, kept as
+//! `claude-runtime-adapter.json` in the clone's record dir, beside the owner record (for
 //! worktrees earlier versions made, in the worktree's admin dir).
 //!
 //! ```json
@@ -20,7 +30,19 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::process::Owner;
+
 const FILE: &str = "claude-runtime-adapter.json";
+
+/// Writes `owner` as the owner record in `admin` (write to a temporary file, then rename:
+/// readers see the old record or the new one).
+pub(crate) fn write_owner(owner: &Owner, admin: &Path) -> std::io::Result<()> {
+    let tmp = admin.join(format!("locked.tmp-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&tmp, format!("{}\n", owner.to_record()))?;
+    std::fs::rename(&tmp, admin.join("locked")).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
 
 /// The session a worktree is provisioned for, as the caller knows it at provision time.
 #[derive(Debug, Clone, Default)]

@@ -2,7 +2,9 @@
 //! every change this process makes to the repository's git metadata, the set of worktrees this
 //! process is using (so neither a sweep nor a new provision touches a live one), and the small
 //! metadata operations the other modules build on (resolve a commit, delete a branch, remove a
-//! worktree, find the common git dir).
+//! worktree, find the common git dir). And a claimed checkout's life, the same for a clone, a
+//! layer or a base: recorded and made live ([`RepoGit::record_clone`]), rolled back if making
+//! it fails ([`ProvisionGuard`]), removed once its holder is done ([`LiveCheckout`]).
 //!
 //! Division of labour between git2 and the git CLI: the CLI makes every change (it applies
 //! `.gitattributes`, filters and locking exactly as a person's git would, which libgit2 does
@@ -11,22 +13,30 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
-#[cfg(target_os = "linux")]
-use super::base::Layer;
 use super::command::{run_git, run_git_retrying, CommandError};
-use super::list::{self, ListedWorktree};
-use super::owner::Owner;
-use super::record::AdminRecord;
+use super::confine::{CloneMounts, Confinement, Confiner};
+use super::layer::{remove_recorded_layer, Layer};
+use super::list::{self, object_dirs, ListedWorktree};
+use super::record::{write_owner, AdminRecord};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::sandbox::{Jail, JailPlan};
+use crate::process::Owner;
 
 /// Directory (relative to the repository root) that holds the worktrees.
 pub const WORKTREES_DIR: &str = ".worktrees";
 
 pub(crate) fn provision_error(message: impl Into<String>) -> AdapterError {
     AdapterError::new(ErrorCode::Provision, message)
+}
+
+/// What a provision (of a checkout, a view, a base) stopped by its session returns.
+pub(crate) fn cancelled() -> AdapterError {
+    AdapterError::new(
+        ErrorCode::Cancelled,
+        "the session was stopped while its worktree was being provisioned",
+    )
 }
 
 /// Git state for one repository, shared process-wide (see [`RepoGit::for_repo`]).
@@ -242,7 +252,6 @@ impl RepoGit {
         }
     }
 
-    /// Removes a session's worktree and branch (cleanup and rollback).
     /// Where this adapter records a clone at `path` (inside the repository's git dir, which
     /// no sandbox can write, so an agent cannot forge or remove the record of its own clone).
     pub(crate) async fn record_dir(&self, path: &Path) -> Result<PathBuf> {
@@ -271,38 +280,29 @@ impl RepoGit {
     }
 
     /// The sandbox the adapter's own git runs in inside an agent's clone: the clone writable,
-    /// the repository's object stores readable, nothing else of the host (see
-    /// [`super::command::At`]). Whenever bubblewrap runs here, whatever `config.sandbox` says
-    /// now: a clone made by a sandboxed session may be swept by a `sandbox: false` adapter,
-    /// and its config, attributes and filters are the agent's. `None` only where bubblewrap
-    /// cannot run (other systems; a Linux host without it), where git runs with the clone's
-    /// programs neutralised as far as `-c` reaches ([`super::command::At::git`]).
-    pub(crate) async fn extraction_jail(&self, clone: &Path) -> Result<Option<Jail>> {
-        if !cfg!(target_os = "linux") || !bwrap_runs().await {
+    /// the repository's object stores readable, a layered checkout's layer mounted, nothing
+    /// else of the host (see [`super::command::At`]). Whenever `sandbox` can confine git here,
+    /// whatever `config.sandbox` says now: a clone made by a sandboxed session may be swept by
+    /// a `sandbox: false` adapter, and its config, attributes and filters are the agent's.
+    /// `None` only where it cannot (other systems; a Linux host without bubblewrap), where git
+    /// runs with the clone's programs neutralised as far as `-c` reaches
+    /// ([`super::command::At::git`]).
+    pub(crate) async fn extraction_jail(
+        &self,
+        sandbox: &dyn Confiner,
+        clone: &Path,
+    ) -> Result<Option<Arc<dyn Confinement>>> {
+        if !sandbox.confines().await {
             return Ok(None);
         }
         let common = self.git_dir().await?;
-        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
-        let mut plan = JailPlan {
-            cwd: clone.to_path_buf(),
-            writable: vec![clone.to_path_buf()],
-            readable: object_dirs(&common),
-            // git itself writes nothing there; a filter or attribute driver the agent planted
-            // could, and a tmpfs of no size is half the host's RAM.
-            tmpfs_size: Some(EXTRACTION_TMPFS_BYTES),
-            ..JailPlan::default()
-        };
-        // A layered checkout exists only as its overlay, mounted for this jail alone.
-        #[cfg(target_os = "linux")]
-        {
-            let record = AdminRecord::read(&self.record_dir(clone).await?);
-            if let Some(layer) = record.and_then(|r| r.layer).map(|l| Layer::from_record(&l)) {
-                plan.overlay = Some(layer.overlay(clone));
-                plan.writable.push(layer.git_dir());
-                plan.readable.extend(object_dirs(&layer.base_git_dir()));
-            }
-        }
-        Ok(Some(Jail::new(&plan)))
+        let record = AdminRecord::read(&self.record_dir(clone).await?);
+        let layer = record.and_then(|r| r.layer).map(|l| Layer::from_record(&l));
+        Ok(Some(sandbox.confine(&CloneMounts {
+            clone: clone.to_path_buf(),
+            objects: object_dirs(&common),
+            layer: layer.map(|l| l.mounts(clone)),
+        })))
     }
 
     /// Records the clone about to be made at `path` as this process's (the session record,
@@ -312,7 +312,7 @@ impl RepoGit {
         let record_dir = self.record_dir(path).await?;
         let written = std::fs::create_dir_all(&record_dir).and_then(|()| {
             record.write(&record_dir)?;
-            self.owner.write_lock(&record_dir)
+            write_owner(&self.owner, &record_dir)
         });
         if let Err(e) = written {
             let _ = std::fs::remove_dir_all(&record_dir);
@@ -336,19 +336,92 @@ impl RepoGit {
     }
 }
 
-/// The size of each tmpfs (`/tmp`, `/dev/shm`) of the jail the adapter's git runs in.
-const EXTRACTION_TMPFS_BYTES: u64 = 64 << 20;
+/// A checkout this process made live ([`RepoGit::record_clone`]) as its holder (a session's
+/// [`super::Worktree`], a base) holds it: removed with its records at most once
+/// ([`LiveCheckout::remove`]); dropped without that, no longer live, so the next sweep saves
+/// its work and removes it.
+pub(crate) struct LiveCheckout {
+    pub repo: Arc<RepoGit>,
+    path: PathBuf,
+    removed: AtomicBool,
+}
 
-/// Whether the `bwrap` the adapter's git is started with (the first on this process's `PATH`)
-/// runs here (tried once per process, see [`crate::sandbox::jail::probe`]).
-async fn bwrap_runs() -> bool {
-    let Some(bwrap) = crate::sandbox::find_on_path("bwrap", std::env::var_os("PATH").as_deref())
-    else {
-        return false;
-    };
-    tokio::task::spawn_blocking(move || crate::sandbox::jail::probe(&bwrap).is_ok())
-        .await
-        .unwrap_or(false)
+impl LiveCheckout {
+    pub(crate) fn new(repo: Arc<RepoGit>, path: PathBuf) -> LiveCheckout {
+        LiveCheckout {
+            repo,
+            path,
+            removed: AtomicBool::new(false),
+        }
+    }
+
+    /// Removes the clone (or layer, or base) and its records, once.
+    pub(crate) async fn remove(&self) -> Result<()> {
+        if !self.removed.load(Ordering::SeqCst) {
+            self.repo.remove_session(&self.path).await?;
+            self.removed.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LiveCheckout {
+    fn drop(&mut self) {
+        if !self.removed.load(Ordering::SeqCst) {
+            lock_std(&self.repo.live).remove(&self.path);
+        }
+    }
+}
+
+/// Rolls a half-provisioned worktree (or repository view, [`super::view`]) back: awaited on
+/// error paths, spawned if the provision future is dropped.
+pub(crate) struct ProvisionGuard {
+    repo: Option<Arc<RepoGit>>,
+    path: PathBuf,
+}
+
+impl ProvisionGuard {
+    /// Armed for the clone at `path`, which [`RepoGit::record_clone`] has recorded.
+    pub(crate) fn new(repo: &RepoGit, path: &Path) -> ProvisionGuard {
+        ProvisionGuard {
+            repo: Some(repo.arc()),
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.repo = None;
+    }
+
+    pub(crate) async fn rollback(&mut self) {
+        if let Some(repo) = self.repo.take() {
+            if let Err(e) = repo.remove_session(&self.path).await {
+                tracing::warn!(path = %self.path.display(), error = %e, "rolling back a failed provision failed");
+            }
+        }
+    }
+}
+
+impl Drop for ProvisionGuard {
+    fn drop(&mut self) {
+        let Some(repo) = self.repo.take() else {
+            return;
+        };
+        let path = std::mem::take(&mut self.path);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = repo.remove_session(&path).await {
+                        tracing::warn!(path = %path.display(), error = %e, "rolling back a dropped provision failed");
+                    }
+                });
+            }
+            // No runtime left: the worktree is no longer live, so the next sweep removes it.
+            Err(_) => {
+                lock_std(&repo.live).remove(&path);
+            }
+        }
+    }
 }
 
 /// Appends `/.worktrees/` to `<info>/exclude` unless an equivalent line is there.
@@ -399,7 +472,7 @@ pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        super::base::remove_recorded_layer(AdminRecord::read(&r).as_ref())?;
+        remove_recorded_layer(AdminRecord::read(&r).as_ref())?;
         match std::fs::remove_dir_all(&r) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
@@ -416,26 +489,4 @@ pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
     removed.map_err(|e| {
         provision_error(format!("cannot remove the worktree {}", path.display())).with_cause(e)
     })
-}
-
-/// The object store at `<common>/objects` and every store it borrows from (its
-/// `info/alternates`, recursively): what a `--shared` clone reads.
-pub(crate) fn object_dirs(common: &Path) -> Vec<PathBuf> {
-    let mut dirs = vec![common.join("objects")];
-    let mut i = 0;
-    while i < dirs.len() && dirs.len() < 16 {
-        let alt = std::fs::read_to_string(dirs[i].join("info/alternates")).unwrap_or_default();
-        for line in alt.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let p = dirs[i].join(line);
-            let p = p.canonicalize().unwrap_or(p);
-            if !dirs.contains(&p) {
-                dirs.push(p);
-            }
-        }
-        i += 1;
-    }
-    dirs
 }

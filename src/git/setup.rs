@@ -4,7 +4,7 @@
 //!
 //! - in a process group of its own, so the whole tree it starts can be found and killed — the
 //!   group plus descendants that called `setsid` themselves (the `/proc` walk of
-//!   [`crate::environment::process::kill_session`], shared with the CLI's process tree);
+//!   [`crate::process::tree::kill_session`], shared with the CLI's process tree);
 //! - bounded twice: by its own time limit (`config.worktreeSetupTimeout`) and by the session's
 //!   stop signal (`cancelAgent`, `shutdown()`, the session's time limit). Either kills the tree
 //!   at once (a few milliseconds) and reports which bound it was;
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::CommandError;
 use super::repo::lock_std;
-use crate::environment::process::KillTree;
+use crate::process::tree::KillTree;
 
 /// How much of the command's output is kept for the error message.
 pub const SETUP_OUTPUT_TAIL: usize = 8 * 1024;

@@ -2,7 +2,7 @@
 //!
 //! A checkout is swept only if all hold:
 //! - it is under `<repoRoot>/.worktrees/`;
-//! - it carries this adapter's owner record ([`super::owner`]): a clone's `locked` file in its
+//! - it carries this adapter's owner record ([`super::record`]): a clone's `locked` file in its
 //!   record dir, or a linked worktree's lock reason (earlier versions made worktrees); unlocked
 //!   worktrees and worktrees locked by a person or another tool are never swept (a session that
 //!   needs their path handles them, see [`RepoGit::provision`]);
@@ -13,8 +13,9 @@
 //! work as [`super::Worktree::extract_patch`] would have returned it (measured from the
 //! post-setup snapshot in its session record, [`super::record`]; for a worktree without that
 //! record, from its merge base with the default branch when known, else from HEAD). In an
-//! agent's clone that git runs sandboxed whenever bubblewrap runs here, whatever this
-//! adapter's `sandbox` setting (the agent wrote its config; [`RepoGit::extraction_jail`]).
+//! agent's clone that git runs sandboxed whenever the sandbox the sweep is handed can confine
+//! it here (bubblewrap runs), whatever this adapter's `sandbox` setting (the agent wrote its
+//! config; [`RepoGit::extraction_jail`]).
 //! Saving is bounded by `config.extractionTimeout` and by the stop signal (`shutdown()`, the
 //! session that needs the path being cancelled): past either, the git it ran is killed and the
 //! checkout kept. The patch goes
@@ -22,7 +23,7 @@
 //!   when the session had logging on and no file of that name exists, else
 //! - to `<git common dir>/claude-runtime-adapter/salvaged/<session id>-<unix ms>.patch`.
 //!
-//! A layered checkout ([`super::base`]) is read through its overlay in the same jail, and
+//! A layered checkout ([`super::layer`]) is read through its overlay in the same jail, and
 //! swept before the base it is over; a base goes only once no layer's record names it.
 //!
 //! If saving fails the checkout is kept (and the failure logged) for the next sweep. A session
@@ -34,13 +35,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::base::BASE_PREFIX;
 use super::command::{run_git, At};
+use super::confine::Confiner;
 use super::list::ListedWorktree;
-use super::owner::Owner;
 use super::patch;
 use super::record::AdminRecord;
-use super::repo::{provision_error, RepoGit, WORKTREES_DIR};
+use super::repo::{provision_error, remove_clone, RepoGit, WORKTREES_DIR};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::process::Owner;
 
 /// A worktree the sweep removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +64,7 @@ impl RepoGit {
     pub async fn sweep_stale(
         &self,
         limit: Duration,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Vec<Swept>> {
         let _guard = self.lock.lock().await;
@@ -80,11 +84,11 @@ impl RepoGit {
             let is_base = wt
                 .path
                 .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(super::base::BASE_PREFIX));
+                .is_some_and(|n| n.to_string_lossy().starts_with(BASE_PREFIX));
             if is_base && self.layers_on(&wt.path).await {
                 continue;
             }
-            match self.retire(&wt, None, limit, stop).await {
+            match self.retire(&wt, None, limit, sandbox, stop).await {
                 Ok(s) => swept.push(s),
                 Err(e) => {
                     tracing::warn!(worktree = %wt.path.display(), error = %e, "kept a dead session's worktree: its changes could not be saved or it could not be removed");
@@ -118,22 +122,16 @@ impl RepoGit {
         wt: &ListedWorktree,
         base: Option<&str>,
         limit: Duration,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Swept> {
         let record = AdminRecord::read(&wt.admin);
         let ours = wt.locked.as_deref().and_then(Owner::parse).is_some();
-        let label = match &record {
-            Some(r) if !r.session_id.is_empty() => r.session_id.clone(),
-            _ => wt
-                .path
-                .file_name()
-                .map_or("worktree".into(), |n| n.to_string_lossy().into_owned()),
-        };
         let patch = self
-            .salvage(wt, record.as_ref(), base, limit, stop, &label)
+            .salvage(wt, record.as_ref(), base, limit, sandbox, stop)
             .await?;
         if wt.clone {
-            super::repo::remove_clone(&wt.path, &wt.admin).await?;
+            remove_clone(&wt.path, &wt.admin).await?;
             return Ok(Swept {
                 path: wt.path.clone(),
                 branch: None,
@@ -181,8 +179,8 @@ impl RepoGit {
         record: Option<&AdminRecord>,
         base: Option<&str>,
         limit: Duration,
+        sandbox: &dyn Confiner,
         stop: &CancellationToken,
-        label: &str,
     ) -> Result<Option<PathBuf>> {
         if !wt.path.exists() {
             return Ok(None);
@@ -200,13 +198,13 @@ impl RepoGit {
         };
         let trust_before = patch::stat_trust_limit(taken);
         let jail = if wt.clone {
-            self.extraction_jail(&wt.path).await?
+            self.extraction_jail(sandbox, &wt.path).await?
         } else {
             None
         };
         let at = At {
             dir: &wt.path,
-            jail: jail.as_ref(),
+            jail: jail.as_deref(),
         };
         // Dropping the extraction (past the limit, or stopped) kills the git it runs.
         let patch = tokio::select! {
@@ -223,7 +221,14 @@ impl RepoGit {
         }
         let common = self.git_dir().await?;
         let transcript = record.and_then(|r| r.transcript.as_deref()).map(Path::new);
-        write_salvaged(&patch, transcript, &common, label)
+        let label = match record {
+            Some(r) if !r.session_id.is_empty() => r.session_id.clone(),
+            _ => wt
+                .path
+                .file_name()
+                .map_or("worktree".into(), |n| n.to_string_lossy().into_owned()),
+        };
+        write_salvaged(&patch, transcript, &common, &label)
             .map(Some)
             .map_err(|e| {
                 provision_error(format!(

@@ -15,21 +15,19 @@
 //! the default branch's history.
 //!
 //! It is recorded, removed and swept exactly like an Implementor's clone ([`super::record`],
-//! [`super::owner`], [`super::sweep`]); its record has no snapshot, so a sweep has no work to
+//! [`super::sweep`]); its record has no snapshot, so a sweep has no work to
 //! save and only removes it. Sandboxed sessions cannot change a view (it is mounted
 //! read-only), so every one on a commit reads the same one, kept while that commit is the tip:
 //! a later Planner or Reviewer costs no checkout at all.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 
 use tokio_util::sync::CancellationToken;
 
 use super::base::BaseShare;
-use super::command::{run_git, CommandError};
-use super::provision::cancelled;
 use super::record::SessionRecord;
-use super::repo::{lock_std, RepoGit};
+use super::repo::{cancelled, lock_std, RepoGit};
 use crate::error::Result;
 
 /// What a view is made of.
@@ -106,39 +104,5 @@ impl RepoGit {
             commit,
             share: StdMutex::new(Some(share)),
         })
-    }
-
-    /// `rev` when it is a branch of the repository (the view then has that branch checked
-    /// out, as the agent would expect); None for any other revision (a detached HEAD).
-    pub(crate) fn local_branch(&self, rev: &str) -> Option<String> {
-        let repo = git2::Repository::open(&self.root).ok()?;
-        let name = format!("refs/heads/{rev}");
-        repo.find_reference(&name).ok().map(|_| name)
-    }
-
-    /// A repository at `path` borrowing the repository's objects, its HEAD (on `branch` when
-    /// given) at `commit`, checked out. Every git here dies with the future (a stop drops it).
-    pub(crate) async fn make_view(
-        &self,
-        path: &Path,
-        commit: &str,
-        branch: Option<&str>,
-    ) -> std::result::Result<(), CommandError> {
-        self.init_borrowing(path).await?;
-        match branch {
-            Some(b) => {
-                run_git(path, &["update-ref", b, commit]).await?;
-                run_git(path, &["symbolic-ref", "HEAD", b]).await?;
-            }
-            None => {
-                run_git(path, &["update-ref", "--no-deref", "HEAD", commit]).await?;
-            }
-        }
-        run_git(
-            path,
-            &["reset", "--hard", "--no-recurse-submodules", "--quiet"],
-        )
-        .await?;
-        Ok(())
     }
 }

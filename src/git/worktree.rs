@@ -4,15 +4,15 @@
 //! provision removes it.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::base::BaseShare;
 use super::command::At;
+use super::confine::Confinement;
+use super::layer::Layer;
 use super::patch::{self, Snapshot};
-use super::repo::{lock_std, RepoGit};
+use super::repo::LiveCheckout;
 use crate::error::Result;
-use crate::sandbox::Jail;
 
 /// A provisioned worktree. Clones share state; once the last clone is dropped without
 /// [`Worktree::cleanup`], the worktree is no longer live and the next sweep saves its changes
@@ -25,10 +25,11 @@ pub struct Worktree {
     pub base_commit: String,
     /// The tree the worktree held after the setup step (what the agent started from), and when.
     pub snapshot: Snapshot,
-    /// The sandbox the adapter's git runs in here (`None` with `sandbox: false`).
-    pub(crate) jail: Option<Jail>,
-    /// A layered checkout's parts (`None`: a full clone), see [`super::base`].
-    pub layer: Option<super::base::Layer>,
+    /// The sandbox the adapter's git runs in here (`None` where there is none to be had:
+    /// [`super::RepoGit::extraction_jail`]).
+    pub(crate) jail: Option<Arc<dyn Confinement>>,
+    /// A layered checkout's parts (`None`: a full clone), see [`super::layer`].
+    pub layer: Option<Layer>,
     pub(crate) state: Arc<WorktreeState>,
 }
 
@@ -44,19 +45,9 @@ impl std::fmt::Debug for Worktree {
 }
 
 pub(crate) struct WorktreeState {
-    pub repo: Arc<RepoGit>,
-    pub path: PathBuf,
-    pub cleaned: AtomicBool,
+    checkout: LiveCheckout,
     /// The base a layered checkout is over: held while the checkout exists.
     base: tokio::sync::Mutex<Option<BaseShare>>,
-}
-
-impl Drop for WorktreeState {
-    fn drop(&mut self) {
-        if !self.cleaned.load(Ordering::SeqCst) {
-            lock_std(&self.repo.live).remove(&self.path);
-        }
-    }
 }
 
 impl Worktree {
@@ -69,7 +60,7 @@ impl Worktree {
     pub async fn extract_patch(&self) -> Result<String> {
         let at = At {
             dir: &self.path,
-            jail: self.jail.as_ref(),
+            jail: self.jail.as_deref(),
         };
         patch::agent_patch(
             at,
@@ -89,39 +80,18 @@ impl Worktree {
 }
 
 impl WorktreeState {
-    /// The state of the checkout at `path`, which [`RepoGit::record_clone`] has made live.
-    pub(crate) fn new(repo: Arc<RepoGit>, path: PathBuf) -> WorktreeState {
+    /// The state of `checkout`, holding `base` (a layered checkout's) until it is removed.
+    pub(crate) fn new(checkout: LiveCheckout, base: Option<BaseShare>) -> WorktreeState {
         WorktreeState {
-            repo,
-            path,
-            cleaned: AtomicBool::new(false),
-            base: tokio::sync::Mutex::new(None),
+            checkout,
+            base: tokio::sync::Mutex::new(base),
         }
-    }
-
-    /// The same, holding `base` until it is removed.
-    pub(crate) fn over(repo: Arc<RepoGit>, path: PathBuf, base: BaseShare) -> WorktreeState {
-        WorktreeState {
-            repo,
-            path,
-            cleaned: AtomicBool::new(false),
-            base: tokio::sync::Mutex::new(Some(base)),
-        }
-    }
-
-    /// Removes the clone (or layer, or base) and its records, once.
-    pub(crate) async fn remove_checkout(&self) -> Result<()> {
-        if !self.cleaned.load(Ordering::SeqCst) {
-            self.repo.remove_session(&self.path).await?;
-            self.cleaned.store(true, Ordering::SeqCst);
-        }
-        Ok(())
     }
 
     /// Removes the clone (or layer) and its records, once (see [`Worktree::cleanup`]), then
     /// lets go of its base.
-    pub(crate) async fn remove(&self) -> Result<()> {
-        self.remove_checkout().await?;
+    async fn remove(&self) -> Result<()> {
+        self.checkout.remove().await?;
         let base = self.base.lock().await.take();
         match base {
             Some(mut b) => b.release().await,

@@ -17,7 +17,11 @@
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
 //! never disagree) unless reading the agent's work out of its checkout is still running
 //! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).
+//!
+//! What a session needs of the adapter that starts it (config, callbacks, registry, backend) is
+//! a [`SessionHost`], which the adapter builds: the lifecycle sits below the adapter.
 
+mod host;
 mod observer;
 mod outcome;
 mod registry;
@@ -31,7 +35,6 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use crate::adapter::Adapter;
 use crate::agent_definition;
 use crate::claude::command::{self, CliArgs};
 use crate::claude::ids;
@@ -53,6 +56,7 @@ use crate::schema::semantic::Facts;
 use crate::stats::{RunStats, SessionStats};
 use crate::transcript::{self, Transcript};
 
+pub use host::SessionHost;
 use observer::Observer;
 use outcome::evaluate;
 use registry::Registration;
@@ -75,7 +79,7 @@ const EXTRACT_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// One session's state as it moves through the steps.
 pub struct Session {
-    adapter: Arc<Adapter>,
+    host: Arc<SessionHost>,
     /// The engine's id (`params.sessionID`) or a generated UUID: what `cancelAgent` takes.
     id: String,
     /// The UUID the CLI runs with (derived from `id` when that is not a UUID).
@@ -103,18 +107,18 @@ pub struct Session {
 impl Session {
     /// Validate, claim the session id (and the branch), start the time limit.
     pub fn register(
-        adapter: &Arc<Adapter>,
+        host: &Arc<SessionHost>,
         params: StartParams,
         options: StartOptions,
     ) -> Result<Session> {
-        params::validate_start_params(&params, &adapter.config().repo_root)?;
+        params::validate_start_params(&params, &host.config.repo_root)?;
         let id = options
             .session_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let stop = StopSignal::default();
-        let registration = adapter.registry().register(&id, &params, &stop)?;
-        if let Some(limit) = adapter.config().max_agent_duration {
+        let registration = host.registry.register(&id, &params, &stop)?;
+        if let Some(limit) = host.config.max_agent_duration {
             let timer = stop.clone();
             tokio::spawn(async move {
                 tokio::select! {
@@ -124,7 +128,7 @@ impl Session {
             });
         }
         Ok(Session {
-            adapter: adapter.clone(),
+            host: host.clone(),
             cli_id: ids::cli_session_uuid(&id),
             id,
             params,
@@ -136,7 +140,7 @@ impl Session {
             output: OutputBuffer::new(DEFAULT_BOUND),
             facts: Facts::Implementor,
             started: Instant::now(),
-            env: command::build_env(std::env::vars(), &adapter.config().env),
+            env: command::build_env(std::env::vars(), &host.config.env),
             unsaved: AtomicBool::new(false),
         })
     }
@@ -148,7 +152,7 @@ impl Session {
     fn log(&self, level: LogLevel, message: &str, mut data: Value) {
         data["sessionID"] = json!(self.id);
         data["role"] = json!(self.role().as_str());
-        self.adapter.log(level, message, data);
+        self.host.logger.log(level, message, data);
     }
 
     /// The error for a stop that arrived before the agent ran (`None` while not stopped).
@@ -178,7 +182,7 @@ impl Session {
     /// view of the repository, and the sandbox every role runs in. The transcript is opened
     /// first, so the checkout's record names it: a crash's sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
-        let cfg = self.adapter.config();
+        let cfg = &self.host.config;
         self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
         let session = SessionRecord {
             session_id: self.id.clone(),
@@ -211,8 +215,8 @@ impl Session {
             egress: Some(self.egress_sink()),
         };
         let provisioned = self
-            .adapter
-            .backend()
+            .host
+            .backend
             .provision(request, self.stop.token())
             .await;
         self.environment = Some(provisioned.map_err(|e| self.or_stopped(e))?);
@@ -223,7 +227,7 @@ impl Session {
         self.environment
             .as_ref()
             .map(|e| e.workdir().to_path_buf())
-            .unwrap_or_else(|| self.adapter.config().repo_root.clone())
+            .unwrap_or_else(|| self.host.config.repo_root.clone())
     }
 
     /// The environment when it holds the Implementor's checkout (whose patch is the work).
@@ -237,8 +241,8 @@ impl Session {
 
     /// Prompt, agent definition, CLI location, argv, environment and transcript.
     pub async fn assemble(&mut self) -> Result<SessionSpec> {
-        let adapter = self.adapter.clone();
-        let cfg = adapter.config();
+        let host = self.host.clone();
+        let cfg = &host.config;
         let role = self.role();
         let fetch = FetchOptions {
             concurrency: cfg.context_concurrency,
@@ -246,7 +250,7 @@ impl Session {
             cancel: self.stop.token().clone(),
         };
         let context::Assembled { prompt, facts } =
-            context::assemble(&self.params, self.adapter.deps(), &cfg.repo_root, &fetch)
+            context::assemble(&self.params, &self.host.deps, &cfg.repo_root, &fetch)
                 .await
                 .map_err(|e| self.or_stopped(e))?;
         self.facts = facts;
@@ -254,7 +258,7 @@ impl Session {
             return Err(e);
         }
         let mut definition = agent_definition::load(&cfg.repo_root, role, &cfg.context_paths)?;
-        let program = match adapter.backend().cli_program() {
+        let program = match host.backend.cli_program() {
             Some(inside) => inside,
             None => locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?,
         };
@@ -299,7 +303,7 @@ impl Session {
     /// or the transcripts. It holds with `sandbox: false` too: it needs no OS support, and that
     /// switch is for hosts without bubblewrap, not for letting agents write anywhere.
     fn write_scope(&self) -> WriteScope {
-        let cfg = self.adapter.config();
+        let cfg = &self.host.config;
         let mut scope = WriteScope::default();
         for extra in cfg.sandbox.iter().flat_map(|s| &s.allow_write) {
             scope = scope.allow(extra);
@@ -325,7 +329,7 @@ impl Session {
     /// the engine's log (they are the interesting ones).
     fn egress_sink(&self) -> EgressSink {
         let transcript = self.transcript.clone();
-        let logger = self.adapter.logger().clone();
+        let logger = self.host.logger.clone();
         let ids = json!({ "sessionID": self.id, "role": self.role().as_str() });
         Arc::new(move |a: &EgressAttempt| {
             let verdict = if a.allowed { "allowed" } else { "blocked" };
@@ -355,7 +359,7 @@ impl Session {
         let StartParams::Implementor { branch_name, .. } = &self.params else {
             return Ok(());
         };
-        let cfg = self.adapter.config();
+        let cfg = &self.host.config;
         RepoGit::for_repo(&cfg.repo_root)
             .check_own_branch(branch_name, &cfg.default_branch)
             .await
@@ -363,14 +367,12 @@ impl Session {
 
     /// Nothing is provisioned for a session that cannot be confined.
     fn check_sandbox(&self) -> Result<()> {
-        let cfg = self.adapter.config();
-        self.adapter
-            .backend()
-            .preflight(&self.env, cfg.sandbox.as_ref())
+        let cfg = &self.host.config;
+        self.host.backend.preflight(&self.env, cfg.sandbox.as_ref())
     }
 
     fn create_transcript(&self, dir: &std::path::Path) -> Arc<Transcript> {
-        let logger = self.adapter.logger().clone();
+        let logger = self.host.logger.clone();
         let sid = self.id.clone();
         let t = Transcript::create(
             dir,
@@ -390,7 +392,7 @@ impl Session {
         let observer = Arc::new(Observer {
             output: self.output.clone(),
             transcript: self.transcript.clone(),
-            logger: self.adapter.logger().clone(),
+            logger: self.host.logger.clone(),
             session_id: self.id.clone(),
             role: self.role(),
         });
@@ -418,7 +420,7 @@ impl Session {
         let running = session::start(
             exec,
             spec,
-            self.adapter.hook().clone(),
+            self.host.hook.clone(),
             observer,
             self.stop.clone(),
         )
@@ -438,7 +440,7 @@ impl Session {
     /// in the same session, up to `config.outputRetries` times.
     pub async fn supervise(&self, running: RunningSession) -> SessionEnd {
         let (role, facts) = (self.role(), &self.facts);
-        let retries = self.adapter.config().output_retries;
+        let retries = self.host.config.output_retries;
         let end = running
             .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
             .await;
@@ -498,7 +500,7 @@ impl Session {
     /// what the read ran is killed (dropping it does that). A failure marks the work unsaved:
     /// the error says where the checkout is kept.
     async fn read_work(&self, env: &dyn Environment) -> Result<String> {
-        let limit = self.adapter.config().extraction_timeout;
+        let limit = self.host.config.extraction_timeout;
         let dir = env.workdir();
         let stopped = async {
             self.stop.stopped().await;
@@ -669,11 +671,11 @@ impl Session {
 
 /// `startAgent`: the steps up to a running agent, then supervision in the background.
 pub async fn start_agent(
-    adapter: &Arc<Adapter>,
+    host: &Arc<SessionHost>,
     params: StartParams,
     options: StartOptions,
 ) -> Result<StartedSession> {
-    let session = Session::register(adapter, params, options)?;
+    let session = Session::register(host, params, options)?;
     session.log(LogLevel::Info, "starting agent session", json!({}));
     let (session, running) = session.start().await?;
     let (result_tx, result_rx) = oneshot::channel();
@@ -683,7 +685,7 @@ pub async fn start_agent(
         result: result_rx,
         log_file_path: session.transcript.as_ref().map(|t| t.path().to_path_buf()),
     };
-    let span = adapter.log_span();
+    let span = host.log_route.span();
     tokio::spawn(
         async move {
             let end = session.supervise(running).await;

@@ -17,7 +17,7 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 
 use super::credentials::{env_value, is_credential_var};
-use crate::environment::process::KillTree;
+use crate::process::tree::KillTree;
 
 /// Git settings copied from the user's global config into the generated one: identity and
 /// settings that change how text looks, never where git connects or what it runs.

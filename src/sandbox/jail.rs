@@ -1,5 +1,5 @@
 //! The bubblewrap mount plan one session (or one git command of the adapter's, see
-//! [`Jail::git`]) runs in. Built from paths that exist before the session starts and that no
+//! [`super::git_jail`]) runs in. Built from paths that exist before the session starts and that no
 //! other session's git creates or removes (a whole directory, never a file inside a shared
 //! `.git`), so concurrent sessions cannot break each other's sandbox.
 //!
@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::error::{AdapterError, ErrorCode, Result};
+#[cfg(target_os = "linux")]
+use crate::git::layer::LayerMounts;
 
 use super::toolchains::{toolchain_mounts, RoMount};
 use super::HOME_CREDENTIALS;
@@ -81,6 +83,23 @@ pub struct JailPlan {
     /// writable like any other directory of `writable`): see [`super::overlay`].
     #[cfg(target_os = "linux")]
     pub overlay: Option<super::overlay::Overlay>,
+}
+
+#[cfg(target_os = "linux")]
+impl JailPlan {
+    /// Shows a layered checkout ([`LayerMounts`]): its overlay mounted, its git dir writable,
+    /// the object stores that git dir reads through readable. The session's sandbox and the
+    /// jail of the adapter's git mount a layer alike, here.
+    pub fn mount_layer(&mut self, layer: &LayerMounts) {
+        self.overlay = Some(super::overlay::Overlay {
+            lower: layer.lower.clone(),
+            upper: layer.upper.clone(),
+            work: layer.work.clone(),
+            target: layer.target.clone(),
+        });
+        self.writable.push(layer.git_dir.clone());
+        self.readable.extend(layer.objects.iter().cloned());
+    }
 }
 
 /// A built plan: bwrap's arguments up to (not including) the `--` before the command.

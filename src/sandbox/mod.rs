@@ -5,6 +5,9 @@
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
 //! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
 //! placeholder, the relay adds the real API key or token, which is never readable inside).
+//! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
+//! ([`GitJails`]: the answer to what git, a layer below, asks of the sandbox in
+//! `crate::git::confine`).
 //!
 //! Lifecycle use: [`check_available`] before anything is provisioned (fails closed);
 //! [`SessionSandbox::start`] when the CLI is started (dropping it stops proxy and relay, and
@@ -13,9 +16,11 @@
 //! for the model than the kernel's, and the boundary that remains with `sandbox: false`.
 //! macOS keeps Claude Code's own Seatbelt sandbox (`seatbelt.rs`).
 
+mod allowlist;
 mod available;
 pub mod commands;
 mod credentials;
+mod git_jail;
 mod home;
 pub mod jail;
 #[cfg(target_os = "linux")]
@@ -29,6 +34,7 @@ mod toolchains;
 // Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
 #[cfg(any(target_os = "macos", test))]
 mod seatbelt;
+mod server;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -36,12 +42,16 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+#[cfg(target_os = "linux")]
+use crate::git::layer::LayerMounts;
 use crate::scratch::ScratchDir;
 
+pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
 pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
+pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
-pub use proxy::{DomainAllowlist, EgressAttempt, EgressProxy, EgressSink};
+pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::provider::Provider;
 pub use relay::{placeholder, ModelRelay};
@@ -87,7 +97,7 @@ pub struct SessionScope {
     pub readable: Vec<PathBuf>,
     /// The Implementor's copy-on-write checkout, mounted at its path (the `cwd`).
     #[cfg(target_os = "linux")]
-    pub overlay: Option<overlay::Overlay>,
+    pub layer: Option<LayerMounts>,
 }
 
 /// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
@@ -300,7 +310,8 @@ impl SessionSandbox {
         let commands_files = commands_prefix(&limits, gateway.sockets.path(), &mut gateway.env)?;
         #[cfg(not(target_os = "linux"))]
         let commands_files = Vec::new();
-        let jail = Jail::new(&JailPlan {
+        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+        let mut plan = JailPlan {
             cwd: scope.cwd.clone(),
             writable,
             readable,
@@ -313,8 +324,13 @@ impl SessionSandbox {
             tmpfs_size: cfg.limits.tmpfs,
             secret_files: credentials::provider_credential_files(cli_env),
             #[cfg(target_os = "linux")]
-            overlay: scope.overlay.clone(),
-        });
+            overlay: None,
+        };
+        #[cfg(target_os = "linux")]
+        if let Some(layer) = &scope.layer {
+            plan.mount_layer(layer);
+        }
+        let jail = Jail::new(&plan);
         Ok(SessionSandbox {
             jail,
             gateway,

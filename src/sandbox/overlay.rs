@@ -1,6 +1,6 @@
 //! A copy-on-write view of a directory, mounted in the namespace of the process about to run
 //! bubblewrap: overlayfs with the shared base as its lower layer and the session's own layer as
-//! its upper one (see [`crate::git::base`] for what they hold).
+//! its upper one (see [`crate::git::layer`] for what they hold).
 //!
 //! Why here and not in bwrap: bubblewrap 0.8 (Debian 12) has no `--overlay` (0.9 added it).
 //! So the child, between fork and exec, makes a user namespace (mapping only its own uid and
@@ -18,6 +18,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use crate::git::layer::remove_layer_dir;
 
 /// One overlay mount: `lower` read-only below, `upper` taking every write (`work` is
 /// overlayfs's scratch directory on the same file system), merged at `target`.
@@ -161,7 +163,7 @@ fn try_mount(dir: &Path) -> Result<(), String> {
     std::fs::create_dir(&probe)
         .map_err(|e| format!("cannot create a directory in {}: {e}", dir.display()))?;
     let result = probe_in(&probe);
-    let _ = crate::git::base::remove_layer_dir(&probe, &probe.join("w"));
+    let _ = remove_layer_dir(&probe, &probe.join("w"));
     result
 }
 
@@ -293,7 +295,7 @@ mod tests {
         let whiteout = std::fs::symlink_metadata(o.upper.join("deleted")).unwrap();
         assert!(whiteout.file_type().is_char_device());
         assert_eq!(std::fs::read_dir(&o.target).unwrap().count(), 0);
-        crate::git::base::remove_layer_dir(t.path(), &o.work).unwrap();
+        remove_layer_dir(t.path(), &o.work).unwrap();
         assert!(!t.path().exists());
     }
 }

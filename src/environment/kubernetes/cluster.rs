@@ -31,7 +31,7 @@ use crate::config::kubernetes::{is_label_value, MANAGED_BY};
 use crate::config::KubernetesConfig;
 use crate::domain::Role;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::owner::Owner;
+use crate::process::Owner;
 
 /// The value of [`MANAGED_BY`] on every pod the adapter makes: what a sweep lists by.
 pub const MANAGER: &str = "claude-runtime-adapter";

@@ -18,8 +18,11 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use http::header::HeaderValue;
 use http::Method;
 
-use super::provider::{required, ProviderRoutes};
-use super::{sources, AuthFuture, Authenticate, Route, StaticCredential};
+use super::provider_spec::{
+    required, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec, StaticCredential,
+};
+use super::route::Route;
+use super::upstream::sources;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -38,7 +41,15 @@ const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 /// The longest the credential chain may take (the instance metadata endpoint, an STS call).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
+pub(super) const BEDROCK: ProviderSpec = ProviderSpec {
+    api: "Bedrock",
+    switch: "CLAUDE_CODE_USE_BEDROCK",
+    base_url_var: "ANTHROPIC_BEDROCK_BASE_URL",
+    skip_auth_var: "CLAUDE_CODE_SKIP_BEDROCK_AUTH",
+    routes: |cli_env| Box::pin(routes(cli_env)),
+};
+
+async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
     let region = required(cli_env, &["AWS_REGION", "AWS_DEFAULT_REGION"], "Bedrock")?.to_string();
     let upstreams = match env_value(cli_env, "ANTHROPIC_BEDROCK_BASE_URL").filter(|v| !v.is_empty())
     {

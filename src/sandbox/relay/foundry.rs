@@ -11,12 +11,15 @@ use http::header::CONTENT_TYPE;
 use http::{Method, Request};
 use http_body_util::BodyExt;
 
-use super::provider::{required, ProviderRoutes};
-use super::{
-    extra_roots, full, set_credential, AuthFuture, Authenticate, Route, StaticCredential, Upstream,
+use super::provider_spec::{
+    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
+    StaticCredential,
 };
+use super::route::Route;
+use super::upstream::{extra_roots, Upstream};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
+use crate::sandbox::server::full;
 
 /// The CLI's calls (2.1.330): the Messages API under the resource's `/anthropic` base.
 const ROUTES: [Route; 2] = [
@@ -29,7 +32,15 @@ const AUTHORITY: &str = "https://login.microsoftonline.com";
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
+pub(super) const FOUNDRY: ProviderSpec = ProviderSpec {
+    api: "Foundry",
+    switch: "CLAUDE_CODE_USE_FOUNDRY",
+    base_url_var: "ANTHROPIC_FOUNDRY_BASE_URL",
+    skip_auth_var: "CLAUDE_CODE_SKIP_FOUNDRY_AUTH",
+    routes: |cli_env| Box::pin(routes(cli_env)),
+};
+
+async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
     let var = |k| env_value(cli_env, k).filter(|v| !v.trim().is_empty());
     let upstream = match var("ANTHROPIC_FOUNDRY_BASE_URL") {
         Some(base) => base.to_string(),

@@ -4,12 +4,16 @@
 //! the provider's base URL pointing at the relay and the provider's `CLAUDE_CODE_SKIP_*_AUTH`
 //! switch, so it sends its requests unsigned, and the relay authenticates them outside, where
 //! the credential is. A misconfiguration fails here, before the CLI starts.
-
-use std::sync::Arc;
+//!
+//! The providers are one table, [`PROVIDERS`], of the [`ProviderSpec`] each one's module gives.
 
 use http::header::{HeaderName, HeaderValue};
 
-use super::{bedrock, foundry, vertex, RelayPlan, Route};
+use super::bedrock::BEDROCK;
+use super::foundry::FOUNDRY;
+use super::provider_spec::{ProviderRoutes, ProviderSpec};
+use super::vertex::VERTEX;
+use super::RelayPlan;
 use crate::error::{AdapterError, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -24,36 +28,27 @@ pub enum Provider {
     Foundry,
 }
 
+/// The providers behind the relay, in the order the CLI picks among them when several are
+/// switched on.
+const PROVIDERS: [(Provider, &ProviderSpec); 3] = [
+    (Provider::Bedrock, &BEDROCK),
+    (Provider::Vertex, &VERTEX),
+    (Provider::Foundry, &FOUNDRY),
+];
+
 impl Provider {
-    /// The provider the CLI would use with `cli_env` (its own order: Bedrock, Vertex, Foundry).
+    /// The provider the CLI would use with `cli_env`.
     pub fn of(cli_env: &[(String, String)]) -> Provider {
         let on = |k| env_value(cli_env, k).is_some_and(truthy);
-        if on("CLAUDE_CODE_USE_BEDROCK") {
-            Provider::Bedrock
-        } else if on("CLAUDE_CODE_USE_VERTEX") {
-            Provider::Vertex
-        } else if on("CLAUDE_CODE_USE_FOUNDRY") {
-            Provider::Foundry
-        } else {
-            Provider::Anthropic
-        }
+        PROVIDERS
+            .iter()
+            .find(|(_, spec)| on(spec.switch))
+            .map_or(Provider::Anthropic, |(p, _)| *p)
     }
 
-    /// The CLI's variable naming the provider's base URL, and its switch that leaves the
-    /// authentication to a gateway.
-    fn inside_vars(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Provider::Anthropic => None,
-            Provider::Bedrock => Some((
-                "ANTHROPIC_BEDROCK_BASE_URL",
-                "CLAUDE_CODE_SKIP_BEDROCK_AUTH",
-            )),
-            Provider::Vertex => Some(("ANTHROPIC_VERTEX_BASE_URL", "CLAUDE_CODE_SKIP_VERTEX_AUTH")),
-            Provider::Foundry => Some((
-                "ANTHROPIC_FOUNDRY_BASE_URL",
-                "CLAUDE_CODE_SKIP_FOUNDRY_AUTH",
-            )),
-        }
+    /// Its entry in [`PROVIDERS`]; `None` for the Anthropic API.
+    fn spec(self) -> Option<&'static ProviderSpec> {
+        PROVIDERS.iter().find(|(p, _)| *p == self).map(|(_, s)| *s)
     }
 }
 
@@ -71,14 +66,6 @@ pub struct ProviderRelay {
     pub inside: Vec<(String, String)>,
 }
 
-/// A provider's part of the plan: the upstream base URLs, the routes to them, and the
-/// authentication (none for the Anthropic API, whose credential is a placeholder's secret).
-pub struct ProviderRoutes {
-    pub upstreams: Vec<String>,
-    pub routes: Vec<Route>,
-    pub auth: Arc<dyn super::Authenticate>,
-}
-
 /// The relay for `cli_env`'s provider (credentials found and checked once here), the CLI inside
 /// reaching it at `relay_url`. `substitutions` are the Anthropic credentials' placeholders.
 pub async fn provider_relay(
@@ -86,26 +73,18 @@ pub async fn provider_relay(
     relay_url: &str,
     substitutions: Vec<(String, String)>,
 ) -> Result<ProviderRelay> {
-    let provider = Provider::of(cli_env);
+    let spec = Provider::of(cli_env).spec();
     let headers = custom_headers(cli_env)?;
-    let mut plan = match provider {
-        Provider::Anthropic => RelayPlan::anthropic(&anthropic_upstream(cli_env), substitutions),
-        _ => {
+    let mut plan = match spec {
+        None => RelayPlan::anthropic(&anthropic_upstream(cli_env), substitutions),
+        Some(spec) => {
             let ProviderRoutes {
                 upstreams,
                 routes,
                 auth,
-            } = match provider {
-                Provider::Bedrock => bedrock::routes(cli_env).await?,
-                Provider::Vertex => vertex::routes(cli_env).await?,
-                _ => foundry::routes(cli_env).await?,
-            };
+            } = (spec.routes)(cli_env).await?;
             RelayPlan {
-                api: match provider {
-                    Provider::Bedrock => "Bedrock",
-                    Provider::Vertex => "Vertex AI",
-                    _ => "Foundry",
-                },
+                api: spec.api,
                 routes,
                 upstreams,
                 substitutions,
@@ -115,12 +94,11 @@ pub async fn provider_relay(
         }
     };
     plan.headers = headers;
-    let inside = provider
-        .inside_vars()
-        .map(|(base, skip)| {
+    let inside = spec
+        .map(|s| {
             vec![
-                (base.to_string(), relay_url.to_string()),
-                (skip.to_string(), "1".to_string()),
+                (s.base_url_var.to_string(), relay_url.to_string()),
+                (s.skip_auth_var.to_string(), "1".to_string()),
             ]
         })
         .unwrap_or_default();
@@ -161,23 +139,6 @@ fn custom_headers(cli_env: &[(String, String)]) -> Result<Vec<(HeaderName, Heade
             Ok((name, value))
         })
         .collect()
-}
-
-/// A required variable of `cli_env`, or `ERR_INVALID_PARAMS` naming it and what needs it.
-pub(super) fn required<'a>(
-    cli_env: &'a [(String, String)],
-    names: &[&str],
-    needed_by: &str,
-) -> Result<&'a str> {
-    names
-        .iter()
-        .find_map(|k| env_value(cli_env, k).filter(|v| !v.trim().is_empty()))
-        .ok_or_else(|| {
-            AdapterError::invalid_params(format!(
-                "{needed_by} needs {} (in config.env or the engine's environment)",
-                names.join(" or ")
-            ))
-        })
 }
 
 #[cfg(test)]

@@ -10,8 +10,10 @@ use gcp_auth::{CustomServiceAccount, TokenProvider};
 use http::header::HeaderValue;
 use http::Method;
 
-use super::provider::{required, ProviderRoutes};
-use super::{set_credential, AuthFuture, Authenticate, Route};
+use super::provider_spec::{
+    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
+};
+use super::route::Route;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::sandbox::credentials::env_value;
 
@@ -33,7 +35,15 @@ const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 /// The longest a token request may take.
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
+pub(super) const VERTEX: ProviderSpec = ProviderSpec {
+    api: "Vertex AI",
+    switch: "CLAUDE_CODE_USE_VERTEX",
+    base_url_var: "ANTHROPIC_VERTEX_BASE_URL",
+    skip_auth_var: "CLAUDE_CODE_SKIP_VERTEX_AUTH",
+    routes: |cli_env| Box::pin(routes(cli_env)),
+};
+
+async fn routes(cli_env: &[(String, String)]) -> Result<ProviderRoutes> {
     required(cli_env, &["ANTHROPIC_VERTEX_PROJECT_ID"], "Vertex AI")?;
     let region = required(cli_env, &["CLOUD_ML_REGION"], "Vertex AI")?;
     let base = env_value(cli_env, "ANTHROPIC_VERTEX_BASE_URL").filter(|v| !v.is_empty());

@@ -1,18 +1,17 @@
-//! Which process owns a checkout. The record is a `locked` file: in a clone's record dir
-//! (`<common>/claude-runtime-adapter/clones/<id>/locked`, written when the path is claimed,
-//! under the repository lock), or, for a worktree an earlier version of the adapter made, the
-//! worktree's git lock reason (`<common>/worktrees/<id>/locked`, the file `git worktree lock
-//! --reason` writes). Either lives outside the checkout's content, where no session's sandbox
-//! can write. A lock reason that is not this record (a person's `git worktree lock`, git's own
-//! placeholder) is never taken for ours: a checkout is never swept by mistake, at worst kept.
+//! Which process owns something the adapter leaves behind it: a checkout's owner record
+//! ([`crate::git::record`]), a temp dir's name ([`crate::scratch`]), a pod's annotation
+//! ([`crate::environment::kubernetes`]). An engine killed before it cleaned up (SIGKILL, a
+//! crash) leaves them, and the next adapter removes exactly those whose owner is gone, never a
+//! live one's: so the record must say unambiguously whether its process still runs.
 //!
 //! A pid alone is not enough: pids are reused, so the record also carries the process start time
 //! (field 22 of `/proc/<pid>/stat`, clock ticks since boot) and the host name (a repository on a
 //! shared file system may be used from several machines; another host's pids cannot be checked,
-//! so such owners are presumed alive).
+//! so such owners are presumed alive). A text that is not this record (a person's `git worktree
+//! lock` reason, git's own placeholder) is never taken for one: what it marks is never removed
+//! by mistake, at worst kept.
 
 use std::fmt;
-use std::path::Path;
 
 const PREFIX: &str = "claude-runtime-adapter owner";
 
@@ -57,23 +56,13 @@ impl Owner {
         }
     }
 
-    /// The text stored as the worktree's lock reason.
+    /// The record as text (a checkout's `locked` file, a pod's annotation).
     pub fn to_record(&self) -> String {
         self.to_string()
     }
 
-    /// Writes this record as the lock reason of the worktree whose admin dir is `admin`
-    /// (write to a temporary file, then rename: readers see the old reason or the new one).
-    pub(crate) fn write_lock(&self, admin: &Path) -> std::io::Result<()> {
-        let tmp = admin.join(format!("locked.tmp-{}", uuid::Uuid::new_v4()));
-        std::fs::write(&tmp, format!("{}\n", self.to_record()))?;
-        std::fs::rename(&tmp, admin.join("locked")).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-    }
-
-    /// Parses a lock reason written by [`Owner::to_record`]; None for anything else (a user's
-    /// own lock, a worktree made by another tool).
+    /// Parses a record written by [`Owner::to_record`]; None for anything else (a user's own
+    /// `git worktree lock` reason, a worktree made by another tool).
     pub fn parse(record: &str) -> Option<Owner> {
         let rest = record.trim().strip_prefix(PREFIX)?;
         let (mut pid, mut start, mut host) = (None, None, None);
