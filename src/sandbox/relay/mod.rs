@@ -268,9 +268,7 @@ impl Relay {
                 )
             }
         };
-        // The whole body: the upstream may close a pooled connection just as a request is
-        // written to it (a server's idle timeout), and such a request is sent again on a new
-        // connection; a provider's signature covers the body too.
+        // The whole body: a provider's signature covers it, and the length is fixed with it.
         let bytes = match whole_body(body).await {
             Ok(bytes) => bytes,
             Err(response) => return response,
@@ -298,20 +296,15 @@ impl Relay {
                 );
             }
         }
-        let send = |parts| {
-            upstream
-                .client
-                .request(Request::from_parts(parts, full(bytes.clone())))
-        };
-        let mut sent = send(copy_head(&parts)).await;
-        if matches!(&sent, Err(e) if !e.is_connect()) {
-            // No answer came: the connection went while the request was on its way.
-            tracing::debug!(
-                "model relay: the upstream connection closed under a request; sending it again"
-            );
-            sent = send(parts).await;
-        }
-        match sent {
+        // Sent once. A request the upstream may have received is never sent again: the API may
+        // have acted on it and billed it (a cut stream included), and the CLI decides what
+        // to retry. hyper's pool itself retries only a request it never wrote, on a pooled
+        // connection found closed (a server's idle timeout racing the next turn).
+        match upstream
+            .client
+            .request(Request::from_parts(parts, full(bytes)))
+            .await
+        {
             Ok(response) => self.masked(response),
             Err(e) => {
                 let reason = self.failure(upstream, &e);
@@ -472,16 +465,6 @@ async fn whole_body(body: Incoming) -> std::result::Result<Bytes, Response<Body>
             "the request body did not arrive in time",
         )),
     }
-}
-
-/// A copy of a request's method, URI, version and headers (`Parts` is not `Clone`).
-fn copy_head(parts: &http::request::Parts) -> http::request::Parts {
-    let mut request = Request::new(());
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
-    *request.version_mut() = parts.version;
-    *request.headers_mut() = parts.headers.clone();
-    request.into_parts().0
 }
 
 /// An error answer of the relay's own, shaped like the Anthropic API's so the CLI shows it.
@@ -670,26 +653,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_cut_off_by_the_upstream_closing_its_connection_is_sent_again_whole() {
-        // The upstream closes its first connection as a request arrives on it (a server's
-        // idle timeout racing the next turn); the second connection answers.
+    async fn a_request_the_upstream_read_whole_and_dropped_is_answered_502_and_not_sent_again() {
+        // The upstream reads the request, then closes without an answer: it may have acted on
+        // it (and billed it), so the relay must not send it again (issue 36).
         let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (tx, mut seen) = mpsc::unbounded_channel();
         let counted = connections.clone();
         let port = upstream(move |mut s| {
-            let (n, tx) = (
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
-                tx.clone(),
-            );
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
-                let request = read_request(&mut s).await;
-                if n == 0 {
-                    return;
-                }
-                tx.send(request).unwrap();
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    .await;
+                read_request(&mut s).await;
             }
         })
         .await;
@@ -702,11 +674,45 @@ mod tests {
             .as_bytes(),
         )
         .await;
-        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
-        assert!(answer.ends_with("ok"), "{answer}");
-        let (head, body) = seen.recv().await.unwrap();
-        assert_eq!(header(&head, "x-api-key"), Some(SECRET));
-        assert_eq!(body, b"{\"a\": 1}");
+        assert!(
+            answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{answer}"
+        );
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_used_for_the_next_request() {
+        // A server's idle timeout: the first turn's connection is closed between turns; the
+        // next turn goes on a new connection and is answered.
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (tx, mut seen) = mpsc::unbounded_channel();
+        let counted = connections.clone();
+        let port = upstream(move |mut s| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let tx = tx.clone();
+            async move {
+                let request = read_request(&mut s).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok",
+                    )
+                    .await;
+                tx.send(request).unwrap();
+                // Closed while idle, once the answer is out.
+            }
+        })
+        .await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        let request = format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {PH}\r\nContent-Length: 0\r\n\r\n"
+        );
+        for turn in 0..2 {
+            let answer = send(&relay.socket, request.as_bytes()).await;
+            assert!(answer.ends_with("\r\n\r\nok"), "turn {turn}: {answer}");
+            seen.recv().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
@@ -779,7 +785,7 @@ mod tests {
         let chunked = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
         let answer = send(&relay.socket, chunked).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
-        // Read whole (so it can be sent again), it goes on with its length.
+        // Read whole (a provider signs it), it goes on with its length.
         let (head, body) = seen.recv().await.unwrap();
         assert_eq!(body, b"abc");
         assert_eq!(header(&head, "content-length"), Some("3"));
