@@ -2,7 +2,9 @@
 // CLI: every request of a session passes the relay, which holds the credential and runs in the
 // engine's process.
 import { afterEach, describe, expect, it } from 'vitest';
+import { agentRuns } from './support/agent-bash.mjs';
 import { rejection, setup } from './support/harness.mjs';
+import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
 let h;
@@ -20,5 +22,44 @@ describe('the relay sends a request once', () => {
     // The CLI's own retries are off in the tests (CLAUDE_CODE_MAX_RETRIES=0): what the API saw
     // more than once, the relay sent more than once.
     expect(h.api.mainRequests()).toHaveLength(1);
+  });
+});
+
+/** Bash that opens `n` uploads to the relay (the CLI's ANTHROPIC_BASE_URL inside the sandbox),
+ * each declaring `declared` bytes, sending `sent` and then holding its connection open, all of
+ * it ended after `holdS` seconds (a write the relay does not read blocks till then). */
+const uploads = ({ n, declared, sent, holdS }) =>
+  'hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}; '
+  + `for i in $(seq ${n}); do ( exec 3<>/dev/tcp/\${hp%:*}/\${hp##*:} || exit 1; `
+  + `printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: ${declared}\\r\\n\\r\\n' >&3; `
+  + `timeout ${holdS} sh -c 'head -c ${sent} /dev/zero; sleep ${holdS}' >&3 ) >/dev/null 2>&1 & done`;
+
+describe("the relay's memory is bounded", () => {
+  it("32 uploads held open by the agent's own commands grow the engine's memory by its session's share (64 MB), not by what they send (0.9 GB)", { timeout: 120_000 }, async () => {
+    h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) } });
+    const base = process.memoryUsage.rss();
+    let peak = base;
+    const sampler = setInterval(() => {
+      peak = Math.max(peak, process.memoryUsage.rss());
+    }, 20);
+    try {
+      const { out } = await agentRuns(h, 'planner', [`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 15 })}; sleep 12; echo held`]);
+      expect(out[0]).toContain('held');
+    } finally {
+      clearInterval(sampler);
+    }
+    const grown = (peak - base) / 2 ** 20;
+    console.log(`[measure] engine RSS grew ${grown.toFixed(0)} MiB at its peak while the agent held 32 uploads of 29 MB`);
+    expect(grown).toBeLessThan(160);
+  });
+
+  it('an upload declaring more than the API takes (32 MB) is answered 413 at once, before its body is read', async () => {
+    h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) } });
+    const { out } = await agentRuns(h, 'planner', [
+      'hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}; exec 3<>/dev/tcp/${hp%:*}/${hp##*:}; '
+        + "printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 40000000\\r\\n\\r\\n' >&3; "
+        + 'timeout 10 head -n 1 <&3',
+    ]);
+    expect(out[0]).toMatch(/^HTTP\/1\.1 413 /);
   });
 });

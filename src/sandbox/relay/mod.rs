@@ -19,6 +19,7 @@
 //! reused, so a session pays one TLS handshake, not one per turn ([`upstream`]).
 
 mod bedrock;
+mod body;
 mod foundry;
 mod mask;
 pub mod provider;
@@ -29,7 +30,6 @@ mod vertex;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HOST};
@@ -38,6 +38,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 
+use self::body::BodyBudget;
 use self::mask::{find, Masker};
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
@@ -47,11 +48,6 @@ use crate::error::{AdapterError, Result};
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
 const MAX_RELAY_CONNECTIONS: usize = 64;
-/// The largest request body the relay takes (the CLI's requests are a few MiB at most: the
-/// conversation, capped by the model's context; the API's own limit is 32 MB), and how long it
-/// may take to arrive.
-const MAX_REQUEST_BODY: usize = 64 << 20;
-const BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
 /// its socket file.
@@ -150,6 +146,7 @@ impl ModelRelay {
             masks,
             auth,
             headers,
+            bodies: BodyBudget::new(),
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -184,6 +181,8 @@ struct Relay {
     masks: Arc<Vec<Vec<u8>>>,
     auth: Option<Arc<dyn Authenticate>>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// The session's share of the engine's memory for request bodies.
+    bodies: BodyBudget,
 }
 
 /// What a request header holds of the placeholders.
@@ -269,10 +268,18 @@ impl Relay {
             }
         };
         // The whole body: a provider's signature covers it, and the length is fixed with it.
-        let bytes = match whole_body(body).await {
-            Ok(bytes) => bytes,
-            Err(response) => return response,
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let body = match self.bodies.read(body, declared).await {
+            Ok(body) => body,
+            Err(refused) => {
+                tracing::warn!("model relay: refused {method} {path}: {}", refused.message);
+                return api_error(refused.status, "invalid_request_error", &refused.message);
+            }
         };
+        let bytes = body.bytes.clone();
         // What is signed is what is sent: the host and the length are fixed here.
         if let Some(host) = parts
             .uri
@@ -436,34 +443,6 @@ impl Relay {
             }
         });
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
-    }
-}
-
-/// A request's whole body (at most [`MAX_REQUEST_BODY`] bytes, within [`BODY_TIMEOUT`]), or
-/// the error answer.
-async fn whole_body(body: Incoming) -> std::result::Result<Bytes, Response<Body>> {
-    let limited = http_body_util::Limited::new(body, MAX_REQUEST_BODY);
-    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) => {
-            let too_large = e.is::<http_body_util::LengthLimitError>();
-            Err(api_error(
-                match too_large {
-                    true => StatusCode::PAYLOAD_TOO_LARGE,
-                    false => StatusCode::BAD_REQUEST,
-                },
-                "invalid_request_error",
-                &match too_large {
-                    true => format!("a request body over {MAX_REQUEST_BODY} bytes"),
-                    false => format!("the request body could not be read: {e}"),
-                },
-            ))
-        }
-        Err(_) => Err(api_error(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            "the request body did not arrive in time",
-        )),
     }
 }
 
@@ -817,6 +796,36 @@ mod tests {
             message.contains(&format!("cannot connect to 127.0.0.1:{port}")),
             "{message}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_apis_request_limit_is_refused_413_before_it_is_read() {
+        let (port, _seen) = recording_upstream().await;
+        let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
+        // Declared over 32 MB and never sent: the answer comes at once, nothing is read.
+        let mut client = UnixStream::connect(&relay.socket).await.unwrap();
+        client
+            .write_all(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 32000001\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until(&mut client, "\r\n\r\n").await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+        // Sent chunked (no length declared), it is refused once it passes the limit.
+        let mut chunked =
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..33 {
+            chunked.extend_from_slice(format!("{:x}\r\n", 1_000_000).as_bytes());
+            chunked.extend_from_slice(&vec![b'x'; 1_000_000]);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        let mut client = UnixStream::connect(&relay.socket).await.unwrap();
+        // The relay may answer and close before it has all of it.
+        let _ = client.write_all(&chunked).await;
+        let answer = read_until(&mut client, "\r\n\r\n").await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
     }
 
     #[tokio::test]
