@@ -5,12 +5,12 @@
 // behind, open nothing of the host through the clone, and run none of the clone's programs on
 // the host, not even when a `sandbox: false` adapter sweeps it later.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, existsSync, openSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
 import { engineProcess } from './support/engine-process.mjs';
-import { addon, engineState, hostGitDir, logEntry, rejection, setup, SWEPT, workOf } from './support/harness.mjs';
+import { addon, engineState, hostGitDir, logEntry, rejection, setup, SHARED_BASE, SWEPT, workOf } from './support/harness.mjs';
 
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
 const params = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
@@ -167,6 +167,32 @@ describe('nothing the agent controls is opened on the host', () => {
     for (const dir of new Set([clone, workOf(clone), hostGitDir(clone)])) expect(filesContaining(dir, content)).toEqual([]);
     expect(filesContaining(join(h.scratch, 'logs'), content)).toEqual([]);
     expect(readFileSync(secret, 'utf8')).toContain(content);
+  });
+
+  // Only a layered checkout has a host path the agent writes and the extraction's jail does not
+  // show (its layer's upper/); a full clone's FIFO would wedge the jailed git, which the
+  // extractionTimeout cases above cover.
+  (SHARED_BASE ? it : it.skip)("a non-UTF-8 patch, the agent's alternates naming a store whose own alternates is a FIFO, on the host only: the session completes with its patch, within extractionTimeout", async () => {
+    const { handle, clone } = await implementor(
+      [
+        "printf 'caf\\351\\n' > latin1.src && mkdir -p store/info && mkfifo store/info/alternates && g=$(git rev-parse --absolute-git-dir) && " +
+          'echo "$(dirname $g)/upper/store" >> $g/objects/info/alternates && echo planted',
+      ],
+      { extractionTimeout: 10 },
+    );
+    try {
+      const result = await handle.result;
+      expect(result.outcome).toBe('completed');
+      expect(result.patch).toContain('diff --git a/latin1.src b/latin1.src');
+      expect(result.patch).toContain('GIT binary patch');
+    } finally {
+      // Whatever was left blocked opening the FIFO gets end of file, so a failure ends the run.
+      try {
+        closeSync(openSync(join(workOf(clone), 'store/info/alternates'), constants.O_WRONLY | constants.O_NONBLOCK));
+      } catch {
+        // nobody was waiting on it
+      }
+    }
   });
 });
 

@@ -607,3 +607,40 @@ async fn the_agents_git_config_in_its_clone_never_runs_outside_the_sandbox_durin
 async fn random_session_where_main_rewrites_the_same_upstream_file() {
     random_session(6697906693330502820).await;
 }
+
+/// The agent's clone can name any host path as an object store it borrows. Reading a non-UTF-8
+/// file's blobs for its binary patch must not follow that on the host, outside the clone's jail
+/// and past `extractionTimeout`: here the store named holds an `info/alternates` that is a
+/// FIFO, which blocks whoever opens it. The extraction finishes, with the right patch, well
+/// within the bound; if it does not, the FIFO is unblocked so that the failure ends the test.
+#[tokio::test]
+async fn a_non_utf8_patch_is_read_without_opening_what_the_agents_alternates_name_on_the_host() {
+    let (t, root) = repo_with(&[("latin1.rs", b"caf\xe9\n")]);
+    let wt = provision(&root, "alt-fifo").await;
+    write(&wt.path, "latin1.rs", b"caf\xe9 cr\xe8me\n");
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::create_dir_all(elsewhere.join("info")).unwrap();
+    let fifo = elsewhere.join("info/alternates");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let alternates = wt.path.join(".git/objects/info/alternates");
+    let mut listed = std::fs::read(&alternates).unwrap();
+    listed.extend_from_slice(format!("{}\n", elsewhere.display()).as_bytes());
+    std::fs::write(&alternates, listed).unwrap();
+
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), wt.extract_patch()).await;
+    let Ok(patch) = read else {
+        // A reader blocked in open(2) gets end of file once a writer has come and gone.
+        let mut open = std::fs::OpenOptions::new();
+        std::os::unix::fs::OpenOptionsExt::custom_flags(open.write(true), libc::O_NONBLOCK);
+        drop(open.open(&fifo));
+        panic!("the extraction blocked on {}", fifo.display());
+    };
+    let patch = patch.unwrap();
+    assert_eq!(patch.matches("GIT binary patch").count(), 1, "{patch}");
+    assert_round_trip(&root, &wt, &patch);
+    wt.cleanup().await.unwrap();
+}

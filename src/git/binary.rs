@@ -5,22 +5,40 @@
 //! base85, exactly what `git diff --binary` prints for a binary file), built from the blobs named
 //! on its `index` line. `git apply` applies it like any binary patch, so the file still
 //! round-trips byte for byte.
+//!
+//! The blobs are read by git where the rest of the patch was made ([`At`]: the checkout's jail,
+//! within `extractionTimeout`), never by a library on the host: the agent wrote the checkout's
+//! git directory, whose `objects/info/alternates` can name any path of the host, one that blocks
+//! whoever opens it (a FIFO) or one the jail does not show.
 
-use std::path::Path;
+use std::collections::HashMap;
 
+use super::command::{run_with_input, At};
 use crate::error::{AdapterError, Result};
 
 /// Rewrites every file section of `patch` that is not valid UTF-8 as a binary patch.
-pub(crate) fn binarize_non_utf8(worktree: &Path, patch: &[u8]) -> Result<String> {
-    let repo = git2::Repository::open(worktree).map_err(|e| {
-        AdapterError::extract("cannot open the worktree to re-encode a non-UTF-8 file")
-            .with_cause(e)
-    })?;
+pub(crate) async fn binarize_non_utf8(worktree: At<'_>, patch: &[u8]) -> Result<String> {
+    let sections = split_sections(patch)
+        .into_iter()
+        .map(Section::of)
+        .collect::<Result<Vec<_>>>()?;
+    let mut wanted = Vec::new();
+    for section in &sections {
+        if let Section::NonUtf8 { old, new, .. } = section {
+            wanted.extend([old.as_str(), new.as_str()]);
+        }
+    }
+    let blobs = read_blobs(worktree, &wanted).await?;
     let mut out = String::with_capacity(patch.len() + patch.len() / 4);
-    for section in split_sections(patch) {
-        match std::str::from_utf8(section) {
-            Ok(s) => out.push_str(s),
-            Err(_) => out.push_str(&binary_section(&repo, section)?),
+    for section in &sections {
+        match section {
+            Section::Text(s) => out.push_str(s),
+            Section::NonUtf8 { header, old, new } => {
+                out.push_str(header);
+                out.push_str("GIT binary patch\n");
+                push_literal(&mut out, blob(&blobs, new)?);
+                push_literal(&mut out, blob(&blobs, old)?);
+            }
         }
     }
     Ok(out)
@@ -42,45 +60,107 @@ fn split_sections(patch: &[u8]) -> Vec<&[u8]> {
     starts.windows(2).map(|w| &patch[w[0]..w[1]]).collect()
 }
 
-/// One file's section re-emitted as `GIT binary patch`: the extended header lines are kept
-/// (`diff --git`, mode, rename, `index` lines: all ASCII), the text hunks are replaced by
-/// literal forward and reverse images of the blobs.
-fn binary_section(repo: &git2::Repository, section: &[u8]) -> Result<String> {
-    let mut header = String::new();
-    let mut oids = None;
-    for line in section.split_inclusive(|&b| b == b'\n') {
-        if line.starts_with(b"--- ") || line.starts_with(b"@@") || line.starts_with(b"Binary files")
-        {
-            break;
+/// One file's section of the patch: kept as it is, or, not being UTF-8, to be re-emitted as
+/// `GIT binary patch` from its extended header lines (`diff --git`, mode, rename, `index`
+/// lines: all ASCII) and literal forward and reverse images of the blobs its `index` line
+/// names (`old`, `new`: full hex ids, all zeros for a side that does not exist).
+enum Section<'a> {
+    Text(&'a str),
+    NonUtf8 {
+        header: String,
+        old: String,
+        new: String,
+    },
+}
+
+impl<'a> Section<'a> {
+    fn of(section: &'a [u8]) -> Result<Section<'a>> {
+        if let Ok(s) = std::str::from_utf8(section) {
+            return Ok(Section::Text(s));
         }
-        let text = std::str::from_utf8(line)
-            .map_err(|_| AdapterError::extract("a patch header line is not UTF-8"))?;
-        if let Some(rest) = text.strip_prefix("index ") {
-            let range = rest.split_whitespace().next().unwrap_or("");
-            if let Some((a, b)) = range.split_once("..") {
-                oids = Some((a.to_string(), b.to_string()));
+        let mut header = String::new();
+        let mut oids = None;
+        for line in section.split_inclusive(|&b| b == b'\n') {
+            if line.starts_with(b"--- ")
+                || line.starts_with(b"@@")
+                || line.starts_with(b"Binary files")
+            {
+                break;
+            }
+            let text = std::str::from_utf8(line)
+                .map_err(|_| AdapterError::extract("a patch header line is not UTF-8"))?;
+            if let Some(rest) = text.strip_prefix("index ") {
+                let range = rest.split_whitespace().next().unwrap_or("");
+                if let Some((a, b)) = range.split_once("..") {
+                    oids = Some((a.to_string(), b.to_string()));
+                }
+            }
+            header.push_str(text);
+        }
+        let (old, new) = oids
+            .ok_or_else(|| AdapterError::extract("a non-UTF-8 diff section has no index line"))?;
+        for oid in [&old, &new] {
+            if !oid.bytes().all(|b| b.is_ascii_hexdigit()) || ![40, 64].contains(&oid.len()) {
+                return Err(AdapterError::extract(format!(
+                    "bad object id in patch: {oid}"
+                )));
             }
         }
-        header.push_str(text);
+        Ok(Section::NonUtf8 { header, old, new })
     }
-    let (old, new) =
-        oids.ok_or_else(|| AdapterError::extract("a non-UTF-8 diff section has no index line"))?;
-    let blob = |hex: &str| -> Result<Vec<u8>> {
-        let oid = git2::Oid::from_str(hex)
-            .map_err(|e| AdapterError::extract("bad object id in patch").with_cause(e))?;
-        if oid.is_zero() {
-            return Ok(Vec::new());
-        }
-        let b = repo
-            .find_blob(oid)
-            .map_err(|e| AdapterError::extract(format!("cannot read blob {hex}")).with_cause(e))?;
-        Ok(b.content().to_vec())
-    };
-    let (old, new) = (blob(&old)?, blob(&new)?);
-    header.push_str("GIT binary patch\n");
-    push_literal(&mut header, &new);
-    push_literal(&mut header, &old);
-    Ok(header)
+}
+
+fn is_null(oid: &str) -> bool {
+    oid.bytes().all(|b| b == b'0')
+}
+
+/// A side's content, from what [`read_blobs`] read: a side that does not exist (the null id)
+/// is empty.
+fn blob<'b>(blobs: &'b HashMap<String, Vec<u8>>, oid: &str) -> Result<&'b [u8]> {
+    if is_null(oid) {
+        return Ok(&[]);
+    }
+    blobs
+        .get(oid)
+        .map(Vec::as_slice)
+        .ok_or_else(|| AdapterError::extract(format!("cannot read blob {oid}")))
+}
+
+/// The blobs `oids` name (the null id left out), in one `git cat-file --batch`: for each, a line
+/// `<oid> <type> <size>` (or `<oid> missing`), the content, a newline.
+async fn read_blobs(worktree: At<'_>, oids: &[&str]) -> Result<HashMap<String, Vec<u8>>> {
+    let mut input = Vec::new();
+    for oid in oids.iter().filter(|o| !is_null(o)) {
+        input.extend_from_slice(oid.as_bytes());
+        input.push(b'\n');
+    }
+    if input.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let out = run_with_input(
+        worktree.git(&["cat-file", "--batch"]),
+        "git cat-file --batch".into(),
+        input,
+    )
+    .await
+    .map_err(|e| {
+        AdapterError::extract("cannot read the blobs of a non-UTF-8 file").with_cause(e)
+    })?;
+    let mut blobs = HashMap::new();
+    let mut rest = out.stdout.as_slice();
+    while !rest.is_empty() {
+        let nl = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+        let line = String::from_utf8_lossy(&rest[..nl]).into_owned();
+        let bad = || AdapterError::extract(format!("cannot read blob: git cat-file said {line}"));
+        let [oid, "blob", size] = line.split(' ').collect::<Vec<_>>()[..] else {
+            return Err(bad());
+        };
+        let size: usize = size.parse().map_err(|_| bad())?;
+        let content = rest.get(nl + 1..nl + 1 + size).ok_or_else(bad)?;
+        blobs.insert(oid.to_string(), content.to_vec());
+        rest = rest.get(nl + 2 + size..).unwrap_or_default();
+    }
+    Ok(blobs)
 }
 
 /// `literal <size>` followed by the zlib stream of `data` in git's base85 lines, and a blank

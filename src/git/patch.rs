@@ -280,13 +280,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
     })?;
     match String::from_utf8(out.stdout) {
         Ok(s) => Ok(s),
-        Err(e) => {
-            let bytes = e.into_bytes();
-            let wt = worktree.dir.to_path_buf();
-            tokio::task::spawn_blocking(move || binarize_non_utf8(&wt, &bytes))
-                .await
-                .map_err(|e| AdapterError::extract(format!("patch conversion panicked: {e}")))?
-        }
+        Err(e) => binarize_non_utf8(worktree, e.as_bytes()).await,
     }
 }
 

@@ -9,6 +9,20 @@
 //! objects and has exactly one ref, `defaultBranch` at the session's commit: protocol v0
 //! upload-pack refuses any want it does not advertise, so a pod gets what that commit reaches
 //! and nothing else (no other branch, no commit made since), read-only (no receive-pack).
+//!
+//! That refusal is upload-pack's own, which the engine's git config could lift
+//! (`uploadpack.allowAnySHA1InWant`, `allowReachableSHA1InWant`, `allowTipSHA1InWant`: a pod would
+//! fetch any object of the repository by its id) or bend (`uploadpack.packObjectsHook` runs a
+//! program of that config's choosing). So upload-pack reads no config of the engine's: not the
+//! system's or the user's files, not `GIT_CONFIG_*` in the environment; and those three settings
+//! are set false on its command line, which outranks any file, the served repository's own
+//! config too (`git init` may have copied one from the engine's template directory).
+//!
+//! A pod starts one upload-pack per connection to its socket, and nothing stops it from opening
+//! hundreds. At most [`MAX_UPLOAD_PACKS`] run for a session at once; a connection beyond them is
+//! closed at once, not queued. That costs a well-behaved pod nothing: its runtime `git` fetches
+//! the history once, by one connection, and a fetch that fails leaves it working, as git does in
+//! any shallow clone, on the history that ends at the session's commit.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,6 +44,17 @@ pub const SOCKET: &str = "git.sock";
 /// everything: git, which holds its side open, would otherwise wait for it.
 pub const REMOTE_URL: &str =
     "ext::sh -c exec% socat% -% UNIX-CONNECT:${CRA_SOCKET_DIR:-/run/claude-runtime-adapter}/git.sock";
+/// How many upload-packs one session's pod may have running at once (the module docs).
+pub const MAX_UPLOAD_PACKS: usize = 2;
+/// Settings that would let upload-pack send an object it does not advertise, as `-c`.
+const WANTS_ADVERTISED_ONLY: &[&str] = &[
+    "-c",
+    "uploadpack.allowAnySHA1InWant=false",
+    "-c",
+    "uploadpack.allowReachableSHA1InWant=false",
+    "-c",
+    "uploadpack.allowTipSHA1InWant=false",
+];
 /// An idle upload-pack ends after this long (seconds): a stuck pod holds no process here.
 const UPLOAD_PACK_TIMEOUT_S: &str = "600";
 
@@ -100,26 +125,38 @@ impl Drop for HistoryServer {
 }
 
 /// Each connection: one `git upload-pack` of `served`, killed when the connection or the
-/// server ends.
+/// server ends; beyond [`MAX_UPLOAD_PACKS`] running, the connection is closed.
 async fn serve(listener: UnixListener, served: PathBuf) {
     let mut running = tokio::task::JoinSet::new();
     while let Ok((conn, _)) = listener.accept().await {
-        running.spawn(upload_pack(conn, served.clone()));
         while running.try_join_next().is_some() {}
+        if running.len() >= MAX_UPLOAD_PACKS {
+            drop(conn);
+            continue;
+        }
+        running.spawn(upload_pack(conn, served.clone()));
     }
 }
 
 async fn upload_pack(conn: UnixStream, served: PathBuf) {
-    let mut cmd = git_command(
-        &served,
-        &[
-            "upload-pack",
-            "--strict",
-            &format!("--timeout={UPLOAD_PACK_TIMEOUT_S}"),
-            // --strict: exactly this git dir (the served repository is not bare).
-            ".git",
-        ],
-    );
+    let timeout = format!("--timeout={UPLOAD_PACK_TIMEOUT_S}");
+    let args = WANTS_ADVERTISED_ONLY.iter().copied().chain([
+        "upload-pack",
+        "--strict",
+        &timeout,
+        // --strict: exactly this git dir (the served repository is not bare).
+        ".git",
+    ]);
+    let mut cmd = git_command(&served, &args.collect::<Vec<_>>());
+    // No config of the engine's (module docs): the system's and the user's files, and any the
+    // environment carries (`GIT_CONFIG_PARAMETERS`, `GIT_CONFIG_COUNT` and its keys and values).
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("GIT_CONFIG") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null");
     // Protocol v0 (no GIT_PROTOCOL): it refuses wants it did not advertise.
     cmd.env_remove("GIT_PROTOCOL")
         .stdin(Stdio::piped())

@@ -18,7 +18,7 @@
 
 pub mod cluster;
 mod devcontainer;
-mod history;
+pub mod history;
 mod image;
 mod layout;
 mod steps;
