@@ -1076,3 +1076,139 @@ async fn old_git_works() {
     wt.cleanup().await.unwrap();
     assert_eq!(branches(&root), ["main", "manual"]);
 }
+
+/// Runs the `#[ignore]`d test `helper` of this binary in a process that is not root — as
+/// `nobody` (uid and gid 65534, no groups) when this one is root — on a directory of that
+/// user's, and asserts it passed: root ignores file modes, so what an agent's `chmod 000` does
+/// to the engine's removal only shows for an engine that is not root. `setup` runs first, in
+/// that directory; what it makes there is handed to that user too.
+fn as_nobody(helper: &str, setup: impl FnOnce(&Path)) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().canonicalize().unwrap();
+    setup(&dir);
+    // SAFETY: geteuid has no preconditions.
+    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+        for p in std::iter::once(dir.clone())
+            .chain(std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()))
+        {
+            std::os::unix::fs::lchown(&p, Some(65534), Some(65534)).unwrap();
+        }
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(std::env::current_exe().unwrap());
+        c
+    } else {
+        Command::new(std::env::current_exe().unwrap())
+    };
+    let out = cmd
+        .args([helper, "--exact", "--ignored", "--nocapture"])
+        .env("CRA_NOBODY_DIR", &dir)
+        .env("HOME", &dir)
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+/// The directory [`as_nobody`] hands its helper, or `None` when run otherwise.
+fn nobody_dir() -> Option<PathBuf> {
+    std::env::var_os("CRA_NOBODY_DIR").map(PathBuf::from)
+}
+
+/// A repository like `repo()`'s in `dir`.
+fn repo_in(dir: &Path) -> PathBuf {
+    let root = dir.join("repo");
+    std::fs::create_dir(&root).unwrap();
+    git(&root, &["init", "-q", "-b", "main"]);
+    configure(&root);
+    std::fs::write(root.join("README.md"), "hello\n").unwrap();
+    git(&root, &["add", "-A"]);
+    git(&root, &["commit", "-q", "-m", "initial"]);
+    root
+}
+
+/// Makes `d/e` in `checkout` and takes every permission from `d`, as an agent can.
+fn make_unremovable(checkout: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(checkout.join("d/e")).unwrap();
+    std::fs::write(checkout.join("d/e/f"), "x\n").unwrap();
+    std::fs::set_permissions(checkout.join("d"), std::fs::Permissions::from_mode(0o000)).unwrap();
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn a_checkout_the_agent_made_unremovable_is_removed_by_a_non_root_engine_and_a_directory_it_links_to_is_untouched(
+) {
+    as_nobody(
+        "nobody_removes_a_checkout_with_a_mode_000_directory_and_a_link_outside",
+        |dir| {
+            use std::os::unix::fs::PermissionsExt;
+            // Outside the checkout, and the engine's user's (a chmod through a link would
+            // succeed): a link to it must be neither followed nor changed.
+            let outside = dir.join("outside");
+            std::fs::create_dir_all(outside.join("inner")).unwrap();
+            std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o000)).unwrap();
+        },
+    );
+}
+
+#[tokio::test]
+#[ignore = "helper run as nobody by a_checkout_the_agent_made_unremovable_is_removed_by_a_non_root_engine_and_a_directory_it_links_to_is_untouched"]
+async fn nobody_removes_a_checkout_with_a_mode_000_directory_and_a_link_outside() {
+    let Some(dir) = nobody_dir() else { return };
+    let root = repo_in(&dir);
+    let outside = dir.join("outside");
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "stuck", None).await.unwrap();
+    // Links to the directory outside, beside the locked directory and inside it.
+    std::fs::create_dir_all(wt.path.join("d/e")).unwrap();
+    std::os::unix::fs::symlink(&outside, wt.path.join("out")).unwrap();
+    std::os::unix::fs::symlink(&outside, wt.path.join("d/e/out")).unwrap();
+    make_unremovable(&wt.path);
+    wt.cleanup().await.unwrap();
+    assert!(!wt.path.exists());
+    assert_eq!(clone_records(&root), 0);
+    assert_eq!(mode(&outside), 0o000);
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        2,
+        "repo and outside"
+    );
+}
+
+#[test]
+fn a_dead_sessions_unremovable_checkout_swept_twice_has_its_work_saved_once() {
+    as_nobody("nobody_sweeps_an_unremovable_checkout_twice", |_| {});
+}
+
+#[tokio::test]
+#[ignore = "helper run as nobody by a_dead_sessions_unremovable_checkout_swept_twice_has_its_work_saved_once"]
+async fn nobody_sweeps_an_unremovable_checkout_twice() {
+    let Some(dir) = nobody_dir() else { return };
+    let root = repo_in(&dir);
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "stuck", None).await.unwrap();
+    std::fs::write(wt.path.join("feature.rs"), "pub fn feature() {}\n").unwrap();
+    make_unremovable(&wt.path);
+    let path = wt.path.clone();
+    // Dropped without cleanup: leaked, so the sweep takes it for a dead session's.
+    drop(wt);
+    for _ in 0..2 {
+        rg.sweep_stale(EXTRACTION_TIMEOUT, &GitJails, &CancellationToken::new())
+            .await
+            .unwrap();
+    }
+    let saved = salvaged(&root);
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert!(std::fs::read_to_string(&saved[0])
+        .unwrap()
+        .contains("feature.rs"));
+    assert!(!path.exists());
+    assert_eq!(clone_records(&root), 0);
+}

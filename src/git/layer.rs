@@ -153,34 +153,74 @@ impl Layer {
     }
 }
 
-/// Removes a layer's directory `dir`, whose overlayfs scratch directory is `work`: overlayfs
-/// leaves `work/work` with mode 000, which an unprivileged owner cannot list (so cannot empty)
-/// until it is made accessible again.
-pub fn remove_layer_dir(dir: &Path, work: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    if let Ok(entries) = std::fs::read_dir(work) {
-        use std::os::unix::fs::PermissionsExt;
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o700));
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = work;
-    match std::fs::remove_dir_all(dir) {
+/// Removes a directory tree the adapter made — a layer, a clone, a base; nothing there is
+/// success. An agent can make its checkout unremovable for a non-root engine (`mkdir -p d/e &&
+/// chmod 000 d`: `d` can be neither listed nor emptied), as overlayfs does with `work/work`;
+/// then the removal failed, the record stayed and every later sweep tried again. So when
+/// removing fails, the owner gets its permissions back on every directory inside
+/// ([`restore_owner_access`]) and the removal is tried once more.
+pub fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let remove = || match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    };
+    remove().or_else(|_| {
+        #[cfg(unix)]
+        restore_owner_access(dir);
+        remove()
+    })
+}
+
+/// Gives the owner read, write and search permission on `root` and every directory below it.
+/// Directories are found by lstat and changed without following a symlink (a link in the
+/// checkout to a directory outside is neither entered nor changed): only what lies inside the
+/// tree is touched. Nothing of the agent runs by then (its sandbox is gone), so nothing swaps
+/// a directory for a link between the two. Best effort: the removal that follows reports what
+/// still fails.
+#[cfg(unix)]
+fn restore_owner_access(root: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.file_type().is_dir() {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o700 != 0o700 {
+            let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+                continue;
+            };
+            // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+            unsafe {
+                libc::fchmodat(
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    (mode | 0o700) as libc::mode_t,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                );
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        // The entry's own type (no stat through a link): a symlink is never a directory here.
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
     }
 }
 
 /// Removes the layer a clone record names, if any (a session's cleanup, a rollback, a sweep).
 pub(crate) fn remove_recorded_layer(record: Option<&AdminRecord>) -> std::io::Result<()> {
     match record.and_then(|r| r.layer.as_ref()) {
-        Some(l) => {
-            let layer = Layer::from_record(l);
-            remove_layer_dir(&layer.dir, &layer.work())
-        }
+        Some(l) => remove_tree(&Layer::from_record(l).dir),
         None => Ok(()),
     }
 }

@@ -17,7 +17,8 @@
 //! { "sessionId": "…", "branch": "feat/x", "baseCommit": "<hex>",
 //!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null,
 //!   "snapshotTaken": <unix seconds> | null, "path": "<clone>",
-//!   "layer": { "base": "<base dir>", "dir": "<layer dir>" } | absent }
+//!   "layer": { "base": "<base dir>", "dir": "<layer dir>" } | absent,
+//!   "salvaged": "<patch file>" | absent }
 //! ```
 //!
 //! Written when the path is claimed and before the owner record (so every clone that
@@ -73,6 +74,11 @@ pub(crate) struct AdminRecord {
     /// own directory (its writes and its git dir).
     #[serde(default)]
     pub layer: Option<LayerRecord>,
+    /// Where a sweep saved the work of the dead session (`super::sweep`): a later sweep that
+    /// finds the checkout still there (its removal failed) removes it without saving the same
+    /// work again.
+    #[serde(default)]
+    pub salvaged: Option<String>,
 }
 
 /// Where a layered checkout's parts are (see [`super::base`]).
@@ -98,6 +104,7 @@ impl AdminRecord {
             snapshot_taken: None,
             path: None,
             layer: None,
+            salvaged: None,
         }
     }
 

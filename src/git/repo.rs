@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
 use super::command::{run_git, run_git_retrying, CommandError};
 use super::confine::{CloneMounts, Confinement, Confiner};
-use super::layer::{remove_recorded_layer, Layer};
+use super::layer::{remove_recorded_layer, remove_tree, Layer};
 use super::list::{self, object_dirs, ListedWorktree};
 use super::record::{write_owner, AdminRecord};
 use crate::error::{AdapterError, ErrorCode, Result};
@@ -224,7 +224,7 @@ impl RepoGit {
         if let Err(git_err) = run_git_retrying(&self.root, &args).await {
             if path.exists() {
                 let p = path.to_path_buf();
-                let rm = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&p))
+                let rm = tokio::task::spawn_blocking(move || remove_tree(&p))
                     .await
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 if let Err(io) = rm {
@@ -468,10 +468,7 @@ pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
 pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
     let (p, r) = (path.to_path_buf(), record_dir.to_path_buf());
     let removed = tokio::task::spawn_blocking(move || {
-        match std::fs::remove_dir_all(&p) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        remove_tree(&p)?;
         remove_recorded_layer(AdminRecord::read(&r).as_ref())?;
         match std::fs::remove_dir_all(&r) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),

@@ -27,7 +27,11 @@
 //! swept before the base it is over; a base goes only once no layer's record names it.
 //!
 //! If saving fails the checkout is kept (and the failure logged) for the next sweep. A session
-//! that died before its agent started (no snapshot yet) has nothing to save.
+//! that died before its agent started (no snapshot yet) has nothing to save. Once saved, the
+//! session record notes where (`salvaged`), so a checkout whose removal then fails is removed
+//! by a later sweep without its work being saved twice; removal itself first gives the owner
+//! its permissions back on every directory inside (an agent's `chmod 000`,
+//! [`super::layer::remove_tree`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -127,9 +131,18 @@ impl RepoGit {
     ) -> Result<Swept> {
         let record = AdminRecord::read(&wt.admin);
         let ours = wt.locked.as_deref().and_then(Owner::parse).is_some();
-        let patch = self
-            .salvage(wt, record.as_ref(), base, limit, sandbox, stop)
-            .await?;
+        let patch = match record.as_ref().and_then(|r| r.salvaged.as_deref()) {
+            // An earlier sweep saved it and then failed to remove it; its owner is dead, so
+            // nothing has changed since.
+            Some(saved) => Some(PathBuf::from(saved)),
+            None => {
+                let patch = self
+                    .salvage(wt, record.as_ref(), base, limit, sandbox, stop)
+                    .await?;
+                note_salvaged(&wt.admin, record.as_ref(), patch.as_deref());
+                patch
+            }
+        };
         if wt.clone {
             remove_clone(&wt.path, &wt.admin).await?;
             return Ok(Swept {
@@ -256,6 +269,22 @@ impl RepoGit {
             }
             Err(_) => "HEAD".into(),
         }
+    }
+}
+
+/// Notes in the checkout's session record (if it has one) where its work was saved, so that a
+/// removal failing after it does not make the next sweep save the same work again. A record
+/// that cannot be written is logged: the work is then saved once more, never lost.
+fn note_salvaged(admin: &Path, record: Option<&AdminRecord>, patch: Option<&Path>) {
+    let (Some(record), Some(patch)) = (record, patch.and_then(Path::to_str)) else {
+        return;
+    };
+    let noted = AdminRecord {
+        salvaged: Some(patch.to_string()),
+        ..record.clone()
+    };
+    if let Err(e) = noted.write(admin) {
+        tracing::warn!(record = %admin.display(), error = %e, "could not note in a swept checkout's record where its work was saved");
     }
 }
 

@@ -19,10 +19,12 @@
 //!    ([`super::toolchains`]), what the session must read (the repository view for a Planner or
 //!    Reviewer, the shared object store for an Implementor, the CLI itself,
 //!    `sandbox.allowRead`);
-//! 5. credential stores that fall inside a read-only tree are covered with empty ones;
-//! 6. read-write: the Implementor's clone and `sandbox.allowWrite`;
-//! 7. read-only: the directory holding the sockets of the adapter's egress proxy and model
+//! 5. read-write: the Implementor's clone and `sandbox.allowWrite`;
+//! 6. read-only: the directory holding the sockets of the adapter's egress proxy and model
 //!    relay (connecting needs no write access; nobody inside may plant or replace a socket);
+//! 7. credential stores and key files that any of these binds would show are covered with
+//!    empty ones — after every bind, so no bind lays the host's file over a cover again, and
+//!    compared with the binds resolved through symlinks ([`covers`]);
 //! 8. the sandbox's own root read-only.
 
 use std::ffi::{OsStr, OsString};
@@ -161,40 +163,20 @@ impl Jail {
                 a.tmpfs(size, dir.as_os_str());
             }
         }
-        let mut readable: Vec<PathBuf> = Vec::new();
+        // What the read-only binds show: (host path, path inside).
+        let mut readable: Vec<(PathBuf, PathBuf)> = Vec::new();
         for RoMount { src, dest } in
             toolchain_mounts(plan.path_env.as_deref(), plan.home.as_deref(), SYSTEM_DIRS)
         {
             a.pair("--ro-bind-try", src.as_os_str(), dest.as_os_str());
-            readable.push(dest);
+            readable.push((src, dest));
         }
         for p in &plan.readable {
             a.pair("--ro-bind-try", p.as_os_str(), p.as_os_str());
-            readable.push(p.clone());
+            readable.push((p.clone(), p.clone()));
         }
         for (src, dest) in &plan.home_files {
             a.pair("--ro-bind", src.as_os_str(), dest.as_os_str());
-        }
-        let visible: Vec<PathBuf> = SYSTEM_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .chain(readable.iter().cloned())
-            .chain(plan.writable.iter().cloned())
-            .collect();
-        let secret_files = plan
-            .secret_files
-            .iter()
-            .filter(|f| f.is_absolute() && f.exists() && visible.iter().any(|v| f.starts_with(v)))
-            .cloned();
-        for store in credential_stores_within(&readable, plan.home.as_deref())
-            .into_iter()
-            .chain(secret_files)
-        {
-            if store.is_dir() {
-                a.tmpfs(size, store.as_os_str());
-            } else {
-                a.pair("--ro-bind", OsStr::new("/dev/null"), store.as_os_str());
-            }
         }
         for p in &plan.writable {
             a.pair("--bind", p.as_os_str(), p.as_os_str());
@@ -206,6 +188,32 @@ impl Jail {
                     "--bind",
                     host.as_os_str(),
                     Path::new(SOCKET_DIR).join(name).as_os_str(),
+                );
+            }
+        }
+        // Last of all the binds: a bind made after a cover would lay the host's file over it
+        // again (a key file inside an allowWrite directory was readable and writable).
+        // A system dir that is a symlink (merged /usr) shows what its target's bind shows.
+        let shown = SYSTEM_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| std::fs::read_link(p).is_err())
+            .chain(plan.writable.iter().cloned())
+            .map(|p| (p.clone(), p))
+            .chain(readable);
+        let stores = plan
+            .home
+            .iter()
+            .flat_map(|h| HOME_CREDENTIALS.iter().map(move |c| h.join(c)))
+            .chain(plan.secret_files.iter().cloned());
+        for cover in covers(shown, stores) {
+            if cover.is_dir {
+                a.tmpfs(size, cover.inside.as_os_str());
+            } else {
+                a.pair(
+                    "--ro-bind",
+                    OsStr::new("/dev/null"),
+                    cover.inside.as_os_str(),
                 );
             }
         }
@@ -274,14 +282,50 @@ impl Args {
     }
 }
 
-/// The home directory's credential stores that lie inside a read-only tree of the plan.
-fn credential_stores_within(readable: &[PathBuf], home: Option<&Path>) -> Vec<PathBuf> {
-    let Some(home) = home else { return Vec::new() };
-    HOME_CREDENTIALS
-        .iter()
-        .map(|c| home.join(c))
-        .filter(|p| p.exists() && readable.iter().any(|r| p.starts_with(r)))
-        .collect()
+/// A credential store or key file as the sandbox would show it, to be covered.
+#[derive(Debug, PartialEq, Eq)]
+struct Cover {
+    /// Where the sandbox shows it.
+    inside: PathBuf,
+    /// Covered with an empty directory (else with an empty file).
+    is_dir: bool,
+}
+
+/// Where the sandbox would show any of `stores` (credential stores and key files, existing or
+/// not) through the binds `shown` ((host path, path inside)). Both sides are compared resolved
+/// through symlinks, as the kernel resolves them: a key file named through a link outside
+/// every bind, or a bind whose path holds a link, shows the file where it really is. A bind of
+/// a directory inside a store (`~/.aws/sso`) is covered whole.
+fn covers(
+    shown: impl Iterator<Item = (PathBuf, PathBuf)>,
+    stores: impl Iterator<Item = PathBuf>,
+) -> Vec<Cover> {
+    let stores: Vec<PathBuf> = stores.filter_map(|s| s.canonicalize().ok()).collect();
+    let mut covers: Vec<Cover> = Vec::new();
+    for (host, inside) in shown {
+        let Ok(host) = host.canonicalize() else {
+            continue;
+        };
+        for store in &stores {
+            let cover = if let Ok(rest) = store.strip_prefix(&host) {
+                Cover {
+                    inside: inside.join(rest),
+                    is_dir: store.is_dir(),
+                }
+            } else if host.starts_with(store) {
+                Cover {
+                    inside: inside.clone(),
+                    is_dir: host.is_dir(),
+                }
+            } else {
+                continue;
+            };
+            if !covers.contains(&cover) {
+                covers.push(cover);
+            }
+        }
+    }
+    covers
 }
 
 /// A check that `bwrap` can build a sandbox here (namespaces allowed, the kernel
@@ -422,6 +466,49 @@ mod tests {
         assert_eq!(args[at - 1], "/dev/null");
         // ~/.ssh is not inside anything readable: the private home already lacks it.
         assert!(!args.contains(&home.join(".ssh").display().to_string()));
+    }
+
+    /// A key file in a writable directory, named through a symlink outside it, and a credential
+    /// store of the home inside a writable tree: covered after the writable binds, where the
+    /// sandbox shows them.
+    #[cfg(unix)]
+    #[test]
+    fn key_files_and_stores_inside_writable_trees_are_covered_after_the_binds_where_they_really_are(
+    ) {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().canonicalize().unwrap();
+        let (rw, links, home) = (top.join("rw"), top.join("links"), top.join("rw/home"));
+        std::fs::create_dir_all(home.join(".aws")).unwrap();
+        std::fs::create_dir_all(&links).unwrap();
+        std::fs::write(rw.join("key.json"), "key").unwrap();
+        std::os::unix::fs::symlink(rw.join("key.json"), links.join("key.json")).unwrap();
+        // allowWrite itself named through a link.
+        std::os::unix::fs::symlink(&rw, top.join("rw-link")).unwrap();
+        let args: Vec<String> = Jail::new(&JailPlan {
+            cwd: top.clone(),
+            home: Some(home.clone()),
+            writable: vec![top.join("rw-link")],
+            secret_files: vec![links.join("key.json")],
+            ..JailPlan::default()
+        })
+        .args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+        let at = |w: [&str; 2]| {
+            args.windows(2)
+                .position(|p| p == w)
+                .unwrap_or_else(|| panic!("{w:?} in {args:?}"))
+        };
+        let s = |p: PathBuf| p.display().to_string();
+        let bind = at(["--bind", &s(top.join("rw-link"))]);
+        let key = at(["/dev/null", &s(top.join("rw-link/key.json"))]);
+        let store = at(["--tmpfs", &s(top.join("rw-link/home/.aws"))]);
+        assert!(bind < key && bind < store, "{args:?}");
+        assert!(
+            !args.contains(&s(links.join("key.json"))),
+            "the link is not shown"
+        );
     }
 
     /// Every tmpfs the plan makes is sized, /dev/shm included, and bwrap's /dev tmpfs takes no

@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::git::layer::remove_layer_dir;
+use crate::git::layer::remove_tree;
 
 /// One overlay mount: `lower` read-only below, `upper` taking every write (`work` is
 /// overlayfs's scratch directory on the same file system), merged at `target`.
@@ -163,7 +163,7 @@ fn try_mount(dir: &Path) -> Result<(), String> {
     std::fs::create_dir(&probe)
         .map_err(|e| format!("cannot create a directory in {}: {e}", dir.display()))?;
     let result = probe_in(&probe);
-    let _ = remove_layer_dir(&probe, &probe.join("w"));
+    let _ = remove_tree(&probe);
     result
 }
 
@@ -295,7 +295,7 @@ mod tests {
         let whiteout = std::fs::symlink_metadata(o.upper.join("deleted")).unwrap();
         assert!(whiteout.file_type().is_char_device());
         assert_eq!(std::fs::read_dir(&o.target).unwrap().count(), 0);
-        remove_layer_dir(t.path(), &o.work).unwrap();
+        remove_tree(t.path()).unwrap();
         assert!(!t.path().exists());
     }
 }
