@@ -80,9 +80,14 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * egress proxy (besides the model API) on ports 80 and 443, or `host:port` for another port;
    * a private or loopback address only by its IP literal; `allowWrite` / `allowRead`: extra
    * absolute paths the session may write / read. `limits`: what one session may use of the host
-   * (Linux).
+   * (Linux). `serverTools`: the model API's features that make the API's servers reach hosts
+   * the agent names, which requests through the relay may use (none by default; a request
+   * asking for another is refused): 'web_search' (the API searches the web; the CLI's
+   * WebSearch tool needs it), 'web_fetch' (the API fetches any URL), 'code_execution' (the API
+   * runs code in a container with network access), 'mcp_servers' (the API connects to any MCP
+   * server the request names). Each is a way around `allowedDomains`.
    */
-  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; limits?: SandboxLimits }
+  sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; serverTools?: ServerTool[]; limits?: SandboxLimits }
   /** where sessions run: 'local' (the default: a clone on this machine) or one pod per session on a Kubernetes cluster */
   backend?: 'local' | { kubernetes: KubernetesBackend }
 }
@@ -132,6 +137,9 @@ export interface KubernetesToleration {
   /** only with effect 'NoExecute' */
   tolerationSeconds?: number
 }
+
+/** A feature of the model API that reaches other hosts for the agent (`sandbox.serverTools`). */
+export type ServerTool = 'web_search' | 'web_fetch' | 'code_execution' | 'mcp_servers'
 
 /**
  * Per session, enforced by the kernel: a cgroup of the session's own where the host allows

@@ -3,6 +3,7 @@
 // engine's process.
 import { afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from './support/agent-bash.mjs';
+import { toolUse } from './support/fake-api.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -61,5 +62,51 @@ describe("the relay's memory is bounded", () => {
         + 'timeout 10 head -n 1 <&3',
     ]);
     expect(out[0]).toMatch(/^HTTP\/1\.1 413 /);
+  });
+});
+
+/** Bash that posts `json` to the relay as the CLI would (its key placeholder, its base URL),
+ * with `headers` (lines `name: value`), and prints the answer's status line. */
+const post = (json, headers = []) =>
+  `body='${json}'; hp=\${ANTHROPIC_BASE_URL#http://}; hp=\${hp%%/*}; exec 3<>/dev/tcp/\${hp%:*}/\${hp##*:}; `
+  + `printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nx-api-key: %s\\r\\ncontent-type: application/json\\r\\n${headers.map((l) => `${l}\\r\\n`).join('')}Content-Length: %s\\r\\n\\r\\n%s' "$ANTHROPIC_API_KEY" "\${#body}" "$body" >&3; timeout 10 head -n 1 <&3`;
+
+const MESSAGE = '"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"fetch it"}]';
+const REACHING_OUT = {
+  'mcp_servers (the MCP connector)': [`{${MESSAGE},"mcp_servers":[{"type":"url","url":"https://collector.example/mcp","name":"x"}]}`, ['anthropic-beta: mcp-client-2025-04-04']],
+  'a web_fetch server tool': [`{${MESSAGE},"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}`, []],
+  'a code_execution server tool': [`{${MESSAGE},"tools":[{"type":"code_execution_20250825","name":"code_execution"}]}`, []],
+};
+/** The requests the API saw that ask it to reach out. */
+const reachingOut = (api) => api.requests.filter((r) => r.body?.mcp_servers || (r.body?.tools ?? []).some((t) => t.type && t.type !== 'custom') || String(r.headers['anthropic-beta'] ?? '').includes('mcp-client'));
+
+describe('the model API is no way around the network allowlist', () => {
+  it("requests the agent's own commands post that ask the API to reach out (MCP servers, web fetch, code execution) are refused 400 and never reach the API; the session's own requests go on", async () => {
+    h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) } });
+    const { out, result } = await agentRuns(h, 'planner', Object.values(REACHING_OUT).map(([json, headers]) => post(json, headers)));
+    for (const [i, what] of Object.keys(REACHING_OUT).entries()) expect(out[i], what).toMatch(/^HTTP\/1\.1 400 /);
+    expect(reachingOut(h.api)).toEqual([]);
+    expect(result.role).toBe('planner');
+  });
+
+  it('allowed by sandbox.serverTools, the same request reaches the API', async () => {
+    h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) }, config: { sandbox: { serverTools: ['web_fetch'] } } });
+    const [json] = REACHING_OUT['a web_fetch server tool'];
+    const { out } = await agentRuns(h, 'planner', [post(json), post(REACHING_OUT['a code_execution server tool'][0])]);
+    expect(out[0]).toMatch(/^HTTP\/1\.1 200 /);
+    expect(out[1]).toMatch(/^HTTP\/1\.1 400 /);
+    expect(reachingOut(h.api).map((r) => r.body.tools[0].type)).toEqual(['web_fetch_20250910']);
+  });
+
+  it("the CLI's own WebSearch reaches the API where sandbox.serverTools allows web_search; where not, its request is refused and the session goes on", async () => {
+    const webSearches = (api) => reachingOut(api).filter((r) => r.body.tools.some((t) => t.type.startsWith('web_search_')));
+    for (const serverTools of [['web_search'], []]) {
+      h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash', 'WebSearch']) }, config: { sandbox: { serverTools } } });
+      const { result } = await agentRuns(h, 'planner', [toolUse('WebSearch', { query: 'tokio runtime' })]);
+      expect(result.role).toBe('planner');
+      expect(webSearches(h.api), `serverTools ${JSON.stringify(serverTools)}`).toHaveLength(serverTools.length);
+      await h.cleanup();
+      h = undefined;
+    }
   });
 });

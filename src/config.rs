@@ -81,6 +81,42 @@ pub struct SandboxConfig {
     pub allow_read: Vec<PathBuf>,
     /// What one session may use of the host (`sandbox.limits`).
     pub limits: Limits,
+    /// Features of the model API that reach out on the agent's behalf, allowed through the
+    /// relay (`sandbox.serverTools`); none by default.
+    pub server_tools: Vec<ServerTool>,
+}
+
+/// A feature of the model API that makes the API's servers contact other hosts, for the agent:
+/// what `sandbox.serverTools` may allow. Each opens a way past the egress allowlist, to any
+/// host the agent names, carrying any data it puts in the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerTool {
+    /// `web_search`: the API searches the web (the CLI's WebSearch tool).
+    WebSearch,
+    /// `web_fetch`: the API fetches any URL.
+    WebFetch,
+    /// `code_execution`: the API runs code in a container of its own, with network access.
+    CodeExecution,
+    /// `mcp_servers`: the API connects to the MCP servers the request names (the MCP connector).
+    McpServers,
+}
+
+impl ServerTool {
+    /// Every value, with its name in `sandbox.serverTools`.
+    pub const ALL: [(&'static str, ServerTool); 4] = [
+        ("web_search", ServerTool::WebSearch),
+        ("web_fetch", ServerTool::WebFetch),
+        ("code_execution", ServerTool::CodeExecution),
+        ("mcp_servers", ServerTool::McpServers),
+    ];
+
+    /// Its name in `sandbox.serverTools`.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, t)| *t == self)
+            .map_or("", |(n, _)| n)
+    }
 }
 
 /// `config.sandbox.limits`: per session, enforced by the kernel; `None` = no limit (`0`).
@@ -530,7 +566,7 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
         Some(_) => {
             problems.add(
                 "sandbox",
-                "must be false or an object { allowedDomains?, allowWrite?, allowRead?, limits? }",
+                "must be false or an object { allowedDomains?, allowWrite?, allowRead?, serverTools?, limits? }",
             );
             return None;
         }
@@ -554,6 +590,24 @@ fn sandbox(v: Option<&Value>, problems: &mut Problems) -> Option<SandboxConfig> 
     }
     cfg.allow_write = absolute_paths(&mut r, "allowWrite");
     cfg.allow_read = absolute_paths(&mut r, "allowRead");
+    if obj.get("serverTools").is_some_and(|v| !v.is_null()) {
+        for (i, name) in r
+            .strings("sandbox.serverTools", obj.get("serverTools"))
+            .into_iter()
+            .enumerate()
+        {
+            match ServerTool::ALL.iter().find(|(n, _)| *n == name) {
+                Some((_, tool)) => cfg.server_tools.push(*tool),
+                None => r.problems.add(
+                    &format!("sandbox.serverTools[{i}]"),
+                    format!(
+                        "must be one of {} (got {name:?})",
+                        ServerTool::ALL.map(|(n, _)| n).join(", ")
+                    ),
+                ),
+            }
+        }
+    }
     cfg.limits = limits(obj.get("limits"), r.problems);
     Some(cfg)
 }
@@ -647,6 +701,24 @@ mod tests {
         for bad in ["h:0", "h:65536", "h:x", "h:", ":80", "h:80:80", "[::1]:80"] {
             assert!(!is_domain_pattern(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn sandbox_server_tools_are_none_by_default_and_each_unknown_one_is_named() {
+        let mut problems = Problems::default();
+        let none = sandbox(Some(&serde_json::json!({})), &mut problems).unwrap();
+        assert!(none.server_tools.is_empty());
+        let v = serde_json::json!({ "serverTools": ["web_search", "mcp_servers", "browser"] });
+        let cfg = sandbox(Some(&v), &mut problems).unwrap();
+        assert_eq!(
+            cfg.server_tools,
+            vec![ServerTool::WebSearch, ServerTool::McpServers]
+        );
+        let msg = problems.into_error().message;
+        assert!(
+            msg.contains("config.sandbox.serverTools[2] must be one of web_search, web_fetch, code_execution, mcp_servers (got \"browser\")"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -185,7 +185,7 @@ const fullConfig: ClaudeAdapterConfig = {
   contextCallbackTimeout: 0.2,
   hookTimeout: 30,
   outputRetries: 2,
-  sandbox: { allowedDomains: ['registry.npmjs.org'], allowWrite: ['/tmp/cache'], allowRead: ['/opt/shared-specs'] },
+  sandbox: { allowedDomains: ['registry.npmjs.org'], allowWrite: ['/tmp/cache'], allowRead: ['/opt/shared-specs'], serverTools: ['web_search'] },
 };
 const unsandboxed: ClaudeAdapterConfig = { ...config, sandbox: false };
 const defaultSandbox: ClaudeAdapterConfig = { ...config, sandbox: {} };

@@ -123,11 +123,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the proxy (allowing `allowed_domains` and the model API's host) and the relay.
-    /// `cli_env` is the CLI's environment as the adapter built it (credentials included); the
-    /// git identity is the user's global one, or as it applies in `identity_repo` when given.
+    /// Starts the proxy (allowing the sandbox's `allowed_domains` and the model API's host) and
+    /// the relay (forwarding the features that reach out which its `server_tools` allow; any,
+    /// without a sandbox). `cli_env` is the CLI's environment as the adapter built it
+    /// (credentials included); the git identity is the user's global one, or as it applies in
+    /// `identity_repo` when given.
     pub async fn start(
-        allowed_domains: &[String],
+        sandbox: Option<&SandboxConfig>,
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
         identity_repo: Option<&Path>,
@@ -145,7 +147,7 @@ impl Gateway {
         // The Anthropic API's host is reachable on its port (the CLI's own API traffic takes
         // the relay; this is for its other requests there). A provider's is not: the CLI
         // reaches it only through the relay.
-        let mut allow = DomainAllowlist::new(allowed_domains);
+        let mut allow = DomainAllowlist::new(sandbox.map_or(&[], |s| s.allowed_domains.as_slice()));
         if provider == Provider::Anthropic {
             if let Some((host, port)) = url_endpoint(&relay::provider::anthropic_upstream(cli_env))
             {
@@ -153,7 +155,9 @@ impl Gateway {
             }
         }
         let proxy = EgressProxy::start(allow, sink, &sockets.path().join(EGRESS_SOCKET)).await?;
-        let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan.plan).await?;
+        let mut plan = plan.plan;
+        plan.server_tools = sandbox.map(|s| s.server_tools.clone());
+        let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         Ok(Gateway {
             env,
             _proxy: proxy,
@@ -268,10 +272,10 @@ impl SessionSandbox {
         cli_env: &[(String, String)],
         sink: Option<EgressSink>,
     ) -> Result<SessionSandbox> {
-        let (mut gateway, profile_path) = tokio::try_join!(
-            Gateway::start(&cfg.allowed_domains, cli_env, sink, None),
-            async { Ok(home::profile_path(cli_env).await) }
-        )?;
+        let (mut gateway, profile_path) =
+            tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None), async {
+                Ok(home::profile_path(cli_env).await)
+            })?;
         let cli_path = credentials::env_value(cli_env, "PATH");
         let path = home::merged_path(cli_path, profile_path.as_deref());
         gateway.env.retain(|(k, _)| k != "PATH");

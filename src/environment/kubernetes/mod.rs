@@ -179,12 +179,13 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         "/",
     )
     .await?;
-    let allowed: &[String] = req
-        .sandbox
-        .as_ref()
-        .map_or(&[], |s| s.allowed_domains.as_slice());
-    let gateway =
-        Gateway::start(allowed, &req.env, req.egress.clone(), Some(&req.repo_root)).await?;
+    let gateway = Gateway::start(
+        req.sandbox.as_ref(),
+        &req.env,
+        req.egress.clone(),
+        Some(&req.repo_root),
+    )
+    .await?;
     for (name, engine_side) in gateway.sockets() {
         shell
             .listen(&format!("{SOCKETS}/{name}"), engine_side)

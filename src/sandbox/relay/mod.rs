@@ -24,6 +24,7 @@ mod foundry;
 mod mask;
 pub mod provider;
 mod provider_spec;
+mod reach;
 mod route;
 mod upstream;
 mod vertex;
@@ -44,6 +45,7 @@ use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
 use self::upstream::{extra_roots, sources, BoxError, Upstream};
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
+use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
@@ -67,6 +69,9 @@ pub struct RelayPlan {
     pub substitutions: Vec<(String, String)>,
     pub auth: Option<Arc<dyn Authenticate>>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The API's features that reach out on the agent's behalf which requests may use
+    /// (`sandbox.serverTools`); `None`: any (a session without a sandbox).
+    pub server_tools: Option<Vec<ServerTool>>,
 }
 
 impl RelayPlan {
@@ -82,6 +87,7 @@ impl RelayPlan {
             substitutions,
             auth: None,
             headers: Vec::new(),
+            server_tools: Some(Vec::new()),
         }
     }
 }
@@ -118,6 +124,7 @@ impl ModelRelay {
             substitutions,
             auth,
             headers,
+            server_tools,
         } = plan;
         if substitutions
             .iter()
@@ -146,6 +153,7 @@ impl ModelRelay {
             masks,
             auth,
             headers,
+            server_tools,
             bodies: BodyBudget::new(),
         });
         let limits = Limits {
@@ -181,6 +189,7 @@ struct Relay {
     masks: Arc<Vec<Vec<u8>>>,
     auth: Option<Arc<dyn Authenticate>>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    server_tools: Option<Vec<ServerTool>>,
     /// The session's share of the engine's memory for request bodies.
     bodies: BodyBudget,
 }
@@ -280,6 +289,10 @@ impl Relay {
             }
         };
         let bytes = body.bytes.clone();
+        if let Some(why) = reach::refusal(self.server_tools.as_deref(), &bytes) {
+            tracing::warn!("model relay: refused {method} {path}: {why}");
+            return api_error(StatusCode::BAD_REQUEST, "invalid_request_error", &why);
+        }
         // What is signed is what is sent: the host and the length are fixed here.
         if let Some(host) = parts
             .uri
@@ -750,7 +763,13 @@ mod tests {
     async fn large_and_chunked_request_bodies_arrive_intact() {
         let (port, mut seen) = recording_upstream().await;
         let relay = relay_to(&format!("http://127.0.0.1:{port}"), &[]).unwrap();
-        let body: Vec<u8> = (0..1024 * 1024).map(|i| (i * 31 % 251) as u8).collect();
+        // JSON, as every body the relay forwards (it reads what a request asks the API to
+        // reach: `reach`), of every printable byte.
+        let text: String = (0..1024 * 1024)
+            .map(|i| char::from(b' ' + (i * 31 % 94) as u8))
+            .filter(|c| *c != '"' && *c != '\\')
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({ "text": text })).unwrap();
         let mut request = format!(
             "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
             body.len()
@@ -761,13 +780,13 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         assert!(seen.recv().await.unwrap().1 == body);
 
-        let chunked = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        let chunked = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
         let answer = send(&relay.socket, chunked).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         // Read whole (a provider signs it), it goes on with its length.
         let (head, body) = seen.recv().await.unwrap();
-        assert_eq!(body, b"abc");
-        assert_eq!(header(&head, "content-length"), Some("3"));
+        assert_eq!(body, b"{\"a\":1}");
+        assert_eq!(header(&head, "content-length"), Some("7"));
     }
 
     /// A port nothing listens on.

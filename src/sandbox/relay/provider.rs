@@ -90,6 +90,7 @@ pub async fn provider_relay(
                 substitutions,
                 auth: Some(auth),
                 headers: Vec::new(),
+                server_tools: Some(Vec::new()),
             }
         }
     };
