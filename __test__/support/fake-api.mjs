@@ -300,6 +300,18 @@ function sendJson(res, status, obj, headers = {}) {
 // ---------------------------------------------------------------- server
 
 /**
+ * Idle keep-alive connections stay open longer than the relay keeps them in its pool (60 s),
+ * as the real API's do: Node's default (5 s) closes them while the relay may be sending the next
+ * turn on one, and the relay, which sends a request once (it cannot know the server did not act
+ * on it), answers that turn 502 — which the CLI retries in use, but not in the tests
+ * (CLAUDE_CODE_MAX_RETRIES=0). `close()` still ends them at once.
+ */
+export function keepIdleConnections(server) {
+  server.keepAliveTimeout = 120_000;
+  server.headersTimeout = 121_000;
+}
+
+/**
  * Start the fake on 127.0.0.1 (random port).
  * @param {object} [opts]
  * @param {(body: any, request: object) => any} [opts.script] decides main-loop replies (default: text 'ok')
@@ -326,6 +338,7 @@ export async function startFakeApi({ script, sideScript, keepBodies = true } = {
     sockets.add(s);
     s.on('close', () => sockets.delete(s));
   });
+  keepIdleConnections(server);
 
   async function handle(req, res, raw) {
     const u = new URL(req.url, 'http://127.0.0.1');

@@ -13,6 +13,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SignatureV4 } from '@smithy/signature-v4';
 import { Hash } from '@smithy/hash-node';
+import { keepIdleConnections } from './fake-api.mjs';
 
 /** A server on 127.0.0.1 whose `handle(req, res, raw)` answers; records nothing itself. */
 async function serve(handle) {
@@ -31,6 +32,7 @@ async function serve(handle) {
     sockets.add(s);
     s.on('close', () => sockets.delete(s));
   });
+  keepIdleConnections(server);
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address();
   return {
