@@ -60,6 +60,19 @@ pub struct SessionStats {
     /// Implementor only (`None` for the other roles, and for an implementor whose run produced
     /// no patch to read).
     pub changed_files: Option<Vec<ChangedFile>>,
+    /// What the model API's failures cost the session.
+    pub api: ApiStats,
+}
+
+/// `SessionStats.api`: requests the relay sent again after a retryable failure, CLI runs that
+/// continued the conversation after the CLI ended on an API failure, and the time requests were
+/// held waiting for the API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiStats {
+    pub retries: u32,
+    pub resumes: u32,
+    pub waited_ms: u64,
 }
 
 /// Accumulates what the CLI reports over one session.
@@ -128,6 +141,32 @@ impl RunStats {
         }
     }
 
+    /// A later CLI run of the same session (a resumed conversation) added: its counts are its
+    /// own process's, so they add up.
+    pub fn then(&mut self, later: RunStats) {
+        if let Some(n) = later.turns {
+            *self.turns.get_or_insert(0) += n;
+        }
+        if let Some(c) = later.cost_usd {
+            *self.cost_usd.get_or_insert(0.0) += c;
+        }
+        if self.init_model.is_none() {
+            self.init_model = later.init_model;
+        }
+        if let Some(u) = later.usage_sum {
+            self.usage_sum.get_or_insert_with(Tokens::default).add(u);
+        }
+        if let Some(models) = later.model_usage {
+            let mine = self.model_usage.get_or_insert_with(Vec::new);
+            for (name, t) in models {
+                match mine.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, acc)) => acc.add(t),
+                    None => mine.push((name, t)),
+                }
+            }
+        }
+    }
+
     /// The stats of the session so far. `duration_ms` is the caller's wall clock; `patch` the
     /// implementor's extracted patch (None for other roles or when there is none).
     pub fn finish(&self, duration_ms: u64, patch: Option<&str>) -> SessionStats {
@@ -154,6 +193,7 @@ impl RunStats {
             model,
             tokens,
             changed_files: patch.map(changed_files),
+            api: ApiStats::default(),
         }
     }
 }
@@ -339,17 +379,24 @@ mod tests {
                 added: 1,
                 removed: 0,
             }]),
+            api: ApiStats {
+                retries: 3,
+                resumes: 1,
+                waited_ms: 60_500,
+            },
         };
         assert_eq!(
             serde_json::to_value(&s).unwrap(),
             json!({"durationMs": 5, "turns": 2, "costUsd": 0.5, "model": "m",
                    "tokens": {"input": 1, "output": 2, "cacheRead": 3, "cacheCreation": 4},
-                   "changedFiles": [{"path": "a", "status": "renamed", "added": 1, "removed": 0}]})
+                   "changedFiles": [{"path": "a", "status": "renamed", "added": 1, "removed": 0}],
+                   "api": {"retries": 3, "resumes": 1, "waitedMs": 60_500}})
         );
         let empty = serde_json::to_value(SessionStats::default()).unwrap();
         assert_eq!(
             empty,
-            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null})
+            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null,
+                   "api": {"retries": 0, "resumes": 0, "waitedMs": 0}})
         );
     }
 

@@ -10,6 +10,8 @@
 //   { hang: true }                                               → never answers (until close())
 //   { cut: true }                                                → reads the request, then closes the
 //                                                                  connection without an answer
+//   { cutMidway: true }                                          → 200 and the answer's first events,
+//                                                                  then closes the connection
 // where a block is one of
 //   { type:'text', text }            { type:'thinking', thinking, signature? }
 //   { type:'tool_use', name, input, id? }
@@ -228,6 +230,14 @@ async function writeStream(res, body, r) {
       },
     }),
   );
+  if (r.cutMidway) {
+    // The answer began (the client has its head and its first event), then the connection goes.
+    await writeAsync(res, sse('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }));
+    await writeAsync(res, sse('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Half an ans' } }));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    res.socket?.destroy();
+    return;
+  }
   let outChars = 0;
   for (let index = 0; index < blocks.length; index++) {
     const b = blocks[index];
@@ -380,7 +390,7 @@ export async function startFakeApi({ script, sideScript, keepBodies = true } = {
 
     const decide = kind === 'main' ? currentScript : (sideScript ?? (() => reply(text('ok'))));
     const r = normaliseReply(await decide(body, entry));
-    entry.reply = r.hang ? 'hang' : r.cut ? 'cut' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
+    entry.reply = r.hang ? 'hang' : r.cut ? 'cut' : r.cutMidway ? 'cutMidway' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
 
     if (r.delayMs) await new Promise((resolve) => setTimeout(resolve, r.delayMs));
     // The request arrived whole; the connection goes without an answer (a server that failed

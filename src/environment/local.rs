@@ -18,9 +18,10 @@ use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, EgressSink, GitJails, SessionSandbox};
+use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
+use crate::scratch::ScratchDir;
 
 /// Makes [`LocalEnvironment`]s.
 #[derive(Debug, Default, Clone, Copy)]
@@ -56,6 +57,8 @@ impl Backend for LocalBackend {
                 sandbox: req.sandbox,
                 env: req.env,
                 egress: req.egress,
+                api: req.api,
+                cli_config: None,
                 running: None,
             });
             Ok(env)
@@ -79,6 +82,10 @@ pub struct LocalEnvironment {
     /// The CLI's environment (its `TMPDIR` is the temp dir without the sandbox).
     env: Vec<(String, String)>,
     egress: Option<EgressSink>,
+    api: ApiHooks,
+    /// The CLI's config dir, made at its first run and kept until the environment is destroyed:
+    /// a CLI that ended on an API failure is resumed from the conversation in it.
+    cli_config: Option<ScratchDir>,
     /// The sandbox of the running CLI (its proxy and relay live as long as this does).
     running: Option<SessionSandbox>,
 }
@@ -116,8 +123,20 @@ impl LocalEnvironment {
         if let Ok(real) = cmd.program.canonicalize() {
             cmd.program = real;
         }
-        let scope = self.scope(&cmd.program).await;
-        let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone()).await?;
+        let mut scope = self.scope(&cmd.program).await;
+        if self.cli_config.is_none() {
+            self.cli_config = Some(ScratchDir::create("cliconfig").map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::SandboxUnavailable,
+                    "cannot create the session's directory for the CLI's config",
+                )
+                .with_cause(e)
+            })?);
+        }
+        scope.cli_config = self.cli_config.as_ref().map(|d| d.path().to_path_buf());
+        let sandbox =
+            SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone(), self.api.clone())
+                .await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
         let path = env_value(&cmd.env, "PATH").map(OsStr::new);
@@ -223,8 +242,10 @@ impl Environment for LocalEnvironment {
 
     fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            // The CLI has exited: its proxy and relay go.
+            // The CLI has exited: its proxy and relay go, and its config dir (a conversation
+            // worth keeping was copied out before).
             self.running = None;
+            self.cli_config = None;
             if keep_checkout && matches!(self.workspace, Made::Checkout(_)) {
                 // Kept, not removed: released (no longer live in this process, so a sweep may
                 // save and remove it) when this environment is dropped.

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::SandboxConfig;
 use crate::error::Result;
 use crate::git::{ProvisionRequest, ViewRequest};
-use crate::sandbox::EgressSink;
+use crate::sandbox::{ApiHooks, EgressSink};
 
 pub use local::LocalBackend;
 
@@ -46,6 +46,8 @@ pub struct EnvRequest {
     pub env: Vec<(String, String)>,
     /// Where network attempts from inside are reported.
     pub egress: Option<EgressSink>,
+    /// What the session's model relay does beyond forwarding (outages, the fleet's pace).
+    pub api: ApiHooks,
 }
 
 /// What the agent works in.

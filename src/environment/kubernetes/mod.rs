@@ -184,6 +184,7 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         &req.env,
         req.egress.clone(),
         Some(&req.repo_root),
+        req.api.clone(),
     )
     .await?;
     for (name, engine_side) in gateway.sockets() {
