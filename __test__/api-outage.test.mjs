@@ -129,6 +129,10 @@ describe('a session survives an API outage', () => {
       expect(transcript).toMatch(/continuing its conversation/);
       expect(transcript).toMatch(/finished after the outage/);
       expect(outage.downReplies).toBeGreaterThan(1);
+      // logging.agentSessions: the conversation is kept beside the transcript for a resume by hand.
+      const conversation = readFileSync(handle.logFilePath.replace(/\.[^./]+$/, '.conversation.jsonl'), 'utf8');
+      expect(conversation).toContain('echo kept > c.txt');
+      expect(conversation).toContain('has been resumed');
     } finally {
       await hh.cleanup();
     }
@@ -169,5 +173,23 @@ describe('a session survives an API outage', () => {
     const err = await rejection(handle.result);
     expect(err.code).toBe('ERR_AGENT_FAILED');
     expect(outage.downReplies).toBe(1);
+  });
+});
+
+describe("the CLI's conversation is kept outside the sandbox", () => {
+  it('a conversation file the agent replaced by a link to a host file is not copied beside the transcript', { timeout: 60_000 }, async () => {
+    const link = 'for f in "$CLAUDE_CONFIG_DIR"/projects/*/*.jsonl; do rm -f "$f"; ln -s /etc/passwd "$f"; done; ls -l "$CLAUDE_CONFIG_DIR"/projects/*/ | grep -c passwd';
+    h = await setup({
+      state: implementorState,
+      bodies: { 7: 'Add a file.' },
+      script: scenario.steps([reply(bash(link)), implementorDone()]),
+      repo: { agents: agentsWithTools(['Bash']) },
+      config: config({ worktreeSetupCommand: null }),
+    });
+    const handle = await h.adapter().startAgent(implementorParams);
+    await rejection(handle.result);
+    expect(latestToolResultText(h.api.mainBodies().at(-1))).toMatch(/^1/);
+    const kept = handle.logFilePath.replace(/\.[^./]+$/, '.conversation.jsonl');
+    expect(existsSync(kept)).toBe(false);
   });
 });

@@ -4,7 +4,7 @@
 //   env.ANTHROPIC_BASE_URL = api.url;
 //
 // `script(body, request)` decides each reply from the request body alone (stateless). A reply is
-//   { content: [block…], stop_reason?, usage?, delayMs? }
+//   { content: [block…], stop_reason?, usage?, delayMs?, headers? }
 //   { error: { status, type?, message? }, delayMs?, headers? }   → HTTP error with the API's error body
 //   { streamError: { type?, message? }, content? }               → 200, some blocks, then an SSE `error` event
 //   { hang: true }                                               → never answers (until close())
@@ -213,6 +213,7 @@ async function writeStream(res, body, r) {
     'cache-control': 'no-cache',
     connection: 'keep-alive',
     'request-id': newId('req'),
+    ...(r.headers ?? {}),
   });
   await writeAsync(
     res,
@@ -298,7 +299,7 @@ function writeJsonMessage(res, body, r) {
     stop_reason: stopReasonFor(r, blocks),
     stop_sequence: null,
     usage: { ...usageFor(body, outChars), ...(r.usage ?? {}) },
-  });
+  }, r.headers ?? {});
 }
 
 function sendJson(res, status, obj, headers = {}) {

@@ -240,6 +240,17 @@ impl Environment for LocalEnvironment {
         })
     }
 
+    fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let dir = self.cli_config.as_ref()?.path().to_path_buf();
+            let name = format!("{cli_session}.jsonl");
+            tokio::task::spawn_blocking(move || conversation_in(&dir, &name))
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
     fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             // The CLI has exited: its proxy and relay go, and its config dir (a conversation
@@ -257,4 +268,46 @@ impl Environment for LocalEnvironment {
             }
         })
     }
+}
+
+/// The largest conversation kept beside a transcript.
+#[cfg(unix)]
+const MAX_CONVERSATION: u64 = 256 << 20;
+
+/// Only a sandboxed session keeps its CLI's config dir, and sandboxes are Linux's.
+#[cfg(not(unix))]
+fn conversation_in(_dir: &Path, _name: &str) -> Option<Vec<u8>> {
+    None
+}
+
+/// `projects/<any>/<name>` in the CLI's config dir `dir`, read without following a link: the
+/// directory was the sandbox's to write (every process of it has ended by now), and a link
+/// there must not copy a file of the host beside the transcript.
+#[cfg(unix)]
+fn conversation_in(dir: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let projects = dir.join("projects");
+    if !real_dir(&projects) {
+        return None;
+    }
+    std::fs::read_dir(&projects)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| real_dir(p))
+        .find_map(|p| {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(p.join(name))
+                .ok()?;
+            if !file.metadata().ok()?.is_file() {
+                return None;
+            }
+            let mut bytes = Vec::new();
+            file.take(MAX_CONVERSATION).read_to_end(&mut bytes).ok()?;
+            Some(bytes)
+        })
 }

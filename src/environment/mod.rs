@@ -149,6 +149,11 @@ pub trait Environment: Send + Sync {
     }
     /// Starts `cmd` inside.
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
+    /// The CLI's conversation `cli_session` (what `claude --resume` reads), asked once the CLI
+    /// has ended, before [`Environment::destroy`]; `None` where it is not kept.
+    fn conversation<'a>(&'a self, _cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async { None })
+    }
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:
     /// the lifecycle bounds it, and dropping the future ends whatever it runs.
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>>;

@@ -748,8 +748,34 @@ impl Session {
     /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
     /// `changes`; a checkout whose work could not be read is kept instead) — write the
     /// footer, log, release the id.
+    /// With `logging.agentSessions`, the CLI's conversation beside the transcript, so a person
+    /// can continue it with `claude --resume` (docs/troubleshooting.md says how).
+    async fn keep_conversation(&self, env: &dyn Environment) {
+        let Some(t) = &self.transcript else { return };
+        let Some(bytes) = env.conversation(&self.cli_id).await else {
+            return;
+        };
+        let path = t.path().with_extension("conversation.jsonl");
+        match std::fs::write(&path, bytes) {
+            Ok(()) => t.note(
+                "conversation",
+                &format!(
+                    "the CLI's conversation {} was kept at {}",
+                    self.cli_id,
+                    path.display()
+                ),
+            ),
+            Err(e) => self.log(
+                LogLevel::Warn,
+                "could not keep the CLI's conversation beside the transcript",
+                json!({ "path": path.display().to_string(), "error": e.to_string() }),
+            ),
+        }
+    }
+
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         if let Some(mut env) = self.environment.take() {
+            self.keep_conversation(env.as_ref()).await;
             let keep = self.unsaved.load(Ordering::SeqCst);
             if keep {
                 let path = env.workdir().display().to_string();
