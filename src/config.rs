@@ -134,7 +134,7 @@ pub struct Limits {
     pub memory: Option<u64>,
     /// Tasks (processes and threads) alive at once.
     pub tasks: Option<u64>,
-    /// Bytes each private tmpfs (`/tmp`, HOME, the CLI config dir, `/dev/shm`) holds.
+    /// Bytes each private tmpfs (`/tmp`, HOME, `/dev/shm`) holds.
     pub tmpfs: Option<u64>,
 }
 

@@ -63,8 +63,10 @@ describe('a session in a pod survives an API outage', () => {
     const resumed = JSON.stringify(h.api.mainBodies().at(-1).messages);
     expect(resumed).toContain('echo kept > c.txt');
     expect(resumed).toContain('has been resumed');
-    // One pod for both runs of the CLI.
+    // One pod for both runs of the CLI, and its conversation kept beside the transcript.
     expect(pods(readFileSync(handle.logFilePath, 'utf8'))).toHaveLength(1);
+    const conversation = readFileSync(handle.logFilePath.replace(/\.[^./]+$/, '.conversation.jsonl'), 'utf8');
+    expect(conversation).toContain('echo kept > c.txt');
     expect(adapterPods(handle.sessionID)).toEqual([]);
   });
 });
