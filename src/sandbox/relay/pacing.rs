@@ -27,6 +27,9 @@ pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// A `retry-after` or a reset further away than this is taken as this (a clock skew or a
 /// nonsense value must not park the fleet).
 const LONGEST_HOLD: Duration = Duration::from_secs(300);
+/// How long a new window's budget is taken to last before an answer says (the API's limits
+/// are per minute).
+const WINDOW_GUESS: Duration = Duration::from_secs(60);
 
 static FLEET: LazyLock<Mutex<HashMap<u64, Arc<Pace>>>> = LazyLock::new(Default::default);
 
@@ -46,8 +49,12 @@ struct PaceState {
     blocked_until: Option<Instant>,
     /// The API is failing: one request at a time probes it.
     down: bool,
-    /// Requests left until `reset`, as the last answer said.
+    /// Requests left until `reset`, as the answers said (the least of those of one window:
+    /// answers come out of order, and requests in flight spend it too).
     remaining: Option<(u64, Instant)>,
+    /// The requests one window allows (`anthropic-ratelimit-requests-limit`): the budget a
+    /// window starts with, so the first requests after a reset do not run into the limit.
+    window: Option<u64>,
 }
 
 /// A request's place in flight; gone when its answer's head came (or it failed).
@@ -78,6 +85,7 @@ pub(super) fn pace_for(origin: &str, credential: &str) -> Arc<Pace> {
                     blocked_until: None,
                     down: false,
                     remaining: None,
+                    window: None,
                 }),
                 changed: Notify::new(),
             })
@@ -122,7 +130,8 @@ impl Pace {
                 let now = Instant::now();
                 if let Some((left, reset)) = s.remaining {
                     if reset <= now {
-                        s.remaining = None;
+                        // A new window: its budget, until an answer says when it resets.
+                        s.remaining = s.window.map(|w| (w, now + WINDOW_GUESS));
                     } else if left == 0 {
                         s.blocked_until = Some(s.blocked_until.map_or(reset, |b| b.max(reset)));
                     }
@@ -165,8 +174,15 @@ impl Pace {
         let after = headers.and_then(retry_after);
         let mut s = self.lock();
         if let Some(h) = headers {
-            if let Some(budget) = remaining(h, now) {
-                s.remaining = Some(budget);
+            if let Some((left, reset, window)) = remaining(h, now) {
+                s.remaining = match s.remaining {
+                    // The same window (its reset within a second): the least said of it.
+                    Some((known, at)) if at.max(reset) - at.min(reset) < Duration::from_secs(1) => {
+                        Some((known.min(left), at.min(reset)))
+                    }
+                    _ => Some((left, reset)),
+                };
+                s.window = window.or(s.window);
             }
         }
         let wait = match answer {
@@ -184,7 +200,10 @@ impl Pace {
             Answer::RateLimited => {
                 s.threshold = (s.limit / 2.0).max(1.0);
                 s.limit = s.threshold;
-                after.unwrap_or(PROBE_INTERVAL)
+                let wait = after.unwrap_or(PROBE_INTERVAL);
+                // Nothing is left of this window, whatever an earlier answer said.
+                s.remaining = Some((0, now + wait));
+                wait
             }
             Answer::Failing => {
                 s.down = true;
@@ -220,9 +239,11 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// The tightest of the answer's `anthropic-ratelimit-{requests,input-tokens,output-tokens,tokens}`
-/// budgets: (requests left, when it resets). A token budget at zero counts as no request left.
-fn remaining(headers: &HeaderMap, now: Instant) -> Option<(u64, Instant)> {
+/// budgets: (requests left, when it resets, the requests a window allows). A token budget at
+/// zero counts as no request left.
+fn remaining(headers: &HeaderMap, now: Instant) -> Option<(u64, Instant, Option<u64>)> {
     let text = |name: String| headers.get(name)?.to_str().ok().map(str::trim);
+    let window = text("anthropic-ratelimit-requests-limit".into()).and_then(|v| v.parse().ok());
     ["requests", "tokens", "input-tokens", "output-tokens"]
         .iter()
         .filter_map(|kind| {
@@ -243,6 +264,7 @@ fn remaining(headers: &HeaderMap, now: Instant) -> Option<(u64, Instant)> {
             Some((left, now + wait))
         })
         .min_by_key(|(left, _)| *left)
+        .map(|(left, reset)| (left, reset, window))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` as a time.
@@ -385,6 +407,34 @@ mod tests {
             first.elapsed() >= Duration::from_millis(900),
             "none left: waits for the reset"
         );
+    }
+
+    #[tokio::test]
+    async fn answers_out_of_order_leave_the_least_of_a_window_and_a_new_window_starts_with_its_limit(
+    ) {
+        let pace = fresh();
+        let reset = httpdate_rfc3339(SystemTime::now() + Duration::from_secs(1));
+        for left in ["0", "3"] {
+            pace.learn(
+                Answer::Came,
+                Some(&headers(&[
+                    ("anthropic-ratelimit-requests-limit", "2"),
+                    ("anthropic-ratelimit-requests-remaining", left),
+                    ("anthropic-ratelimit-requests-reset", &reset),
+                ])),
+            );
+        }
+        assert_eq!(pace.lock().remaining.map(|r| r.0), Some(0));
+        let started = Instant::now();
+        let (a, b) = (pace.acquire().await, pace.acquire().await);
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "waited for the reset"
+        );
+        // The new window's two are spent: a third waits.
+        let third = tokio::time::timeout(Duration::from_millis(300), pace.acquire()).await;
+        assert!(third.is_err());
+        drop((a, b));
     }
 
     /// `t` as RFC 3339 (UTC, whole seconds, rounded up).
