@@ -9,14 +9,14 @@
 // headroom and the session goes on to its result; only the CLI itself out of memory ends it.
 // Issue 36: nothing inside can put another process (the CLI) under that share, and what the CLI
 // starts itself (its ripgrep) is under it too.
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-limits-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { bash, scenario, toolResults } from './support/fake-api.mjs';
+import { bash, scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
 import { engineProcess } from './support/engine-process.mjs';
 import { addon, rejection, setup } from './support/harness.mjs';
@@ -324,5 +324,34 @@ describe("the commands' share is the engine's to give (issue 36)", () => {
     expect(new Set(sleeping.parts)).toEqual(new Set(['tools']));
     expect(out[1]).toBe('slept');
     expect(result.create).toEqual([]);
+  });
+
+  it("ripgrep that the CLI runs itself (its Grep tool) is in the commands' part: the host's cgroup files show it there while it searches", async () => {
+    // A tree big enough for ripgrep to be seen at work (about 100 MB of text).
+    const dir = mkdtempSync(join(process.env.TMPDIR, 'grep-tree-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
+    const line = `${'lorem ipsum dolor sit amet '.repeat(8)}\n`;
+    const body = line.repeat(Math.ceil((256 * 1024) / line.length));
+    for (let i = 0; i < 400; i++) writeFileSync(join(dir, `f${i}.txt`), body);
+    h = await setup({
+      repo: { agents: agentsWithTools(['Grep', 'Read']) },
+      state: ROLE_STATE,
+      bodies: ROLE_BODIES,
+      config: { sandbox: { limits: { processes: 200 }, allowRead: [dir] } },
+    });
+    // Without Bash the CLI keeps its Grep tool (with Bash it offers rg in the shell instead).
+    const done = agentRuns(h, 'planner', [toolUse('Grep', { pattern: '\\w{2,100}[0-9]', path: dir, output_mode: 'count' })]);
+    const seen = [];
+    let settled = false;
+    done.finally(() => (settled = true)).catch(() => {});
+    while (!settled) {
+      const rg = partsOf((argv) => argv[0] === 'rg');
+      if (rg) seen.push(rg.parts);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const { results } = await done;
+    expect(results[0].is_error, results[0].text).toBe(false);
+    expect(seen.length, 'ripgrep was not seen at work').toBeGreaterThan(0);
+    for (const parts of seen) expect(new Set(parts)).toEqual(new Set(['tools']));
   });
 });

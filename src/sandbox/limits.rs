@@ -22,9 +22,10 @@
 //! and whatever those left behind. The placer ([`Placer`], a thread per session) applies it
 //! every [`SWEEP_EVERY`] and whenever a line arrives on the request pipe
 //! ([`super::commands::REQUEST_FIFO`]), where every Bash command asks first and waits to be
-//! moved before it runs (`CLAUDE_CODE_SHELL_PREFIX`: [`TOOLS_PREFIX_SCRIPT`]). Were `tools`'
-//! `cgroup.procs` writable inside, any process could put any other under the commands' share
-//! (the CLI's own pid, say), and what the CLI runs itself would never be in it.
+//! moved before it runs (`CLAUDE_CODE_SHELL_PREFIX`: [`TOOLS_PREFIX_SCRIPT`]), as do the
+//! wrappers of the CLI's own ripgrep and git ([`super::commands::WRAPPED_TOOLS`]). Were
+//! `tools`' `cgroup.procs` writable inside (as it was), any process could put any other under
+//! the commands' share (the CLI's own pid, say), and what the CLI runs itself was never in it.
 //! `pids.max` counts threads and the CLI is one of the session's tasks: a
 //! command that forks thousands of processes would otherwise take every task and the CLI, unable
 //! to make a thread, would abort and lose the session. Now the command's forks fail with EAGAIN

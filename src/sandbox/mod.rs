@@ -74,14 +74,15 @@ const MODEL_PORT: u16 = 3129;
 /// `$CRA_SOCKET_DIR`, where a pod without its jail has them, else the sandbox's mount point),
 /// named to the engine where it places the CLI's tools in a cgroup (the first line of the
 /// request pipe, written before the CLI, so before anything of the agent's, runs: the bridges
-/// stay in the CLI's part with it), then wait (bounded) until both listen — the CLI's first
+/// stay in the CLI's part with it; the CLI's path is `CRA_CLI` for the ripgrep wrapper, see
+/// [`commands::TOOL_WRAPPER_SCRIPT`]), then wait (bounded) until both listen — the CLI's first
 /// API request must not race them — then exec the CLI (`"$@"`).
 const BRIDGE_SCRIPT: &str = r#"d=${CRA_SOCKET_DIR:-/run/claude-runtime-adapter}
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/egress.sock </dev/null >/dev/null 2>&1 &
 b=$!
 socat TCP-LISTEN:3129,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/model.sock </dev/null >/dev/null 2>&1 &
 b="$b $!"
-if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; fi
+if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; export CRA_CLI="$1"; fi
 n=0
 while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' /proc/net/tcp)" -lt 2 ]; do
   n=$((n+1))
@@ -208,6 +209,18 @@ fn commands_prefix(
     let mut write = || -> std::io::Result<Vec<(String, String)>> {
         std::fs::write(&script, commands_prefix_script())?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        if !limits.is_fallback() {
+            let bin = dir.join("bin");
+            std::fs::create_dir(&bin)?;
+            for name in commands::WRAPPED_TOOLS {
+                let wrapper = bin.join(name);
+                std::fs::write(
+                    &wrapper,
+                    format!("#!/bin/sh\n{}", commands::TOOL_WRAPPER_SCRIPT),
+                )?;
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+            }
+        }
         limits.commands_setup(dir)
     };
     let vars = write().map_err(|e| {
@@ -221,6 +234,17 @@ fn commands_prefix(
         .with_cause(e)
     })?;
     use_commands_prefix(env, &format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR), vars);
+    if !limits.is_fallback() {
+        // The wrappers first on `PATH`, and the CLI's ripgrep looked up there: what the CLI
+        // runs itself is under the commands' limits from its first instruction.
+        let bin = format!("{}/bin", jail::SOCKET_DIR);
+        match env.iter_mut().find(|(k, _)| k == "PATH") {
+            Some((_, path)) => *path = format!("{bin}:{path}"),
+            None => env.push(("PATH".to_string(), bin)),
+        }
+        env.retain(|(k, _)| k != "USE_BUILTIN_RIPGREP");
+        env.push(("USE_BUILTIN_RIPGREP".to_string(), "0".to_string()));
+    }
     Ok(())
 }
 
