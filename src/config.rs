@@ -7,8 +7,11 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::error::AdapterError;
+use crate::spend::Prices;
 
+mod budget;
 pub mod kubernetes;
+pub use budget::unmetered_locally;
 pub use kubernetes::{KubernetesConfig, PullPolicy, Toleration};
 
 const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;
@@ -58,6 +61,11 @@ pub struct AdapterConfig {
     /// `sharedBase`: sandboxed Implementors on one commit work in copy-on-write layers over
     /// one checkout made (and set up) once; false: each gets a full clone of its own.
     pub shared_base: bool,
+    /// `maxBudgetUsd`: the model spend a session may pass only by its last request; `None`
+    /// (`0` or absent): no budget. `params.maxBudgetUsd` wins over it.
+    pub max_budget_usd: Option<f64>,
+    /// The price table with `modelPrices` over it, which every session's spend is counted at.
+    pub prices: Prices,
 }
 
 /// `config.backend`.
@@ -407,6 +415,7 @@ pub fn parse_config(
     let sandbox = sandbox(obj.get("sandbox"), r.problems);
     let backend = kubernetes::backend(obj.get("backend"), r.problems);
     let shared_base = r.flag("sharedBase", true);
+    let (max_budget_usd, prices) = budget::budget(&mut r, sandbox.as_ref(), &backend);
     if !problems.is_empty() {
         return None;
     }
@@ -431,6 +440,8 @@ pub fn parse_config(
         sandbox,
         backend,
         shared_base,
+        max_budget_usd,
+        prices,
     })
 }
 

@@ -18,7 +18,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, EgressSink, GitJails, SessionSandbox};
+use crate::sandbox::{env_value, GitJails, Reporting, SessionSandbox};
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
 
@@ -33,6 +33,12 @@ impl Backend for LocalBackend {
         }
         let path = env_value(env, "PATH").map(std::ffi::OsStr::new);
         crate::sandbox::check_available(path)
+    }
+
+    /// Only the Linux sandbox puts the relay between the CLI and the API: with `sandbox:
+    /// false`, and on macOS (Claude Code's own sandbox), the CLI calls the API itself.
+    fn meters_model_requests(&self, sandbox: Option<&SandboxConfig>) -> bool {
+        cfg!(target_os = "linux") && sandbox.is_some()
     }
 
     fn provision<'a>(
@@ -55,7 +61,10 @@ impl Backend for LocalBackend {
                 workspace,
                 sandbox: req.sandbox,
                 env: req.env,
-                egress: req.egress,
+                report: Reporting {
+                    egress: req.egress,
+                    spend: req.spend,
+                },
                 running: None,
             });
             Ok(env)
@@ -69,7 +78,7 @@ enum Made {
     View(RepoView),
 }
 
-// Only Linux builds its sandbox from the repository and the egress sink.
+// Only Linux builds its sandbox from the repository and the reporting.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct LocalEnvironment {
     workdir: PathBuf,
@@ -78,7 +87,7 @@ pub struct LocalEnvironment {
     sandbox: Option<SandboxConfig>,
     /// The CLI's environment (its `TMPDIR` is the temp dir without the sandbox).
     env: Vec<(String, String)>,
-    egress: Option<EgressSink>,
+    report: Reporting,
     /// The sandbox of the running CLI (its proxy and relay live as long as this does).
     running: Option<SessionSandbox>,
 }
@@ -117,7 +126,7 @@ impl LocalEnvironment {
             cmd.program = real;
         }
         let scope = self.scope(&cmd.program).await;
-        let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone()).await?;
+        let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.report.clone()).await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
         let path = env_value(&cmd.env, "PATH").map(OsStr::new);

@@ -18,6 +18,7 @@ pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -27,6 +28,7 @@ use crate::config::SandboxConfig;
 use crate::error::Result;
 use crate::git::{ProvisionRequest, ViewRequest};
 use crate::sandbox::EgressSink;
+use crate::spend::SpendMeter;
 
 pub use local::LocalBackend;
 
@@ -46,6 +48,9 @@ pub struct EnvRequest {
     pub env: Vec<(String, String)>,
     /// Where network attempts from inside are reported.
     pub egress: Option<EgressSink>,
+    /// Where the spend of the session's model requests is counted, by the relay (`None`:
+    /// nothing counts it).
+    pub spend: Option<Arc<SpendMeter>>,
 }
 
 /// What the agent works in.
@@ -90,6 +95,10 @@ pub trait Backend: Send + Sync {
     /// What must hold before anything is provisioned: a session that cannot be confined
     /// provisions nothing. `env` is the CLI's environment.
     fn preflight(&self, env: &[(String, String)], sandbox: Option<&SandboxConfig>) -> Result<()>;
+
+    /// True when every model request of a session with `sandbox` passes the engine's relay,
+    /// which counts its spend ([`EnvRequest::spend`]): what a budget needs.
+    fn meters_model_requests(&self, sandbox: Option<&SandboxConfig>) -> bool;
 
     /// The CLI inside the environment when it is not the engine's own (a session image's);
     /// `None`: the engine's CLI, found by `claudeExecutable` and the search roots.

@@ -39,12 +39,14 @@ mod write_scope;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::layer::LayerMounts;
 use crate::scratch::ScratchDir;
+use crate::spend::SpendMeter;
 
 pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
@@ -84,6 +86,14 @@ while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000
   sleep 0.002
 done
 exec "$@""#;
+
+/// Where a session's gateway reports what passes it: every network attempt of the agent's
+/// commands (the egress proxy), and the spend of its model requests (the relay).
+#[derive(Clone, Default)]
+pub struct Reporting {
+    pub egress: Option<EgressSink>,
+    pub spend: Option<Arc<SpendMeter>>,
+}
 
 /// What one session may see and change.
 #[derive(Debug, Clone, Default)]
@@ -125,13 +135,13 @@ pub struct Gateway {
 impl Gateway {
     /// Starts the proxy (allowing the sandbox's `allowed_domains` and the model API's host) and
     /// the relay (forwarding the features that reach out which its `server_tools` allow; any,
-    /// without a sandbox). `cli_env` is the CLI's environment as the adapter built it
-    /// (credentials included); the git identity is the user's global one, or as it applies in
-    /// `identity_repo` when given.
+    /// without a sandbox) and counting the session's spend on `spend`. `cli_env` is the CLI's
+    /// environment as the adapter built it (credentials included); the git identity is the
+    /// user's global one, or as it applies in `identity_repo` when given.
     pub async fn start(
         sandbox: Option<&SandboxConfig>,
         cli_env: &[(String, String)],
-        sink: Option<EgressSink>,
+        report: Reporting,
         identity_repo: Option<&Path>,
     ) -> Result<Gateway> {
         let provider = Provider::of(cli_env);
@@ -154,9 +164,11 @@ impl Gateway {
                 allow = allow.with_endpoint(&host, port);
             }
         }
-        let proxy = EgressProxy::start(allow, sink, &sockets.path().join(EGRESS_SOCKET)).await?;
+        let proxy =
+            EgressProxy::start(allow, report.egress, &sockets.path().join(EGRESS_SOCKET)).await?;
         let mut plan = plan.plan;
         plan.server_tools = sandbox.map(|s| s.server_tools.clone());
+        plan.spend = report.spend;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         Ok(Gateway {
             env,
@@ -270,10 +282,10 @@ impl SessionSandbox {
         cfg: &SandboxConfig,
         scope: &SessionScope,
         cli_env: &[(String, String)],
-        sink: Option<EgressSink>,
+        report: Reporting,
     ) -> Result<SessionSandbox> {
         let (mut gateway, profile_path) =
-            tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None), async {
+            tokio::try_join!(Gateway::start(Some(cfg), cli_env, report, None), async {
                 Ok(home::profile_path(cli_env).await)
             })?;
         let cli_path = credentials::env_value(cli_env, "PATH");

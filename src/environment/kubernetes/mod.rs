@@ -47,7 +47,8 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::neutral_git_sh;
 use crate::sandbox::commands::commands_share;
 use crate::sandbox::{
-    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
+    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, Reporting,
+    PREFIX_SCRIPT,
 };
 
 /// How long a pod whose stream broke is given to show why in its status.
@@ -83,6 +84,12 @@ impl Backend for KubernetesBackend {
     fn preflight(&self, _env: &[(String, String)], _sandbox: Option<&SandboxConfig>) -> Result<()> {
         // The pod's own jail is tried while provisioning (it can only be tried in a pod).
         Ok(())
+    }
+
+    /// A pod has no network but the engine's gateway, with or without its jail: the CLI's
+    /// model requests always pass the relay.
+    fn meters_model_requests(&self, _sandbox: Option<&SandboxConfig>) -> bool {
+        true
     }
 
     fn cli_program(&self) -> Option<PathBuf> {
@@ -182,7 +189,10 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
     let gateway = Gateway::start(
         req.sandbox.as_ref(),
         &req.env,
-        req.egress.clone(),
+        Reporting {
+            egress: req.egress.clone(),
+            spend: req.spend.clone(),
+        },
         Some(&req.repo_root),
     )
     .await?;

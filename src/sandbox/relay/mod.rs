@@ -26,6 +26,7 @@ pub mod provider;
 mod provider_spec;
 mod reach;
 mod route;
+mod spend;
 mod upstream;
 mod vertex;
 
@@ -47,6 +48,7 @@ use self::upstream::{extra_roots, sources, BoxError, Upstream};
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
+use crate::spend::SpendMeter;
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
 const MAX_RELAY_CONNECTIONS: usize = 64;
@@ -72,6 +74,9 @@ pub struct RelayPlan {
     /// The API's features that reach out on the agent's behalf which requests may use
     /// (`sandbox.serverTools`); `None`: any (a session without a sandbox).
     pub server_tools: Option<Vec<ServerTool>>,
+    /// The session's spend, counted from every response; requests are refused once it has
+    /// passed the budget ([`spend`]).
+    pub spend: Option<Arc<SpendMeter>>,
 }
 
 impl RelayPlan {
@@ -88,6 +93,7 @@ impl RelayPlan {
             auth: None,
             headers: Vec::new(),
             server_tools: Some(Vec::new()),
+            spend: None,
         }
     }
 }
@@ -125,6 +131,7 @@ impl ModelRelay {
             auth,
             headers,
             server_tools,
+            spend,
         } = plan;
         if substitutions
             .iter()
@@ -155,6 +162,7 @@ impl ModelRelay {
             headers,
             server_tools,
             bodies: BodyBudget::new(),
+            spend,
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -192,6 +200,7 @@ struct Relay {
     server_tools: Option<Vec<ServerTool>>,
     /// The session's share of the engine's memory for request bodies.
     bodies: BodyBudget,
+    spend: Option<Arc<SpendMeter>>,
 }
 
 /// What a request header holds of the placeholders.
@@ -209,7 +218,15 @@ impl Relay {
         let relay = self.clone();
         let service = hyper::service::service_fn(move |req| {
             let relay = relay.clone();
-            async move { Ok::<_, std::convert::Infallible>(relay.handle(req).await) }
+            async move {
+                // The budget is kept around the whole exchange: a spent one refuses the
+                // request before anything of it is read, and every answer is counted.
+                if let Some(refused) = spend::refusal(relay.spend.as_deref()) {
+                    return Ok::<_, std::convert::Infallible>(refused);
+                }
+                let response = relay.handle(req).await;
+                Ok(spend::metered(relay.spend.as_ref(), response))
+            }
         });
         let _ = http1_server()
             .keep_alive(false)

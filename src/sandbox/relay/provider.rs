@@ -91,6 +91,7 @@ pub async fn provider_relay(
                 auth: Some(auth),
                 headers: Vec::new(),
                 server_tools: Some(Vec::new()),
+                spend: None,
             }
         }
     };
