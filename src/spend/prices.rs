@@ -72,7 +72,16 @@ pub const TABLE: &[(&str, ModelPrice)] = &[
     ("claude-3-5-sonnet", ModelPrice::from_rates(3.0, 15.0)),
     ("claude-haiku-4-5", ModelPrice::from_rates(1.0, 5.0)),
     ("claude-3-5-haiku", ModelPrice::from_rates(0.8, 4.0)),
-    ("claude-3-haiku", ModelPrice::from_rates(0.25, 1.25)),
+    // Published with rounded cache rates, not the ratios.
+    (
+        "claude-3-haiku",
+        ModelPrice {
+            input: 0.25,
+            output: 1.25,
+            cache_read: 0.03,
+            cache_creation: 0.3,
+        },
+    ),
 ];
 
 /// The key of `config.modelPrices` that prices the models no other key matches.

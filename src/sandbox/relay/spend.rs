@@ -57,8 +57,12 @@ pub(super) fn metered(meter: Option<&Arc<SpendMeter>>, response: Response<Body>)
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    let length = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let counting = Counting {
-        reader: UsageReader::new(content_type),
+        reader: UsageReader::new(content_type, length),
         meter: meter.clone(),
     };
     let frames = futures::stream::unfold(Some((body, counting)), |state| async move {
@@ -67,6 +71,11 @@ pub(super) fn metered(meter: Option<&Arc<SpendMeter>>, response: Response<Body>)
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     counting.reader.push(data);
+                    // Counted before the message's last bytes go on: the CLI's next request
+                    // (which may need refusing) cannot come before its count.
+                    if counting.reader.ended() {
+                        counting.count();
+                    }
                 }
                 Some((Ok(frame), Some((body, counting))))
             }
@@ -85,8 +94,9 @@ struct Counting {
     meter: Arc<SpendMeter>,
 }
 
-impl Drop for Counting {
-    fn drop(&mut self) {
+impl Counting {
+    /// Counts what was found, once (the reader gives its usage away).
+    fn count(&mut self) {
         if let Some((model, usage)) = self.reader.finish() {
             let cost = self.meter.record(model.as_deref(), &usage);
             tracing::debug!(
@@ -96,6 +106,12 @@ impl Drop for Counting {
                 "model relay: a response's usage counted"
             );
         }
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.count();
     }
 }
 
@@ -114,10 +130,15 @@ pub(super) struct UsageReader {
     skipping: bool,
     model: Option<String>,
     usage: Option<Usage>,
+    /// The JSON message's declared length.
+    length: Option<usize>,
+    /// The stream's `message_stop` came.
+    stopped: bool,
 }
 
 impl UsageReader {
-    pub(super) fn new(content_type: &str) -> UsageReader {
+    /// A reader of a response of `content_type` and, when declared, `length` bytes.
+    pub(super) fn new(content_type: &str, length: Option<usize>) -> UsageReader {
         let ct = content_type.to_ascii_lowercase();
         let format = if ct.starts_with("text/event-stream") {
             Format::Sse
@@ -132,6 +153,17 @@ impl UsageReader {
             skipping: false,
             model: None,
             usage: None,
+            length,
+            stopped: false,
+        }
+    }
+
+    /// True once the whole message has come: a stream's `message_stop`, or a JSON message's
+    /// declared length (otherwise its end is the body's).
+    pub(super) fn ended(&self) -> bool {
+        match self.format {
+            Format::Sse | Format::EventStream => self.stopped,
+            Format::Json => !self.skipping && self.length == Some(self.held.len()),
         }
     }
 
@@ -203,7 +235,7 @@ impl UsageReader {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        if find(data, b"\"usage\"").is_none() {
+        if find(data, b"\"usage\"").is_none() && find(data, b"\"message_stop\"").is_none() {
             return;
         }
         if let Ok(event) = serde_json::from_slice::<Value>(data.trim_ascii()) {
@@ -248,6 +280,7 @@ impl UsageReader {
                 self.merge(message.get("usage"));
             }
             Some("message_delta") => self.merge(event.get("usage")),
+            Some("message_stop") => self.stopped = true,
             _ => {}
         }
     }
@@ -320,7 +353,7 @@ mod tests {
     use crate::spend::Prices;
 
     fn read(content_type: &str, chunks: &[&[u8]]) -> Option<(Option<String>, Usage)> {
-        let mut r = UsageReader::new(content_type);
+        let mut r = UsageReader::new(content_type, None);
         for c in chunks {
             r.push(c);
         }
@@ -358,6 +391,23 @@ mod tests {
                 usage(120, 42, 30000, 2000)
             ))
         );
+    }
+
+    #[test]
+    fn a_message_has_ended_at_message_stop_or_its_declared_length() {
+        let mut r = UsageReader::new("text/event-stream", None);
+        let before_stop = STREAM.find("event: message_stop").unwrap();
+        r.push(&STREAM.as_bytes()[..before_stop]);
+        assert!(!r.ended());
+        r.push(&STREAM.as_bytes()[before_stop..]);
+        assert!(r.ended());
+        let body = br#"{"model":"m","usage":{"input_tokens":1}}"#;
+        let mut r = UsageReader::new("application/json", Some(body.len()));
+        r.push(&body[..10]);
+        assert!(!r.ended());
+        r.push(&body[10..]);
+        assert!(r.ended());
+        assert!(r.finish().is_some());
     }
 
     #[test]
@@ -496,6 +546,77 @@ mod tests {
             "{text}"
         );
         assert_eq!(meter.stats().refused, 1);
+    }
+
+    /// Sends `request` to the relay's socket and returns the whole answer.
+    async fn send(socket: &std::path::Path, request: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut client = tokio::net::UnixStream::connect(socket).await.unwrap();
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_relay_with_a_meter_counts_each_answer_and_past_the_budget_sends_nothing_upstream() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // An upstream answering every request with STREAM (Sonnet, $0.01749), counting them.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1024];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        let n = s.read(&mut b).await.unwrap();
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&b[..n]);
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{STREAM}",
+                        STREAM.len()
+                    );
+                    s.write_all(answer.as_bytes()).await.unwrap();
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("model.sock");
+        let meter = SpendMeter::new(Some(0.03), Prices::default());
+        let mut plan = super::super::RelayPlan::anthropic(
+            &format!("http://127.0.0.1:{port}"),
+            vec![("sk-ant-placeholder".into(), "sk-ant-secret".into())],
+        );
+        plan.spend = Some(meter.clone());
+        let _relay = super::super::ModelRelay::start_plan(&socket, plan)
+            .await
+            .unwrap();
+        let request = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-ant-placeholder\r\nContent-Length: 0\r\n\r\n";
+        // $0.0175, then $0.0350: the second crosses $0.03 and is answered.
+        for _ in 0..2 {
+            let answer = send(&socket, request).await;
+            assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        }
+        assert!(meter.exceeded());
+        let answer = send(&socket, request).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+        assert!(answer.contains("the session's model budget is spent: $0.0350 of maxBudgetUsd $0.03 (2 model requests)"), "{answer}");
+        assert_eq!(
+            served.load(Ordering::SeqCst),
+            2,
+            "the refused request never went upstream"
+        );
+        let s = meter.stats();
+        assert_eq!((s.requests, s.refused), (2, 1));
     }
 
     #[tokio::test]
