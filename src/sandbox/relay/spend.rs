@@ -26,10 +26,13 @@ use super::super::server::Body;
 use super::api_error;
 use crate::spend::{SpendMeter, Usage};
 
-/// The most of a response kept to find its usage in: a JSON message whole, or one SSE line
-/// (a text delta of the real API is small; the fake API's reach 256 KiB). Past it the rest of
-/// that message or line is passed on unread.
-const MAX_HELD: usize = 32 * 1024 * 1024;
+/// The longest SSE line or Bedrock frame kept whole to look for usage in (the events that
+/// carry it are small; a text delta of the real API too, the fake API's reach 256 KiB). A
+/// longer one is passed on unread.
+const MAX_HELD: usize = 1024 * 1024;
+/// Of a JSON message longer than twice this, only its first and last this many bytes are kept:
+/// its `model` comes first, its `usage` last. The relay's memory stays bounded per response.
+const JSON_EDGE: usize = 64 * 1024;
 
 /// The refusal of a request once the budget is spent (`None` while it is not, or without a
 /// meter).
@@ -130,8 +133,11 @@ pub(super) struct UsageReader {
     skipping: bool,
     model: Option<String>,
     usage: Option<Usage>,
-    /// The JSON message's declared length.
+    /// The JSON message's declared length, the bytes of it seen, and its first [`JSON_EDGE`]
+    /// bytes once it is too long to keep whole (`held` keeps its last ones).
     length: Option<usize>,
+    seen: usize,
+    head: Vec<u8>,
     /// The stream's `message_stop` came.
     stopped: bool,
 }
@@ -154,6 +160,8 @@ impl UsageReader {
             model: None,
             usage: None,
             length,
+            seen: 0,
+            head: Vec::new(),
             stopped: false,
         }
     }
@@ -163,7 +171,7 @@ impl UsageReader {
     pub(super) fn ended(&self) -> bool {
         match self.format {
             Format::Sse | Format::EventStream => self.stopped,
-            Format::Json => !self.skipping && self.length == Some(self.held.len()),
+            Format::Json => self.length == Some(self.seen),
         }
     }
 
@@ -175,12 +183,14 @@ impl UsageReader {
                 self.event_stream_frames();
             }
             Format::Json => {
-                if self.held.len() + data.len() > MAX_HELD {
-                    self.skipping = true;
-                    self.held = Vec::new();
-                }
-                if !self.skipping {
-                    self.held.extend_from_slice(data);
+                self.seen += data.len();
+                self.held.extend_from_slice(data);
+                if self.held.len() > 2 * JSON_EDGE {
+                    if self.head.is_empty() {
+                        self.head = self.held[..JSON_EDGE].to_vec();
+                    }
+                    let cut = self.held.len() - JSON_EDGE;
+                    self.held.drain(..cut);
                 }
             }
         }
@@ -191,11 +201,18 @@ impl UsageReader {
         let rest = std::mem::take(&mut self.held);
         match self.format {
             Format::Sse if !self.skipping => self.line(&rest),
-            Format::Json if !self.skipping => {
+            Format::Json if self.head.is_empty() => {
                 if let Ok(v) = serde_json::from_slice::<Value>(&rest) {
                     self.take_model(&v);
                     self.merge(v.get("usage"));
                 }
+            }
+            Format::Json => {
+                let head = std::mem::take(&mut self.head);
+                if let Some(model) = value_after(&head, b"\"model\"", false) {
+                    self.take_model(&serde_json::json!({ "model": model }));
+                }
+                self.merge(value_after(&rest, b"\"usage\"", true).as_ref());
             }
             _ => {}
         }
@@ -308,6 +325,21 @@ impl UsageReader {
             }
         }
     }
+}
+
+/// The JSON value after the first (or `last`) `key` in `bytes`, a part of a JSON text.
+fn value_after(bytes: &[u8], key: &[u8], last: bool) -> Option<Value> {
+    let at = if last {
+        bytes.windows(key.len()).rposition(|w| w == key)?
+    } else {
+        find(bytes, key)?
+    };
+    let rest = bytes[at + key.len()..].trim_ascii_start();
+    let rest = rest.strip_prefix(b":")?;
+    serde_json::Deserializer::from_slice(rest)
+        .into_iter::<Value>()
+        .next()?
+        .ok()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -453,6 +485,24 @@ mod tests {
     }
 
     #[test]
+    fn a_long_json_message_is_read_from_its_first_and_last_bytes() {
+        let text = "x".repeat(3 * JSON_EDGE);
+        let body = format!(
+            r#"{{"id":"msg_1","type":"message","model":"claude-opus-4-1","content":[{{"type":"text","text":"{text}"}}],"usage":{{"input_tokens":3,"output_tokens":4}}}}"#
+        );
+        let mut r = UsageReader::new("application/json", Some(body.len()));
+        for chunk in body.as_bytes().chunks(1000) {
+            r.push(chunk);
+        }
+        assert!(r.ended());
+        assert!(r.held.len() <= 2 * JSON_EDGE && r.head.len() == JSON_EDGE);
+        assert_eq!(
+            r.finish(),
+            Some((Some("claude-opus-4-1".into()), usage(3, 4, 0, 0)))
+        );
+    }
+
+    #[test]
     fn responses_without_usage_count_nothing() {
         assert_eq!(read("application/json", &[br#"{"input_tokens":12}"#]), None);
         assert_eq!(read("application/json", &[b"not json"]), None);
@@ -549,6 +599,7 @@ mod tests {
     }
 
     /// Sends `request` to the relay's socket and returns the whole answer.
+    #[cfg(unix)]
     async fn send(socket: &std::path::Path, request: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut client = tokio::net::UnixStream::connect(socket).await.unwrap();
@@ -558,6 +609,7 @@ mod tests {
         String::from_utf8_lossy(&answer).into_owned()
     }
 
+    #[cfg(unix)]
     #[tokio::test]
     async fn a_relay_with_a_meter_counts_each_answer_and_past_the_budget_sends_nothing_upstream() {
         use std::sync::atomic::{AtomicUsize, Ordering};
