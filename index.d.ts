@@ -33,6 +33,12 @@ export interface SessionStats {
    * saw the session's requests (`sandbox: false`)
    */
   spend: { usd: number; requests: number; refused: number; budgetUsd: number | null } | null
+  /**
+   * what the model API's failures cost: requests the relay held and sent again (retries), CLI
+   * runs that continued the conversation after the CLI ended on an API failure (resumes), and
+   * the time requests were held (waitedMs)
+   */
+  api: { retries: number; resumes: number; waitedMs: number }
 }
 
 /** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. `maxBudgetUsd`: this session's budget; wins over config.maxBudgetUsd (0: none). */
@@ -73,6 +79,19 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   sharedBase?: boolean
   /** seconds to read an Implementor's work out of its checkout (and to save a dead session's); default 300; past it ERR_EXTRACT */
   extractionTimeout?: number
+  /**
+   * seconds a session waits out a retryable model-API failure (overloaded, rate limited, 5xx,
+   * no connection): the relay holds the request and sends it again, and a CLI that ended on the
+   * failure anyway is resumed on its conversation in the same checkout; default 1800; 0 = off.
+   * Past it ERR_AGENT_FAILED naming the outage (the work saved as for any failed run).
+   */
+  apiOutageTolerance?: number
+  /**
+   * default true: the model requests of every session of this process to one account are paced
+   * together, learning the account's limits from the API's answers (429, retry-after, the
+   * anthropic-ratelimit headers); false: each session's CLI finds the limit alone
+   */
+  fleetPacing?: boolean
   /** max provider calls in flight during context assembly; integer 1..1024; default 16 */
   contextConcurrency?: number
   /** seconds per deps callback; default 30; past it ERR_CONTEXT */

@@ -9,6 +9,7 @@ import { configDefaults, defineConfig } from 'vitest/config';
 const MEASURED = {
   'racy-edit.test.mjs': 190,
   'shared-base.test.mjs': 115,
+  'api-outage.test.mjs': 85,
   'types.test.mjs': 60,
   'session.test.mjs': 50,
   'providers.test.mjs': 50,

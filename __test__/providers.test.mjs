@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { scenario } from './support/fake-api.mjs';
+import { apiError, scenario } from './support/fake-api.mjs';
 import { agentRuns, unsandboxed } from './support/agent-bash.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
@@ -92,6 +92,22 @@ describe('Amazon Bedrock through the relay', () => {
     expect(bedrock.requests.length).toBeGreaterThan(0);
     expect(bedrock.requests.every((r) => /signature does not verify/.test(r.rejected))).toBe(true);
     expect(h.api.requests).toEqual([]);
+  });
+
+  it('an outage of Bedrock is held through like the API\'s: each request sent again is signed anew and verifies, and the session completes (issue 34)', async () => {
+    const bedrock = await bedrockWithKeys(AWS);
+    let until = null;
+    h.api.setScript(() => {
+      until ??= Date.now() + 4000;
+      return Date.now() < until ? apiError(529, 'Overloaded') : ROLES.planner.done;
+    });
+    const handle = await h.adapter().startAgent(ROLES.planner.params());
+    const [result, stats] = await Promise.all([handle.result, handle.stats]);
+    expect(result).toMatchObject({ create: [] });
+    expect(stats.api.retries).toBeGreaterThan(1);
+    const models = bedrock.requests.filter((r) => r.path.startsWith('/model/'));
+    expect(models).toHaveLength(stats.api.retries + 1);
+    expect(bedrock.requests.filter((r) => r.rejected)).toEqual([]);
   });
 
   it('a Bedrock API key (AWS_BEARER_TOKEN_BEDROCK) is added outside as the bearer token', async () => {

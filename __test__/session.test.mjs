@@ -302,7 +302,8 @@ describe('result rejections carry the right code', () => {
   });
 
   it('an API error is ERR_AGENT_FAILED and its text is not output', async () => {
-    h = await setup({ script: scenario.always(apiError(500, 'upstream on fire')) });
+    // Held by nothing (apiOutageTolerance 0): what a failure past the tolerance comes to.
+    h = await setup({ script: scenario.always(apiError(500, 'upstream on fire')), config: { apiOutageTolerance: 0 } });
     const handle = await h.adapter().startAgent({ role: 'planner', specPaths: [] });
     const [out, err] = await Promise.all([collect(handle.output), rejection(handle.result)]);
     expect(err.code).toBe('ERR_AGENT_FAILED');

@@ -24,6 +24,9 @@ const DEFAULT_CALL_TIMEOUT_S: f64 = 30.0;
 /// unchecked.
 pub const MAX_SECONDS: f64 = 31_536_000.0;
 const MAX_CONCURRENCY: f64 = 1024.0;
+/// Half an hour: longer than most overload incidents of the API, short enough that a session
+/// stuck behind a real outage ends the same working session.
+const DEFAULT_OUTAGE_TOLERANCE_S: f64 = 1800.0;
 const MAX_OUTPUT_RETRIES: f64 = 10.0;
 
 #[derive(Debug, Clone)]
@@ -61,6 +64,11 @@ pub struct AdapterConfig {
     /// `sharedBase`: sandboxed Implementors on one commit work in copy-on-write layers over
     /// one checkout made (and set up) once; false: each gets a full clone of its own.
     pub shared_base: bool,
+    /// `apiOutageTolerance`: how long one API outage may last before the session fails; the
+    /// relay holds requests through it and a CLI that ended on it is resumed (zero: off).
+    pub api_outage_tolerance: Duration,
+    /// `fleetPacing`: every session's model requests to one account paced together.
+    pub fleet_pacing: bool,
     /// `maxBudgetUsd`: the model spend a session may pass only by its last request; `None`
     /// (`0` or absent): no budget. `params.maxBudgetUsd` wins over it.
     pub max_budget_usd: Option<f64>,
@@ -134,7 +142,7 @@ pub struct Limits {
     pub memory: Option<u64>,
     /// Tasks (processes and threads) alive at once.
     pub tasks: Option<u64>,
-    /// Bytes each private tmpfs (`/tmp`, HOME, the CLI config dir, `/dev/shm`) holds.
+    /// Bytes each private tmpfs (`/tmp`, HOME, `/dev/shm`) holds.
     pub tmpfs: Option<u64>,
 }
 
@@ -415,6 +423,14 @@ pub fn parse_config(
     let sandbox = sandbox(obj.get("sandbox"), r.problems);
     let backend = kubernetes::backend(obj.get("backend"), r.problems);
     let shared_base = r.flag("sharedBase", true);
+    let outage_tolerance = r.number(
+        "apiOutageTolerance",
+        Some(DEFAULT_OUTAGE_TOLERANCE_S),
+        0.0,
+        MAX_SECONDS,
+        false,
+    );
+    let fleet_pacing = r.flag("fleetPacing", true);
     let (max_budget_usd, prices) = budget::budget(&mut r, sandbox.as_ref(), &backend);
     if !problems.is_empty() {
         return None;
@@ -440,6 +456,8 @@ pub fn parse_config(
         sandbox,
         backend,
         shared_base,
+        api_outage_tolerance: seconds(outage_tolerance),
+        fleet_pacing,
         max_budget_usd,
         prices,
     })

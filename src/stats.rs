@@ -65,6 +65,19 @@ pub struct SessionStats {
     /// The model spend the relay counted (every request of the session, subagents included)
     /// and the budget; `None` for a session whose requests no relay saw (`sandbox: false`).
     pub spend: Option<SpendStats>,
+    /// What the model API's failures cost the session.
+    pub api: ApiStats,
+}
+
+/// `SessionStats.api`: requests the relay sent again after a retryable failure, CLI runs that
+/// continued the conversation after the CLI ended on an API failure, and the time requests were
+/// held waiting for the API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiStats {
+    pub retries: u32,
+    pub resumes: u32,
+    pub waited_ms: u64,
 }
 
 /// Accumulates what the CLI reports over one session.
@@ -133,6 +146,32 @@ impl RunStats {
         }
     }
 
+    /// A later CLI run of the same session (a resumed conversation) added: its counts are its
+    /// own process's, so they add up.
+    pub fn then(&mut self, later: RunStats) {
+        if let Some(n) = later.turns {
+            *self.turns.get_or_insert(0) += n;
+        }
+        if let Some(c) = later.cost_usd {
+            *self.cost_usd.get_or_insert(0.0) += c;
+        }
+        if self.init_model.is_none() {
+            self.init_model = later.init_model;
+        }
+        if let Some(u) = later.usage_sum {
+            self.usage_sum.get_or_insert_with(Tokens::default).add(u);
+        }
+        if let Some(models) = later.model_usage {
+            let mine = self.model_usage.get_or_insert_with(Vec::new);
+            for (name, t) in models {
+                match mine.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, acc)) => acc.add(t),
+                    None => mine.push((name, t)),
+                }
+            }
+        }
+    }
+
     /// The stats of the session so far. `duration_ms` is the caller's wall clock; `patch` the
     /// implementor's extracted patch (None for other roles or when there is none).
     pub fn finish(&self, duration_ms: u64, patch: Option<&str>) -> SessionStats {
@@ -160,6 +199,7 @@ impl RunStats {
             tokens,
             changed_files: patch.map(changed_files),
             spend: None,
+            api: ApiStats::default(),
         }
     }
 }
@@ -351,18 +391,25 @@ mod tests {
                 refused: 1,
                 budget_usd: Some(0.2),
             }),
+            api: ApiStats {
+                retries: 3,
+                resumes: 1,
+                waited_ms: 60_500,
+            },
         };
         assert_eq!(
             serde_json::to_value(&s).unwrap(),
             json!({"durationMs": 5, "turns": 2, "costUsd": 0.5, "model": "m",
                    "tokens": {"input": 1, "output": 2, "cacheRead": 3, "cacheCreation": 4},
                    "changedFiles": [{"path": "a", "status": "renamed", "added": 1, "removed": 0}],
-                   "spend": {"usd": 0.25, "requests": 3, "refused": 1, "budgetUsd": 0.2}})
+                   "spend": {"usd": 0.25, "requests": 3, "refused": 1, "budgetUsd": 0.2},
+                   "api": {"retries": 3, "resumes": 1, "waitedMs": 60_500}})
         );
         let empty = serde_json::to_value(SessionStats::default()).unwrap();
         assert_eq!(
             empty,
-            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null, "spend": null})
+            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null, "spend": null,
+                   "api": {"retries": 0, "resumes": 0, "waitedMs": 0}})
         );
     }
 

@@ -90,6 +90,8 @@ describe('a pod that goes under the agent', () => {
     expect(err.message).toMatch(/pod \S+ (was deleted|is gone|was terminated)/);
     expect(Date.now() - t0).toBeLessThan(60_000);
     expect(adapterPods(handle.sessionID)).toEqual([]);
+    // Not an API failure (issue 34): the CLI's conversation is not resumed.
+    expect((await handle.stats).api.resumes).toBe(0);
   });
 
   it('OOM-killed: ERR_RESOURCE_LIMIT naming the pod\'s memory limit', { timeout: 120_000 }, async () => {

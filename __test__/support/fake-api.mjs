@@ -4,12 +4,14 @@
 //   env.ANTHROPIC_BASE_URL = api.url;
 //
 // `script(body, request)` decides each reply from the request body alone (stateless). A reply is
-//   { content: [block…], stop_reason?, usage?, delayMs? }
+//   { content: [block…], stop_reason?, usage?, delayMs?, headers? }
 //   { error: { status, type?, message? }, delayMs?, headers? }   → HTTP error with the API's error body
 //   { streamError: { type?, message? }, content? }               → 200, some blocks, then an SSE `error` event
 //   { hang: true }                                               → never answers (until close())
 //   { cut: true }                                                → reads the request, then closes the
 //                                                                  connection without an answer
+//   { cutMidway: true }                                          → 200 and the answer's first events,
+//                                                                  then closes the connection
 // where a block is one of
 //   { type:'text', text }            { type:'thinking', thinking, signature? }
 //   { type:'tool_use', name, input, id? }
@@ -211,6 +213,7 @@ async function writeStream(res, body, r) {
     'cache-control': 'no-cache',
     connection: 'keep-alive',
     'request-id': newId('req'),
+    ...(r.headers ?? {}),
   });
   await writeAsync(
     res,
@@ -228,6 +231,14 @@ async function writeStream(res, body, r) {
       },
     }),
   );
+  if (r.cutMidway) {
+    // The answer began (the client has its head and its first event), then the connection goes.
+    await writeAsync(res, sse('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }));
+    await writeAsync(res, sse('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Half an ans' } }));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    res.socket?.destroy();
+    return;
+  }
   let outChars = 0;
   for (let index = 0; index < blocks.length; index++) {
     const b = blocks[index];
@@ -288,7 +299,7 @@ function writeJsonMessage(res, body, r) {
     stop_reason: stopReasonFor(r, blocks),
     stop_sequence: null,
     usage: { ...usageFor(body, outChars), ...(r.usage ?? {}) },
-  });
+  }, r.headers ?? {});
 }
 
 function sendJson(res, status, obj, headers = {}) {
@@ -380,7 +391,7 @@ export async function startFakeApi({ script, sideScript, keepBodies = true } = {
 
     const decide = kind === 'main' ? currentScript : (sideScript ?? (() => reply(text('ok'))));
     const r = normaliseReply(await decide(body, entry));
-    entry.reply = r.hang ? 'hang' : r.cut ? 'cut' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
+    entry.reply = r.hang ? 'hang' : r.cut ? 'cut' : r.cutMidway ? 'cutMidway' : r.error ? { error: r.error } : { content: (r.content ?? []).map((b) => b.type + (b.name ? `:${b.name}` : '')) };
 
     if (r.delayMs) await new Promise((resolve) => setTimeout(resolve, r.delayMs));
     // The request arrived whole; the connection goes without an answer (a server that failed

@@ -36,6 +36,17 @@ pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
     args
 }
 
+/// `args` of a session's CLI changed to continue its conversation (`--resume`, which keeps the
+/// session id and reads the conversation from the CLI's config dir) instead of starting it.
+pub fn resume_args(args: &[String]) -> Vec<String> {
+    args.iter()
+        .map(|a| match a.strip_prefix("--session-id=") {
+            Some(id) => format!("--resume={id}"),
+            None => a.clone(),
+        })
+        .collect()
+}
+
 /// Variables of the engine's own environment the CLI gets; everything else stays with the
 /// engine (its tokens and keys above all). The CLI needs a usable system environment (paths,
 /// user, locale, terminal, temp dir, TLS trust, the proxy the host sits behind) and its own

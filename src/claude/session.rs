@@ -134,6 +134,7 @@ pub trait SessionObserver: Send + Sync + 'static {
     fn on_event(&self, event: SessionEvent<'_>);
 }
 
+#[derive(Clone)]
 pub struct SessionSpec {
     pub program: PathBuf,
     pub args: Vec<String>,

@@ -18,9 +18,10 @@ use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, GitJails, Reporting, SessionSandbox};
+use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
+use crate::scratch::ScratchDir;
 
 /// Makes [`LocalEnvironment`]s.
 #[derive(Debug, Default, Clone, Copy)]
@@ -61,10 +62,9 @@ impl Backend for LocalBackend {
                 workspace,
                 sandbox: req.sandbox,
                 env: req.env,
-                report: Reporting {
-                    egress: req.egress,
-                    spend: req.spend,
-                },
+                egress: req.egress,
+                api: req.api,
+                cli_config: None,
                 running: None,
             });
             Ok(env)
@@ -78,7 +78,7 @@ enum Made {
     View(RepoView),
 }
 
-// Only Linux builds its sandbox from the repository and the reporting.
+// Only Linux builds its sandbox from the repository and the egress sink.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct LocalEnvironment {
     workdir: PathBuf,
@@ -87,7 +87,11 @@ pub struct LocalEnvironment {
     sandbox: Option<SandboxConfig>,
     /// The CLI's environment (its `TMPDIR` is the temp dir without the sandbox).
     env: Vec<(String, String)>,
-    report: Reporting,
+    egress: Option<EgressSink>,
+    api: ApiHooks,
+    /// The CLI's config dir, made at its first run and kept until the environment is destroyed:
+    /// a CLI that ended on an API failure is resumed from the conversation in it.
+    cli_config: Option<ScratchDir>,
     /// The sandbox of the running CLI (its proxy and relay live as long as this does).
     running: Option<SessionSandbox>,
 }
@@ -125,8 +129,20 @@ impl LocalEnvironment {
         if let Ok(real) = cmd.program.canonicalize() {
             cmd.program = real;
         }
-        let scope = self.scope(&cmd.program).await;
-        let sandbox = SessionSandbox::start(cfg, &scope, &cmd.env, self.report.clone()).await?;
+        let mut scope = self.scope(&cmd.program).await;
+        if self.cli_config.is_none() {
+            self.cli_config = Some(ScratchDir::create("cliconfig").map_err(|e| {
+                AdapterError::new(
+                    ErrorCode::SandboxUnavailable,
+                    "cannot create the session's directory for the CLI's config",
+                )
+                .with_cause(e)
+            })?);
+        }
+        scope.cli_config = self.cli_config.as_ref().map(|d| d.path().to_path_buf());
+        let sandbox =
+            SessionSandbox::start(cfg, &scope, &cmd.env, self.egress.clone(), self.api.clone())
+                .await?;
         let (argv, env) = sandbox.command(&cmd.program, &cmd.args);
         // The bubblewrap the availability check tried: the one on the CLI's PATH.
         let path = env_value(&cmd.env, "PATH").map(OsStr::new);
@@ -230,10 +246,23 @@ impl Environment for LocalEnvironment {
         })
     }
 
+    fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let dir = self.cli_config.as_ref()?.path().to_path_buf();
+            let name = format!("{cli_session}.jsonl");
+            tokio::task::spawn_blocking(move || conversation_in(&dir, &name))
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
     fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            // The CLI has exited: its proxy and relay go.
+            // The CLI has exited: its proxy and relay go, and its config dir (a conversation
+            // worth keeping was copied out before).
             self.running = None;
+            self.cli_config = None;
             if keep_checkout && matches!(self.workspace, Made::Checkout(_)) {
                 // Kept, not removed: released (no longer live in this process, so a sweep may
                 // save and remove it) when this environment is dropped.
@@ -245,4 +274,46 @@ impl Environment for LocalEnvironment {
             }
         })
     }
+}
+
+/// The largest conversation kept beside a transcript.
+#[cfg(unix)]
+const MAX_CONVERSATION: u64 = 256 << 20;
+
+/// Only a sandboxed session keeps its CLI's config dir, and sandboxes are Linux's.
+#[cfg(not(unix))]
+fn conversation_in(_dir: &Path, _name: &str) -> Option<Vec<u8>> {
+    None
+}
+
+/// `projects/<any>/<name>` in the CLI's config dir `dir`, read without following a link: the
+/// directory was the sandbox's to write (every process of it has ended by now), and a link
+/// there must not copy a file of the host beside the transcript.
+#[cfg(unix)]
+fn conversation_in(dir: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let projects = dir.join("projects");
+    if !real_dir(&projects) {
+        return None;
+    }
+    std::fs::read_dir(&projects)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| real_dir(p))
+        .find_map(|p| {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(p.join(name))
+                .ok()?;
+            if !file.metadata().ok()?.is_file() {
+                return None;
+            }
+            let mut bytes = Vec::new();
+            file.take(MAX_CONVERSATION).read_to_end(&mut bytes).ok()?;
+            Some(bytes)
+        })
 }

@@ -18,7 +18,6 @@ pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -27,8 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::SandboxConfig;
 use crate::error::Result;
 use crate::git::{ProvisionRequest, ViewRequest};
-use crate::sandbox::EgressSink;
-use crate::spend::SpendMeter;
+use crate::sandbox::{ApiHooks, EgressSink};
 
 pub use local::LocalBackend;
 
@@ -48,9 +46,8 @@ pub struct EnvRequest {
     pub env: Vec<(String, String)>,
     /// Where network attempts from inside are reported.
     pub egress: Option<EgressSink>,
-    /// Where the spend of the session's model requests is counted, by the relay (`None`:
-    /// nothing counts it).
-    pub spend: Option<Arc<SpendMeter>>,
+    /// What the session's model relay does beyond forwarding (outages, the fleet's pace).
+    pub api: ApiHooks,
 }
 
 /// What the agent works in.
@@ -97,7 +94,7 @@ pub trait Backend: Send + Sync {
     fn preflight(&self, env: &[(String, String)], sandbox: Option<&SandboxConfig>) -> Result<()>;
 
     /// True when every model request of a session with `sandbox` passes the engine's relay,
-    /// which counts its spend ([`EnvRequest::spend`]): what a budget needs.
+    /// which counts its spend (`ApiHooks::spend` of [`EnvRequest::api`]): what a budget needs.
     fn meters_model_requests(&self, sandbox: Option<&SandboxConfig>) -> bool;
 
     /// The CLI inside the environment when it is not the engine's own (a session image's);
@@ -156,6 +153,11 @@ pub trait Environment: Send + Sync {
     }
     /// Starts `cmd` inside.
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>>;
+    /// The CLI's conversation `cli_session` (what `claude --resume` reads), asked once the CLI
+    /// has ended, before [`Environment::destroy`]; `None` where it is not kept.
+    fn conversation<'a>(&'a self, _cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async { None })
+    }
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:
     /// the lifecycle bounds it, and dropping the future ends whatever it runs.
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>>;

@@ -31,7 +31,7 @@ mod registry;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -53,11 +53,11 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
-use crate::sandbox::{EgressAttempt, EgressSink, ReadGuard, WriteScope};
+use crate::sandbox::{ApiHooks, ApiOutage, EgressAttempt, EgressSink, ReadGuard, WriteScope};
 use crate::schema;
 use crate::schema::semantic::Facts;
 use crate::spend::SpendMeter;
-use crate::stats::{RunStats, SessionStats};
+use crate::stats::{ApiStats, RunStats, SessionStats};
 use crate::transcript::{self, Transcript};
 
 pub use host::SessionHost;
@@ -106,10 +106,32 @@ pub struct Session {
     /// `config.extractionTimeout`, stopped): nothing tries again, and the checkout is kept
     /// rather than removed with the work in it.
     unsaved: AtomicBool,
+    /// The model API's failures as the session's relay saw them (`apiOutageTolerance`).
+    outage: Arc<ApiOutage>,
+    /// The transcript, for the outage's notices (which can come before it is open).
+    noted: Arc<OnceLock<Arc<Transcript>>>,
+    /// What the CLI was started with, to start it again on the same conversation.
+    spec: Option<SessionSpec>,
+    /// CLI runs that continued the conversation after the CLI ended on an API failure.
+    resumes: u32,
+    /// Why the session ended on an API outage it could not wait out (past the tolerance).
+    outage_failure: Option<String>,
     /// The model spend the relay counts, with the session's budget; `None` when no relay
     /// sees the session's requests (`sandbox: false`).
     spend: Option<Arc<SpendMeter>>,
 }
+
+/// A session's CLI is started again on its conversation at most this many times (each only
+/// after it ended on an API failure within `apiOutageTolerance`): an API that cuts every
+/// answer must not keep a session going for ever.
+const MAX_RESUMES: u32 = 8;
+/// The pause before a resume, doubling with each (the relay holds the next request through a
+/// failure it sees; this paces an API that cuts its answers).
+const RESUME_PAUSE: Duration = Duration::from_millis(500);
+const MAX_RESUME_PAUSE: Duration = Duration::from_secs(30);
+
+/// What the resumed CLI is told, as the next user turn of its conversation.
+const RESUME_PROMPT: &str = "The model API failed in the middle of your work, and your session has been resumed in the same checkout. Check what you already did, then continue the task where you left off and finish it as instructed.";
 
 impl Session {
     /// Validate, claim the session id (and the branch), start the time limit.
@@ -126,6 +148,17 @@ impl Session {
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let stop = StopSignal::default();
         let registration = host.registry.register(&id, &params, &stop)?;
+        let output = OutputBuffer::new(DEFAULT_BOUND);
+        let noted: Arc<OnceLock<Arc<Transcript>>> = Arc::new(OnceLock::new());
+        let outage = outage_watch(host, &id, params.role(), &stop, &output, &noted);
+        let mut env = command::build_env(std::env::vars(), &host.config.env);
+        let tolerance = host.config.api_outage_tolerance;
+        if !tolerance.is_zero() && !env.iter().any(|(k, _)| k == "API_TIMEOUT_MS") {
+            // The CLI gives up on a request after API_TIMEOUT_MS (10 minutes by default); one
+            // the relay holds through an outage may take the whole tolerance.
+            let ms = (tolerance + Duration::from_secs(600)).as_millis();
+            env.push(("API_TIMEOUT_MS".into(), ms.to_string()));
+        }
         if let Some(limit) = host.config.max_agent_duration {
             let timer = stop.clone();
             tokio::spawn(async move {
@@ -154,11 +187,16 @@ impl Session {
             registration,
             environment: None,
             transcript: None,
-            output: OutputBuffer::new(DEFAULT_BOUND),
+            output,
             facts: Facts::Implementor,
             started: Instant::now(),
-            env: command::build_env(std::env::vars(), &host.config.env),
+            env,
             unsaved: AtomicBool::new(false),
+            outage,
+            noted,
+            spec: None,
+            resumes: 0,
+            outage_failure: None,
             spend,
         })
     }
@@ -260,7 +298,11 @@ impl Session {
             sandbox: cfg.sandbox.clone(),
             env: self.env.clone(),
             egress: Some(self.egress_sink()),
-            spend: self.spend.clone(),
+            api: ApiHooks {
+                outage: Some(self.outage.clone()),
+                pacing: cfg.fleet_pacing,
+                spend: self.spend.clone(),
+            },
         };
         let provisioned = self
             .host
@@ -432,7 +474,9 @@ impl Session {
         // Secrets the adapter knows of are never written, from the first entry on (a setup
         // command's output in an ERR_PROVISION footer included).
         t.redact(transcript::secrets_in(&self.env));
-        Arc::new(t)
+        let t = Arc::new(t);
+        let _ = self.noted.set(t.clone());
+        t
     }
 
     /// Start the CLI; resolves once it has answered `initialize` and has the prompt.
@@ -465,6 +509,7 @@ impl Session {
                 json!({ "sandbox": described }),
             );
         }
+        self.spec = Some(spec.clone());
         let running = session::start(
             exec,
             spec,
@@ -486,24 +531,137 @@ impl Session {
     /// Run the agent to its end (result, crash, stop); nothing of the CLI is left running.
     /// Output that passes the schema but breaks the semantic rules is sent back to the agent
     /// in the same session, up to `config.outputRetries` times.
-    pub async fn supervise(&self, running: RunningSession) -> SessionEnd {
-        let (role, facts) = (self.role(), &self.facts);
+    /// A CLI that ended on a model-API failure the session may still wait out is started again
+    /// on the same conversation (`--resume`, the same checkout, role, schema, hooks and
+    /// sandbox); its stats add up.
+    pub async fn supervise(&mut self, running: RunningSession) -> SessionEnd {
         let retries = self.host.config.output_retries;
-        let end = running
-            .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
-            .await;
-        self.output.close();
-        end
+        let mut running = running;
+        let mut earlier = RunStats::default();
+        loop {
+            let (role, facts) = (self.role(), &self.facts);
+            let mut end = running
+                .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
+                .await;
+            let resume = match self.resumable(&end).await {
+                Ok(resume) => resume,
+                Err(failure) => {
+                    self.outage_failure = failure;
+                    None
+                }
+            };
+            let Some((reason, spec)) = resume else {
+                earlier.then(std::mem::take(&mut end.stats));
+                end.stats = earlier;
+                self.output.close();
+                return end;
+            };
+            self.resumes += 1;
+            let text = format!(
+                "the Claude Code CLI ended on a model API failure ({reason}); continuing its conversation (resume {} of at most {MAX_RESUMES})",
+                self.resumes
+            );
+            self.outage.notice(&text);
+            earlier.then(std::mem::take(&mut end.stats));
+            // An API that cuts every answer is not asked again at once; a stop ends the pause.
+            let pause = RESUME_PAUSE * 2u32.pow((self.resumes - 1).min(5));
+            tokio::select! {
+                _ = tokio::time::sleep(pause.min(MAX_RESUME_PAUSE)) => {}
+                _ = self.stop.stopped() => {}
+            }
+            if let Some(reason) = self.stop.reason() {
+                end.stopped = Some(reason);
+                end.stats = earlier;
+                self.output.close();
+                return end;
+            }
+            match self.spawn(spec).await {
+                Ok(next) => running = next,
+                Err(e) => {
+                    self.log(
+                        LogLevel::Warn,
+                        "the CLI could not be started again on its conversation",
+                        json!({ "error": e.message }),
+                    );
+                    end.stats = earlier;
+                    self.output.close();
+                    return end;
+                }
+            }
+        }
+    }
+
+    /// The CLI run that `end` ended is to be resumed: `Ok(Some((why, the spec to run)))`.
+    /// `Err(Some(why))`: it ended on an outage past `apiOutageTolerance` (the session fails
+    /// naming it); `Ok(None)`/`Err(None)`: it ended for another reason (a result, a stop, a
+    /// crash, an environment lost under it: a pod its node killed is not an API failure).
+    async fn resumable(
+        &self,
+        end: &SessionEnd,
+    ) -> std::result::Result<Option<(String, SessionSpec)>, Option<String>> {
+        if end.stopped.is_some() || self.stop.reason().is_some() {
+            return Ok(None);
+        }
+        if end.result.as_ref().is_some_and(|r| !r.is_error) {
+            return Ok(None);
+        }
+        let Some((reason, lasted, may_wait)) = self.outage.ongoing() else {
+            return Ok(None);
+        };
+        if self.outage.tolerance().is_zero() {
+            return Ok(None);
+        }
+        if !may_wait {
+            return Err(Some(format!(
+                "the model API was unavailable for {} s, past apiOutageTolerance ({} s): {reason}",
+                lasted.as_secs(),
+                self.outage.tolerance().as_secs()
+            )));
+        }
+        if self.resumes >= MAX_RESUMES {
+            return Err(Some(format!(
+                "the model API kept failing ({reason}); the conversation was resumed {MAX_RESUMES} times"
+            )));
+        }
+        if let Some(env) = &self.environment {
+            if env.lost().await.is_some() {
+                return Ok(None);
+            }
+        }
+        let Some(spec) = &self.spec else {
+            return Ok(None);
+        };
+        let mut spec = spec.clone();
+        spec.args = command::resume_args(&spec.args);
+        spec.prompt = RESUME_PROMPT.to_string();
+        Ok(Some((reason, spec)))
     }
 
     /// How the session ended → the engine's `result` (the Implementor's patch added).
     pub async fn extract(&self, end: SessionEnd) -> (Result<Value>, SessionStats) {
         let run_stats = end.stats.clone();
         let outcome = self.result_of(end).await;
+        let outcome = match (&self.outage_failure, outcome) {
+            (Some(why), Err(e)) if e.code == ErrorCode::AgentFailed => Err(AdapterError {
+                message: format!("{why}; {}", e.message),
+                ..e
+            }),
+            (_, outcome) => outcome,
+        };
         let changes = self.changes(&outcome).await;
         let elapsed = self.started.elapsed().as_millis() as u64;
-        let stats = self.spend_stats(run_stats.finish(elapsed, changes.as_deref()));
+        let mut stats = self.spend_stats(run_stats.finish(elapsed, changes.as_deref()));
+        stats.api = self.api_stats();
         (outcome, stats)
+    }
+
+    fn api_stats(&self) -> ApiStats {
+        let counts = self.outage.counts();
+        ApiStats {
+            retries: counts.retries,
+            resumes: self.resumes,
+            waited_ms: counts.waited.as_millis() as u64,
+        }
     }
 
     /// The Implementor's changes (`None` for the other roles), for the stats' changed files:
@@ -676,8 +834,34 @@ impl Session {
     /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
     /// `changes`; a checkout whose work could not be read is kept instead) — write the
     /// footer, log, release the id.
+    /// With `logging.agentSessions`, the CLI's conversation beside the transcript, so a person
+    /// can continue it with `claude --resume` (docs/troubleshooting.md says how).
+    async fn keep_conversation(&self, env: &dyn Environment) {
+        let Some(t) = &self.transcript else { return };
+        let Some(bytes) = env.conversation(&self.cli_id).await else {
+            return;
+        };
+        let path = t.path().with_extension("conversation.jsonl");
+        match std::fs::write(&path, bytes) {
+            Ok(()) => t.note(
+                "conversation",
+                &format!(
+                    "the CLI's conversation {} was kept at {}",
+                    self.cli_id,
+                    path.display()
+                ),
+            ),
+            Err(e) => self.log(
+                LogLevel::Warn,
+                "could not keep the CLI's conversation beside the transcript",
+                json!({ "path": path.display().to_string(), "error": e.to_string() }),
+            ),
+        }
+    }
+
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         if let Some(mut env) = self.environment.take() {
+            self.keep_conversation(env.as_ref()).await;
             let keep = self.unsaved.load(Ordering::SeqCst);
             if keep {
                 let path = env.workdir().display().to_string();
@@ -775,6 +959,7 @@ pub async fn start_agent(
     let span = host.log_route.span();
     tokio::spawn(
         async move {
+            let mut session = session;
             let end = session.supervise(running).await;
             let (outcome, stats) = session.extract(end).await;
             session.clean(&outcome, &stats).await;
@@ -783,4 +968,29 @@ pub async fn start_agent(
         .instrument(span),
     );
     Ok(started)
+}
+
+/// The session's outage watch: its notices go to the engine's stream (a line of their own), the
+/// transcript and the engine's log.
+fn outage_watch(
+    host: &Arc<SessionHost>,
+    id: &str,
+    role: Role,
+    stop: &StopSignal,
+    output: &Arc<OutputBuffer>,
+    noted: &Arc<OnceLock<Arc<Transcript>>>,
+) -> Arc<ApiOutage> {
+    let (output, noted, logger) = (output.clone(), noted.clone(), host.logger.clone());
+    let ids = json!({ "sessionID": id, "role": role.as_str() });
+    ApiOutage::new(
+        host.config.api_outage_tolerance,
+        stop.token().clone(),
+        Box::new(move |text: &str| {
+            output.push(&format!("\n[claude-runtime-adapter] {text}\n"));
+            if let Some(t) = noted.get() {
+                t.note("api", text);
+            }
+            logger.log(LogLevel::Warn, text, ids.clone());
+        }),
+    )
 }

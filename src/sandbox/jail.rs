@@ -67,8 +67,11 @@ pub struct JailPlan {
     pub home: Option<PathBuf>,
     /// Files the adapter made for the session, shown read-only: (host file, path inside).
     pub home_files: Vec<(PathBuf, PathBuf)>,
-    /// Further private, empty, writable directories (the CLI's config dir).
+    /// Further private, empty, writable directories.
     pub scratch: Vec<PathBuf>,
+    /// Host directories of the session bound writable at a path inside: (host, inside). The
+    /// CLI's config dir, which outlives one CLI so a conversation can be resumed.
+    pub kept: Vec<(PathBuf, PathBuf)>,
     /// Host directory shown at [`SOCKET_DIR`].
     pub sockets: Option<PathBuf>,
     /// Host files bound writable over files of the same name in `sockets` (made there as mount
@@ -162,6 +165,9 @@ impl Jail {
             if Some(dir) != plan.home.as_ref() {
                 a.tmpfs(size, dir.as_os_str());
             }
+        }
+        for (host, inside) in &plan.kept {
+            a.pair("--bind", host.as_os_str(), inside.as_os_str());
         }
         // What the read-only binds show: (host path, path inside).
         let mut readable: Vec<(PathBuf, PathBuf)> = Vec::new();

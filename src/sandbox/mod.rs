@@ -39,14 +39,12 @@ mod write_scope;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::layer::LayerMounts;
 use crate::scratch::ScratchDir;
-use crate::spend::SpendMeter;
 
 pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
@@ -55,8 +53,9 @@ pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
 pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
+pub use relay::outage::{ApiOutage, OutageCounts};
 pub use relay::provider::Provider;
-pub use relay::{placeholder, ModelRelay};
+pub use relay::{placeholder, ApiHooks, ModelRelay};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
 pub use write_scope::WriteScope;
@@ -87,14 +86,6 @@ while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000
 done
 exec "$@""#;
 
-/// Where a session's gateway reports what passes it: every network attempt of the agent's
-/// commands (the egress proxy), and the spend of its model requests (the relay).
-#[derive(Clone, Default)]
-pub struct Reporting {
-    pub egress: Option<EgressSink>,
-    pub spend: Option<Arc<SpendMeter>>,
-}
-
 /// What one session may see and change.
 #[derive(Debug, Clone, Default)]
 pub struct SessionScope {
@@ -108,6 +99,9 @@ pub struct SessionScope {
     /// The Implementor's copy-on-write checkout, mounted at its path (the `cwd`).
     #[cfg(target_os = "linux")]
     pub layer: Option<LayerMounts>,
+    /// The session's directory for the CLI's config (its conversations), kept across CLI runs;
+    /// `None`: a private one per run.
+    pub cli_config: Option<PathBuf>,
 }
 
 /// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
@@ -135,14 +129,15 @@ pub struct Gateway {
 impl Gateway {
     /// Starts the proxy (allowing the sandbox's `allowed_domains` and the model API's host) and
     /// the relay (forwarding the features that reach out which its `server_tools` allow; any,
-    /// without a sandbox) and counting the session's spend on `spend`. `cli_env` is the CLI's
-    /// environment as the adapter built it (credentials included); the git identity is the
-    /// user's global one, or as it applies in `identity_repo` when given.
+    /// without a sandbox). `cli_env` is the CLI's environment as the adapter built it
+    /// (credentials included); the git identity is the user's global one, or as it applies in
+    /// `identity_repo` when given.
     pub async fn start(
         sandbox: Option<&SandboxConfig>,
         cli_env: &[(String, String)],
-        report: Reporting,
+        sink: Option<EgressSink>,
         identity_repo: Option<&Path>,
+        api: ApiHooks,
     ) -> Result<Gateway> {
         let provider = Provider::of(cli_env);
         let (mut env, substitutions) = match provider {
@@ -164,11 +159,12 @@ impl Gateway {
                 allow = allow.with_endpoint(&host, port);
             }
         }
-        let proxy =
-            EgressProxy::start(allow, report.egress, &sockets.path().join(EGRESS_SOCKET)).await?;
+        let proxy = EgressProxy::start(allow, sink, &sockets.path().join(EGRESS_SOCKET)).await?;
         let mut plan = plan.plan;
         plan.server_tools = sandbox.map(|s| s.server_tools.clone());
-        plan.spend = report.spend;
+        plan.outage = api.outage;
+        plan.pacing = api.pacing;
+        plan.spend = api.spend;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         Ok(Gateway {
             env,
@@ -282,10 +278,11 @@ impl SessionSandbox {
         cfg: &SandboxConfig,
         scope: &SessionScope,
         cli_env: &[(String, String)],
-        report: Reporting,
+        sink: Option<EgressSink>,
+        api: ApiHooks,
     ) -> Result<SessionSandbox> {
         let (mut gateway, profile_path) =
-            tokio::try_join!(Gateway::start(Some(cfg), cli_env, report, None), async {
+            tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None, api), async {
                 Ok(home::profile_path(cli_env).await)
             })?;
         let cli_path = credentials::env_value(cli_env, "PATH");
@@ -311,6 +308,27 @@ impl SessionSandbox {
             .map(PathBuf::from)
             .filter(|h| h.is_absolute() && h.parent().is_some());
         let config_dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
+        // The CLI's config dir (its conversation, which `--resume` reads) is the session's
+        // directory outside when the environment keeps one, else private and gone with the CLI.
+        // Shown where the CLI would look for it anyway, and named in its environment.
+        let kept: Vec<(PathBuf, PathBuf)> = match &scope.cli_config {
+            Some(host) => {
+                // Not HOME itself: that is the session's private tmpfs, and stays so.
+                let inside = config_dir
+                    .clone()
+                    .filter(|d| d.is_absolute() && d.parent().is_some() && Some(d) != home.as_ref())
+                    .or_else(|| home.as_ref().map(|h| h.join(".claude")))
+                    .unwrap_or_else(|| PathBuf::from("/tmp/claude-config"));
+                gateway.env.retain(|(k, _)| k != "CLAUDE_CONFIG_DIR");
+                gateway.env.push((
+                    "CLAUDE_CONFIG_DIR".to_string(),
+                    inside.display().to_string(),
+                ));
+                vec![(host.clone(), inside)]
+            }
+            None => Vec::new(),
+        };
+        let config_dir = config_dir.filter(|_| kept.is_empty());
         let mut writable = scope.writable.clone();
         // A missing path cannot be mounted; it has nothing to write into yet either.
         writable.extend(cfg.allow_write.iter().filter(|p| p.exists()).cloned());
@@ -334,6 +352,7 @@ impl SessionSandbox {
             home,
             home_files,
             scratch: config_dir.into_iter().collect(),
+            kept,
             sockets: Some(gateway.sockets.path().to_path_buf()),
             socket_files: commands_files,
             path_env: path.map(OsString::from),

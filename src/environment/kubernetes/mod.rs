@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::cluster::{Cluster, Pod, PodRequest};
 use self::image::{inspect_image, pod_env};
-use self::layout::{CLI, MUX, SOCKETS, STATE, WORKDIR};
+use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
 use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
@@ -47,8 +47,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::neutral_git_sh;
 use crate::sandbox::commands::commands_share;
 use crate::sandbox::{
-    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, Reporting,
-    PREFIX_SCRIPT,
+    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
 };
 
 /// How long a pod whose stream broke is given to show why in its status.
@@ -189,11 +188,9 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
     let gateway = Gateway::start(
         req.sandbox.as_ref(),
         &req.env,
-        Reporting {
-            egress: req.egress.clone(),
-            spend: req.spend.clone(),
-        },
+        req.egress.clone(),
         Some(&req.repo_root),
+        req.api.clone(),
     )
     .await?;
     for (name, engine_side) in gateway.sockets() {
@@ -319,6 +316,9 @@ pub struct KubernetesEnvironment {
     /// Serves the pod's `git fetch --unshallow` while the session lives.
     _history: history::HistoryServer,
 }
+
+/// The largest conversation kept beside a transcript.
+const MAX_CONVERSATION: usize = 64 << 20;
 
 impl KubernetesEnvironment {
     /// The pod still runs commands (bounded).
@@ -499,6 +499,25 @@ impl Environment for KubernetesEnvironment {
                     cwd: WORKDIR.into(),
                 })
                 .await
+        })
+    }
+
+    fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            // In the pod's home, which outlives each CLI run there (a resume reads it). `find
+            // -type f` follows no link the agent planted; the pod holds nothing of the engine.
+            let script = format!(
+                "find {HOME}/.claude/projects -mindepth 2 -maxdepth 2 -type f -name {} -exec head -c {MAX_CONVERSATION} {{}} \\;",
+                sh_quote(&format!("{cli_session}.jsonl"))
+            );
+            let cmd = RemoteCommand {
+                argv: vec!["sh".into(), "-c".into(), script],
+                env: self.env.clone(),
+                cwd: "/".into(),
+            };
+            let run = self.shell().ok()?.run(cmd, &[], MAX_CONVERSATION);
+            let out = tokio::time::timeout(STEP_TIMEOUT, run).await.ok()?.ok()?;
+            (out.status.success() && !out.stdout.is_empty()).then_some(out.stdout)
         })
     }
 

@@ -22,6 +22,8 @@ mod bedrock;
 mod body;
 mod foundry;
 mod mask;
+pub mod outage;
+mod pacing;
 pub mod provider;
 mod provider_spec;
 mod reach;
@@ -32,6 +34,7 @@ mod vertex;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HOST};
@@ -42,6 +45,8 @@ use hyper_util::rt::TokioIo;
 
 use self::body::BodyBudget;
 use self::mask::{find, Masker};
+use self::outage::ApiOutage;
+use self::pacing::Pace;
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
 use self::upstream::{extra_roots, sources, BoxError, Upstream};
@@ -52,6 +57,17 @@ use crate::spend::SpendMeter;
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
 const MAX_RELAY_CONNECTIONS: usize = 64;
+
+/// What a session asks of its relay beyond the plan: its outage ([`outage`]), whether its
+/// requests are paced with the fleet's ([`pacing`]), and its spend and budget ([`spend`]).
+#[derive(Clone, Default)]
+pub struct ApiHooks {
+    pub outage: Option<Arc<ApiOutage>>,
+    pub pacing: bool,
+    /// The session's spend meter: every answer counted, requests refused past its budget
+    /// ([`spend`]).
+    pub spend: Option<Arc<SpendMeter>>,
+}
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
 /// its socket file.
@@ -74,6 +90,10 @@ pub struct RelayPlan {
     /// The API's features that reach out on the agent's behalf which requests may use
     /// (`sandbox.serverTools`); `None`: any (a session without a sandbox).
     pub server_tools: Option<Vec<ServerTool>>,
+    /// The session's outage: requests held through it (`None`: sent once, as the CLI asks).
+    pub outage: Option<Arc<ApiOutage>>,
+    /// Paced with every other session's requests to the same account ([`pacing`]).
+    pub pacing: bool,
     /// The session's spend, counted from every response; requests are refused once it has
     /// passed the budget ([`spend`]).
     pub spend: Option<Arc<SpendMeter>>,
@@ -93,6 +113,8 @@ impl RelayPlan {
             auth: None,
             headers: Vec::new(),
             server_tools: Some(Vec::new()),
+            outage: None,
+            pacing: false,
             spend: None,
         }
     }
@@ -131,6 +153,8 @@ impl ModelRelay {
             auth,
             headers,
             server_tools,
+            outage,
+            pacing,
             spend,
         } = plan;
         if substitutions
@@ -149,11 +173,27 @@ impl ModelRelay {
                 .filter(|secret| !secret.is_empty())
                 .collect(),
         );
+        let upstreams: Vec<Upstream> = upstreams
+            .iter()
+            .map(|u| Upstream::new(u, extra_roots))
+            .collect::<Result<_>>()?;
+        // The account: the first upstream and every credential the relay adds.
+        let account = substitutions
+            .iter()
+            .map(|(_, secret)| secret.as_str())
+            .chain(headers.iter().filter_map(|(_, v)| v.to_str().ok()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let pace = pacing.then(|| {
+            pacing::pace_for(
+                upstreams.first().map_or("", |u| u.origin.as_str()),
+                &account,
+            )
+        });
         let relay = Arc::new(Relay {
-            upstreams: upstreams
-                .iter()
-                .map(|u| Upstream::new(u, extra_roots))
-                .collect::<Result<_>>()?,
+            upstreams,
+            outage,
+            pace,
             api,
             routes,
             substitutions,
@@ -200,6 +240,9 @@ struct Relay {
     server_tools: Option<Vec<ServerTool>>,
     /// The session's share of the engine's memory for request bodies.
     bodies: BodyBudget,
+    outage: Option<Arc<ApiOutage>>,
+    /// The account's pace, shared with every relay sending to it.
+    pace: Option<Arc<Pace>>,
     spend: Option<Arc<SpendMeter>>,
 }
 
@@ -322,32 +365,119 @@ impl Relay {
         parts
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        if let Some(auth) = &self.auth {
-            if let Err(reason) = auth.authenticate(&mut parts, &bytes).await {
-                let reason = self.mask_text(&reason);
-                tracing::warn!("model relay: cannot authenticate to the model provider: {reason}");
-                return api_error(
-                    StatusCode::BAD_GATEWAY,
-                    "api_error",
-                    &format!("cannot authenticate to the model provider: {reason}"),
-                );
+        self.send(upstream, parts, bytes).await
+    }
+
+    /// Sends the request upstream, holding it through an outage ([`outage`]) under the fleet's
+    /// pace ([`pacing`]). Sent again only when it provably was not acted on: the answer was a
+    /// retryable error status (the API did not take it), or no connection was made. A request
+    /// the upstream may have received is never sent again: the API may have acted on it and
+    /// billed it (a cut stream included), and the CLI decides what to retry. hyper's pool itself
+    /// retries only a request it never wrote, on a pooled connection found closed (a server's
+    /// idle timeout racing the next turn).
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        template: http::request::Parts,
+        bytes: Bytes,
+    ) -> Response<Body> {
+        let (method, path) = (template.method.clone(), template.uri.path().to_string());
+        let mut attempt: u32 = 0;
+        loop {
+            let permit = match &self.pace {
+                Some(pace) => Some(pace.acquire().await),
+                None => None,
+            };
+            let mut request = Request::new(full(bytes.clone()));
+            *request.method_mut() = template.method.clone();
+            *request.uri_mut() = template.uri.clone();
+            *request.version_mut() = template.version;
+            *request.headers_mut() = template.headers.clone();
+            let (mut parts, body) = request.into_parts();
+            if let Some(auth) = &self.auth {
+                if let Err(reason) = auth.authenticate(&mut parts, &bytes).await {
+                    let reason = self.mask_text(&reason);
+                    tracing::warn!(
+                        "model relay: cannot authenticate to the model provider: {reason}"
+                    );
+                    return api_error(
+                        StatusCode::BAD_GATEWAY,
+                        "api_error",
+                        &format!("cannot authenticate to the model provider: {reason}"),
+                    );
+                }
             }
-        }
-        // Sent once. A request the upstream may have received is never sent again: the API may
-        // have acted on it and billed it (a cut stream included), and the CLI decides what
-        // to retry. hyper's pool itself retries only a request it never wrote, on a pooled
-        // connection found closed (a server's idle timeout racing the next turn).
-        match upstream
-            .client
-            .request(Request::from_parts(parts, full(bytes)))
-            .await
-        {
-            Ok(response) => self.masked(response),
-            Err(e) => {
-                let reason = self.failure(upstream, &e);
-                tracing::warn!("model relay: {reason}");
-                api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
+            let sent = upstream
+                .client
+                .request(Request::from_parts(parts, body))
+                .await;
+            drop(permit);
+            let (reason, answer, headers, failure) = match sent {
+                Ok(response) => match pacing::Answer::of(response.status()) {
+                    pacing::Answer::Came => {
+                        if let Some(pace) = &self.pace {
+                            pace.learn(pacing::Answer::Came, Some(response.headers()));
+                        }
+                        if let Some(o) = &self.outage {
+                            o.answered();
+                        }
+                        return self.masked(response);
+                    }
+                    answer => {
+                        let status = response.status();
+                        let reason = format!(
+                            "{} {}",
+                            status.as_u16(),
+                            status.canonical_reason().unwrap_or("")
+                        );
+                        let headers = response.headers().clone();
+                        (
+                            reason.trim().to_string(),
+                            answer,
+                            Some(headers),
+                            Ok(response),
+                        )
+                    }
+                },
+                Err(e) if e.is_connect() => {
+                    let reason = self.failure(upstream, &e);
+                    (reason.clone(), pacing::Answer::Failing, None, Err(reason))
+                }
+                Err(e) => {
+                    let reason = self.failure(upstream, &e);
+                    tracing::warn!("model relay: {reason}");
+                    if let Some(o) = &self.outage {
+                        o.cut(&reason);
+                    }
+                    return api_error(StatusCode::BAD_GATEWAY, "api_error", &reason);
+                }
+            };
+            let wait = match &self.pace {
+                Some(pace) => pace.learn(answer, headers.as_ref()),
+                None => headers
+                    .as_ref()
+                    .and_then(pacing::retry_after)
+                    .unwrap_or_else(|| backoff(attempt)),
+            };
+            let hold = match &self.outage {
+                Some(o) => o.failed(&reason, wait),
+                None => outage::Hold::GiveUp,
+            };
+            let given_up = match (hold, &self.outage) {
+                (outage::Hold::Until(until), Some(o)) => {
+                    tracing::info!("model relay: {method} {path}: {reason}; held, sent again");
+                    !o.wait(until).await
+                }
+                _ => true,
+            };
+            if given_up {
+                tracing::warn!("model relay: {method} {path}: {reason}");
+                return match failure {
+                    Ok(response) => self.masked(response),
+                    Err(reason) => api_error(StatusCode::BAD_GATEWAY, "api_error", &reason),
+                };
             }
+            attempt = attempt.saturating_add(1);
         }
     }
 
@@ -448,32 +578,53 @@ impl Relay {
             }
         }
         let masker = Masker::new(masks);
-        let frames = futures::stream::unfold(Some((body, masker)), |state| async move {
-            let (mut body, mut masker) = state?;
-            loop {
-                match body.frame().await {
-                    // Trailers are dropped: the Messages API sends none, and they are not
-                    // masked.
-                    Some(Ok(frame)) => {
-                        let Ok(data) = frame.into_data() else {
-                            continue;
-                        };
-                        let out = masker.push(&data, false);
-                        if !out.is_empty() {
-                            return Some((Ok(Frame::data(Bytes::from(out))), Some((body, masker))));
+        let outage = self.outage.clone();
+        let frames = futures::stream::unfold(Some((body, masker)), move |state| {
+            let outage = outage.clone();
+            async move {
+                let (mut body, mut masker) = state?;
+                loop {
+                    match body.frame().await {
+                        // Trailers are dropped: the Messages API sends none, and they are not
+                        // masked.
+                        Some(Ok(frame)) => {
+                            let Ok(data) = frame.into_data() else {
+                                continue;
+                            };
+                            let out = masker.push(&data, false);
+                            if !out.is_empty() {
+                                return Some((
+                                    Ok(Frame::data(Bytes::from(out))),
+                                    Some((body, masker)),
+                                ));
+                            }
                         }
-                    }
-                    Some(Err(e)) => return Some((Err(BoxError::from(e)), None)),
-                    None => {
-                        let tail = masker.push(&[], true);
-                        return (!tail.is_empty())
-                            .then(|| (Ok(Frame::data(Bytes::from(tail))), None));
+                        Some(Err(e)) => {
+                            // Begun, so not sent again: the CLI sees the cut, and the lifecycle
+                            // may continue its conversation.
+                            if let Some(o) = &outage {
+                                o.cut(&format!("the answer was cut: {e}"));
+                            }
+                            return Some((Err(BoxError::from(e)), None));
+                        }
+                        None => {
+                            let tail = masker.push(&[], true);
+                            return (!tail.is_empty())
+                                .then(|| (Ok(Frame::data(Bytes::from(tail))), None));
+                        }
                     }
                 }
             }
         });
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
     }
+}
+
+/// How long a request waits before it is sent again without the fleet's pace: doubling from
+/// half a second to the probe interval's double (the API's recovery is seen within 2 s).
+fn backoff(attempt: u32) -> Duration {
+    (Duration::from_millis(500) * 2u32.saturating_pow(attempt.min(8)))
+        .min(2 * pacing::PROBE_INTERVAL)
 }
 
 /// An error answer of the relay's own, shaped like the Anthropic API's so the CLI shows it.
@@ -499,6 +650,7 @@ mod tests {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream, UnixStream};
     use tokio::sync::{mpsc, Notify};
+    use tokio::time::Instant;
     use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
     use tokio_rustls::rustls::{self, ServerConfig};
     use tokio_rustls::TlsAcceptor;
@@ -807,6 +959,125 @@ mod tests {
     }
 
     /// A port nothing listens on.
+    /// An upstream that answers `529` to its first `failures` requests (each with the
+    /// `retry-after-ms` given), then `ok`; counts what it was sent.
+    async fn failing_upstream(
+        failures: usize,
+        retry_after_ms: u64,
+    ) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        let port = upstream(move |mut s| {
+            let seen = seen.clone();
+            async move {
+                read_head(&mut s).await;
+                let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = if n < failures {
+                    format!("HTTP/1.1 529 Overloaded\r\nretry-after-ms: {retry_after_ms}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
+                } else {
+                    "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok".to_string()
+                };
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        })
+        .await;
+        (port, count)
+    }
+
+    /// A relay to `url` holding requests through outages of up to `tolerance`.
+    fn holding_relay_to(url: &str, tolerance: Duration, pacing: bool) -> (Running, Arc<ApiOutage>) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("relay.sock");
+        let outage = ApiOutage::new(
+            tolerance,
+            tokio_util::sync::CancellationToken::new(),
+            Box::new(|_| {}),
+        );
+        let mut plan = RelayPlan::anthropic(url, vec![(PH.to_string(), SECRET.to_string())]);
+        plan.outage = Some(outage.clone());
+        plan.pacing = pacing;
+        let relay = ModelRelay::start_with_roots(&socket, plan, &[]).unwrap();
+        let running = Running {
+            _dir: dir,
+            socket,
+            _relay: relay,
+        };
+        (running, outage)
+    }
+
+    #[tokio::test]
+    async fn an_overloaded_answer_is_held_and_sent_again_so_the_cli_sees_only_the_recovery() {
+        for pacing in [false, true] {
+            let (port, sent) = failing_upstream(3, 100).await;
+            let (relay, outage) = holding_relay_to(
+                &format!("http://127.0.0.1:{port}"),
+                Duration::from_secs(30),
+                pacing,
+            );
+            let answer = send(&relay.socket, MESSAGES).await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+            assert!(answer.ends_with("ok"));
+            assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 4);
+            assert_eq!(outage.counts().retries, 3);
+            assert!(outage.counts().waited >= Duration::from_millis(250));
+            assert!(outage.ongoing().is_none(), "the answer ended the outage");
+        }
+    }
+
+    #[tokio::test]
+    async fn past_the_tolerance_the_cli_gets_the_apis_failure() {
+        let (port, sent) = failing_upstream(usize::MAX, 200).await;
+        let (relay, outage) = holding_relay_to(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_millis(700),
+            false,
+        );
+        let started = Instant::now();
+        let answer = send(&relay.socket, MESSAGES).await;
+        assert!(answer.starts_with("HTTP/1.1 529 "), "{answer}");
+        assert!(started.elapsed() >= Duration::from_millis(700));
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+        let (reason, _, may_wait) = outage.ongoing().unwrap();
+        assert!(reason.starts_with("529"), "{reason}");
+        assert!(!may_wait);
+    }
+
+    #[tokio::test]
+    async fn a_held_request_whose_client_went_away_is_never_sent_again() {
+        let (port, sent) = failing_upstream(1, 500).await;
+        let (relay, _outage) = holding_relay_to(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_secs(30),
+            false,
+        );
+        let mut client = UnixStream::connect(&relay.socket).await.unwrap();
+        client.write_all(MESSAGES).await.unwrap();
+        // Held after the first 529; the CLI gives up on it (its own timeout, a stop).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
+        drop(client);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            sent.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "nobody waits for its answer: it must not be sent (and billed)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_cannot_be_made_is_held_like_an_outage() {
+        let port = closed_port().await;
+        let (relay, outage) = holding_relay_to(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_millis(600),
+            true,
+        );
+        let answer = send(&relay.socket, MESSAGES).await;
+        assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+        assert!(outage.counts().retries >= 1);
+        assert!(outage.ongoing().unwrap().0.contains("cannot connect"));
+    }
+
     async fn closed_port() -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         listener.local_addr().unwrap().port()

@@ -91,6 +91,8 @@ pub async fn provider_relay(
                 auth: Some(auth),
                 headers: Vec::new(),
                 server_tools: Some(Vec::new()),
+                outage: None,
+                pacing: false,
                 spend: None,
             }
         }

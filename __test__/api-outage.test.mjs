@@ -1,0 +1,195 @@
+// Issue 34: no agent's work lost to the API. The real CLI (its own retries off, as in every
+// test: CLAUDE_CODE_MAX_RETRIES=0) behind the real relay, against a fake API that goes down in
+// the middle of an Implementor's work. The relay holds a request whose answer was a retryable
+// failure; where the CLI saw the failure anyway (an answer cut after it began), the adapter
+// resumes the CLI's conversation in the same checkout.
+import { execFileSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { apiError, bash, latestToolResultText, reply, scenario } from './support/fake-api.mjs';
+import { collect, markedProcesses, rejection, setup } from './support/harness.mjs';
+import { agentsWithTools } from './support/repo.mjs';
+import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
+
+/** How long the API is down in these tests (the issue's 60 s; shorter by hand with the variable). */
+const OUTAGE_MS = Number(process.env.CRA_TEST_OUTAGE_MS ?? 60_000);
+
+let h;
+afterEach(async () => {
+  await h?.cleanup();
+  h = undefined;
+});
+
+/** A fake API that is down (`down` reply) from the first request after the agent's work step
+ * until `ms` later; `work` is the Bash the agent runs first. */
+function outageScript({ work, ms = OUTAGE_MS, down = apiError(529, 'Overloaded') }) {
+  const outage = { start: null, downReplies: 0 };
+  const script = scenario.steps([
+    reply(bash(work)),
+    () => {
+      outage.start ??= Date.now();
+      if (Date.now() - outage.start < ms) {
+        outage.downReplies += 1;
+        return typeof down === 'function' ? down(outage) : down;
+      }
+      return implementorDone('finished after the outage');
+    },
+  ]);
+  return { script, outage };
+}
+
+const config = (extra = {}) => ({ sandbox: {}, ...extra });
+
+function patchFiles(patch) {
+  return [...patch.matchAll(/^diff --git a\/(\S+)/gm)].map((m) => m[1]);
+}
+
+function expectNothingLeft(root, marker) {
+  const worktrees = join(root, '.worktrees');
+  const left = existsSync(worktrees) ? readdirSync(worktrees).filter((n) => n.includes('wi-7')) : [];
+  expect(left).toEqual([]);
+  const branches = execFileSync('git', ['branch', '--list', 'wi-7'], { cwd: root, encoding: 'utf8' });
+  expect(branches.trim()).toBe('');
+  if (marker) expect(markedProcesses(marker)).toEqual([]);
+}
+
+describe('a session survives an API outage', () => {
+  it.concurrent.each([
+    ['after the Implementor committed its work', 'echo committed > a.txt && git add -A && git commit -qm a && echo ok'],
+    ['with only uncommitted work in the checkout', 'echo uncommitted > b.txt && echo ok'],
+  ])(`an outage of ${OUTAGE_MS / 1000} s %s: the relay holds the request, the session completes with the work in its patch and the API sees the conversation go on`, { timeout: OUTAGE_MS + 120_000 }, async (_, work) => {
+    const { script, outage } = outageScript({ work });
+    const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    try {
+      const started = Date.now();
+      const handle = await hh.adapter().startAgent(implementorParams);
+      const [result, stats, out] = await Promise.all([handle.result, handle.stats, collect(handle.output)]);
+      expect(result.outcome).toBe('completed');
+      expect(patchFiles(result.patch)).toEqual([work.includes('a.txt') ? 'a.txt' : 'b.txt']);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(OUTAGE_MS - 1000);
+      expect(outage.downReplies).toBeGreaterThan(1);
+      // One conversation: the request after the outage carries the earlier turns (the work step's
+      // tool result), and the CLI never saw the failure (no resume was needed).
+      const last = hh.api.mainBodies().at(-1);
+      expect(latestToolResultText(last)).toContain('ok');
+      expect(stats.api.resumes).toBe(0);
+      expect(stats.api.retries).toBe(outage.downReplies);
+      expect(stats.api.waitedMs).toBeGreaterThanOrEqual(OUTAGE_MS - 2500);
+      expect(out).toMatch(/\[claude-runtime-adapter\] the model API failed \(529[^)]*\); the request is held/);
+      expect(out).toMatch(/\[claude-runtime-adapter\] the model API answers again/);
+      console.log(`[measure] ${OUTAGE_MS / 1000} s outage ${work.includes('git commit') ? 'after a commit' : 'with uncommitted work'}: ${outage.downReplies} failed answers, session ${((Date.now() - started) / 1000).toFixed(1)} s, waited ${stats.api.waitedMs} ms`);
+    } finally {
+      await hh.cleanup();
+    }
+  });
+
+  it.concurrent(`an answer cut half-way, then the API down for ${OUTAGE_MS / 1000} s: the session completes with the work`, { timeout: OUTAGE_MS + 120_000 }, async () => {
+    const { script, outage } = outageScript({
+      work: 'echo half > g.txt && git add -A && git commit -qm g && echo ok',
+      // The first answer after the work is cut after it began (the CLI sees that); then 529s.
+      down: (o) => (o.downReplies === 1 ? { cutMidway: true } : apiError(529, 'Overloaded')),
+    });
+    const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    try {
+      const handle = await hh.adapter().startAgent(implementorParams);
+      const [result, stats] = await Promise.all([handle.result, handle.stats]);
+      expect(result.outcome).toBe('completed');
+      expect(patchFiles(result.patch)).toEqual(['g.txt']);
+      expect(outage.downReplies).toBeGreaterThan(1);
+      // The CLI takes a cut stream up itself (it asks again); whichever way, one conversation.
+      expect(JSON.stringify(hh.api.mainBodies().at(-1).messages)).toContain('echo half > g.txt');
+      console.log(`[measure] cut half-way then down: resumes ${stats.api.resumes}, held retries ${stats.api.retries}`);
+    } finally {
+      await hh.cleanup();
+    }
+  });
+
+  it.concurrent(`a connection the API cut without an answer, then the API down for ${OUTAGE_MS / 1000} s: the CLI ends on the failure, the adapter resumes its conversation in the same checkout and it completes with the work`, { timeout: OUTAGE_MS + 120_000 }, async () => {
+    const { script, outage } = outageScript({
+      work: 'echo kept > c.txt && git add -A && git commit -qm c && echo ok',
+      // The request is read whole and the connection dropped: it may have been acted on, so
+      // the relay does not send it again (the CLI sees a 502); then 529s.
+      down: (o) => (o.downReplies === 1 ? { cut: true } : apiError(529, 'Overloaded')),
+    });
+    const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    try {
+      const handle = await hh.adapter().startAgent(implementorParams);
+      const [result, stats, out] = await Promise.all([handle.result, handle.stats, collect(handle.output)]);
+      expect(result.outcome).toBe('completed');
+      expect(patchFiles(result.patch)).toEqual(['c.txt']);
+      expect(stats.api.resumes).toBe(1);
+      expect(out).toMatch(/ended on a model API failure \([^)]*\); continuing its conversation/);
+      // The resumed CLI sent the earlier turns, then the resume's own turn.
+      const resumed = JSON.stringify(hh.api.mainBodies().at(-1).messages);
+      expect(resumed).toContain('echo kept > c.txt');
+      expect(resumed).toContain('has been resumed');
+      // The transcript holds both runs as one session.
+      const transcript = readFileSync(handle.logFilePath, 'utf8');
+      expect(transcript).toMatch(/continuing its conversation/);
+      expect(transcript).toMatch(/finished after the outage/);
+      expect(outage.downReplies).toBeGreaterThan(1);
+      // logging.agentSessions: the conversation is kept beside the transcript for a resume by hand.
+      const conversation = readFileSync(handle.logFilePath.replace(/\.[^./]+$/, '.conversation.jsonl'), 'utf8');
+      expect(conversation).toContain('echo kept > c.txt');
+      expect(conversation).toContain('has been resumed');
+    } finally {
+      await hh.cleanup();
+    }
+  });
+
+  it('an outage longer than apiOutageTolerance: ERR_AGENT_FAILED naming the outage, the work saved beside the transcript, nothing left running', { timeout: 120_000 }, async () => {
+    const marker = `cra-outage-${process.pid}-${Date.now()}`;
+    const { script } = outageScript({ work: `echo lost? > d.txt && git add -A && git commit -qm d && echo ${marker}`, ms: 3_600_000 });
+    h = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config({ apiOutageTolerance: 5 }) });
+    const started = Date.now();
+    const handle = await h.adapter().startAgent(implementorParams);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_AGENT_FAILED');
+    expect(err.message).toMatch(/the model API was unavailable for \d+ s, past apiOutageTolerance \(5 s\): 529/);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(5000);
+    expect(readFileSync(handle.logFilePath.replace(/\.[^./]+$/, '.patch'), 'utf8')).toContain('+lost?');
+    expectNothingLeft(h.repo.root, marker);
+  });
+
+  it('a cancel while the relay holds a request settles at once, with nothing left', { timeout: 60_000 }, async () => {
+    const { script, outage } = outageScript({ work: 'echo wip > e.txt && echo ok', ms: 3_600_000 });
+    h = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    const adapter = h.adapter();
+    const handle = await adapter.startAgent(implementorParams);
+    while (outage.downReplies < 2) await new Promise((r) => setTimeout(r, 100));
+    const asked = Date.now();
+    await adapter.cancelAgent(handle.sessionID);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_CANCELLED');
+    expect(Date.now() - asked).toBeLessThan(5000);
+    expectNothingLeft(h.repo.root);
+  });
+
+  it('with apiOutageTolerance 0 nothing is held: the first failure ends the session as before', { timeout: 60_000 }, async () => {
+    const { script, outage } = outageScript({ work: 'echo x > f.txt && echo ok', ms: 3_600_000 });
+    h = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config({ apiOutageTolerance: 0 }) });
+    const handle = await h.adapter().startAgent(implementorParams);
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_AGENT_FAILED');
+    expect(outage.downReplies).toBe(1);
+  });
+});
+
+describe("the CLI's conversation is kept outside the sandbox", () => {
+  it('a conversation file the agent replaced by a link to a host file is not copied beside the transcript', { timeout: 60_000 }, async () => {
+    const link = 'for f in "$CLAUDE_CONFIG_DIR"/projects/*/*.jsonl; do rm -f "$f"; ln -s /etc/passwd "$f"; done; ls -l "$CLAUDE_CONFIG_DIR"/projects/*/ | grep -c passwd';
+    h = await setup({
+      state: implementorState,
+      bodies: { 7: 'Add a file.' },
+      script: scenario.steps([reply(bash(link)), implementorDone()]),
+      repo: { agents: agentsWithTools(['Bash']) },
+      config: config({ worktreeSetupCommand: null }),
+    });
+    const handle = await h.adapter().startAgent(implementorParams);
+    await rejection(handle.result);
+    expect(latestToolResultText(h.api.mainBodies().at(-1))).toMatch(/^1/);
+    const kept = handle.logFilePath.replace(/\.[^./]+$/, '.conversation.jsonl');
+    expect(existsSync(kept)).toBe(false);
+  });
+});
