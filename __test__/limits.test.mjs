@@ -7,14 +7,16 @@
 // Issue 26: the agent's commands run under a share of those limits of their own, so that one
 // busy command (forks, memory) fails as it would in a person's shell while the CLI keeps its
 // headroom and the session goes on to its result; only the CLI itself out of memory ends it.
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+// Issue 36: nothing inside can put another process (the CLI) under that share, and what the CLI
+// starts itself (its ripgrep) is under it too.
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 
 process.env.TMPDIR = '/var/tmp/cra-limits-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
-import { bash, scenario } from './support/fake-api.mjs';
+import { bash, scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
 import { engineProcess } from './support/engine-process.mjs';
 import { addon, rejection, setup } from './support/harness.mjs';
@@ -243,5 +245,113 @@ describe('sandbox.limits, enforced by the kernel', () => {
     h.api.setScript(scenario.steps([ROLES.planner.done]));
     await (await h.adapter().startAgent(ROLES.planner.params())).result;
     expect(cgroups.filter(existsSync)).toEqual([]);
+  });
+});
+
+/** Polls `check` every 25 ms, up to `ms`; its last value. */
+async function until(check, ms = 15000) {
+  let v;
+  for (let t = 0; t < ms && !(v = check()); t += 25) await new Promise((r) => setTimeout(r, 25));
+  return v;
+}
+
+const cmdlineOf = (pid) => {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+  } catch {
+    return [];
+  }
+};
+
+/**
+ * The processes of this engine's session now, from the host: per part (`cli`, `tools`) of every
+ * hierarchy, its pids.
+ */
+function sessionParts() {
+  const parts = [];
+  for (const dir of sessionCgroups(process.pid)) {
+    for (const part of ['cli', 'tools']) {
+      const file = join(dir, part, 'cgroup.procs');
+      if (existsSync(file)) parts.push({ dir, part, pids: readFileSync(file, 'utf8').split('\n').filter(Boolean) });
+    }
+  }
+  return parts;
+}
+
+/** The parts (`cli` / `tools`, one per hierarchy) the first process matching `is` is in. */
+function partsOf(is) {
+  const parts = sessionParts();
+  const pid = parts.flatMap((p) => p.pids).find((p) => is(cmdlineOf(p)));
+  return pid && { pid, parts: parts.filter((p) => p.pids.includes(pid)).map((p) => p.part) };
+}
+
+const isCli = (argv) => /\/claude$/.test(argv[0] ?? '') && argv.includes('--output-format');
+
+describe("the commands' share is the engine's to give (issue 36)", () => {
+  // The CLI's pid inside, written everywhere a command may write in the socket directory and
+  // the cgroup filesystem (on the host's cgroup.procs a write moves the pid named, as it is in
+  // the writer's namespace); a bridge's too.
+  const ATTACK = [
+    'cli=; for p in /proc/[0-9]*; do case $(tr "\\0" "\\n" < $p/cmdline 2>/dev/null | head -n 1) in */claude) cli=${p#/proc/}; break ;; esac; done',
+    'bridge=$(pgrep -o socat)',
+    'echo "cli=$cli bridge=$bridge"',
+    'for f in /run/claude-runtime-adapter/* /sys/fs/cgroup/*/*/tools/cgroup.procs /sys/fs/cgroup/*/tools/cgroup.procs /sys/fs/cgroup/*/*/*/*/tools/cgroup.procs; do for pid in $cli $bridge; do echo "$pid" 2>/dev/null > "$f" && echo "wrote $pid to $f"; done; done',
+    'sleep 0.3; grep -E "pids|^0::" /proc/$cli/cgroup',
+  ].join('\n');
+
+  it("a command that writes the CLI's pid (and a bridge's) into everything it can write leaves them in the CLI's part; the next command runs in the commands' part, as the host's cgroup files show", async () => {
+    await limitsSetup({ processes: 200 });
+    const done = run([ATTACK, 'sleep 3; echo slept']);
+    // The attack's output reached the model: the next command (sleep 3) is running now.
+    const attacked = await until(() => toolResults(h.api.mainBodies().at(-1)).length >= 1);
+    expect(attacked).toBe(true);
+    await new Promise((r) => setTimeout(r, 300));
+    const cli = partsOf(isCli);
+    const bridges = sessionParts()
+      .flatMap((p) => p.pids)
+      .filter((p) => cmdlineOf(p)[0] === 'socat');
+    const sleeping = partsOf((argv) => argv[0] === 'sleep' && argv[1] === '3');
+    const { out, result } = await done;
+    expect(out[0], out[0]).toMatch(/^cli=\d+ bridge=\d+$/m);
+    expect(out[0], out[0]).toMatch(/^wrote \d+ to \/run\/claude-runtime-adapter\//m);
+    // From the host: the CLI and the bridges in the CLI's part of every hierarchy, the
+    // command in the commands' part.
+    expect(cli?.parts, out[0]).toEqual(expect.arrayContaining(['cli']));
+    expect(cli.parts, out[0]).not.toContain('tools');
+    expect(bridges.length).toBeGreaterThanOrEqual(2);
+    for (const b of bridges) for (const p of sessionParts()) if (p.pids.includes(b)) expect(p.part, out[0]).toBe('cli');
+    expect(sleeping?.parts.length).toBeGreaterThan(0);
+    expect(new Set(sleeping.parts)).toEqual(new Set(['tools']));
+    expect(out[1]).toBe('slept');
+    expect(result.create).toEqual([]);
+  });
+
+  it("ripgrep that the CLI runs itself (its Grep tool) is in the commands' part: the host's cgroup files show it there while it searches", async () => {
+    // A tree big enough for ripgrep to be seen at work (about 100 MB of text).
+    const dir = mkdtempSync(join(process.env.TMPDIR, 'grep-tree-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
+    const line = `${'lorem ipsum dolor sit amet '.repeat(8)}\n`;
+    const body = line.repeat(Math.ceil((256 * 1024) / line.length));
+    for (let i = 0; i < 400; i++) writeFileSync(join(dir, `f${i}.txt`), body);
+    h = await setup({
+      repo: { agents: agentsWithTools(['Grep', 'Read']) },
+      state: ROLE_STATE,
+      bodies: ROLE_BODIES,
+      config: { sandbox: { limits: { processes: 200 }, allowRead: [dir] } },
+    });
+    // Without Bash the CLI keeps its Grep tool (with Bash it offers rg in the shell instead).
+    const done = agentRuns(h, 'planner', [toolUse('Grep', { pattern: '\\w{2,100}[0-9]', path: dir, output_mode: 'count' })]);
+    const seen = [];
+    let settled = false;
+    done.finally(() => (settled = true)).catch(() => {});
+    while (!settled) {
+      const rg = partsOf((argv) => argv[0] === 'rg');
+      if (rg) seen.push(rg.parts);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const { results } = await done;
+    expect(results[0].is_error, results[0].text).toBe(false);
+    expect(seen.length, 'ripgrep was not seen at work').toBeGreaterThan(0);
+    for (const parts of seen) expect(new Set(parts)).toEqual(new Set(['tools']));
   });
 });

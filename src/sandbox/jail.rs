@@ -74,9 +74,6 @@ pub struct JailPlan {
     pub kept: Vec<(PathBuf, PathBuf)>,
     /// Host directory shown at [`SOCKET_DIR`].
     pub sockets: Option<PathBuf>,
-    /// Host files bound writable over files of the same name in `sockets` (made there as mount
-    /// points): the commands' cgroup `cgroup.procs`.
-    pub socket_files: Vec<(PathBuf, String)>,
     /// The `PATH` processes get: its toolchains are made readable.
     pub path_env: Option<OsString>,
     /// Bytes each tmpfs made here may hold (`None`: the kernel's default, half of RAM).
@@ -189,13 +186,6 @@ impl Jail {
         }
         if let Some(s) = &plan.sockets {
             a.pair("--ro-bind", s.as_os_str(), OsStr::new(SOCKET_DIR));
-            for (host, name) in &plan.socket_files {
-                a.pair(
-                    "--bind",
-                    host.as_os_str(),
-                    Path::new(SOCKET_DIR).join(name).as_os_str(),
-                );
-            }
         }
         // Last of all the binds: a bind made after a cover would lay the host's file over it
         // again (a key file inside an allowWrite directory was readable and writable).

@@ -15,9 +15,18 @@
 //!
 //! Inside the session's cgroup the agent's commands get one of their own with a smaller share
 //! ([`commands_share`]): the session's cgroup has a child for the CLI (`cli`) and one for the
-//! agent's commands (`tools`), which every Bash command joins first (`CLAUDE_CODE_SHELL_PREFIX`:
-//! [`TOOLS_PREFIX_SCRIPT`], given the `tools` cgroup's `cgroup.procs` and nothing else of the
-//! cgroup filesystem). `pids.max` counts threads and the CLI is one of the session's tasks: a
+//! agent's commands (`tools`). Nothing of the cgroup filesystem is writable inside: the engine
+//! moves the processes, by one rule that asks nothing of what a process inside says — every
+//! process in `cli` goes to `tools` but the sandbox's init, the CLI and its two network bridges
+//! (and their connections): whatever the CLI started (a Bash command, its ripgrep, its git)
+//! and whatever those left behind. The placer ([`Placer`], a thread per session) applies it
+//! every [`SWEEP_EVERY`] and whenever a line arrives on the request pipe
+//! ([`super::commands::REQUEST_FIFO`]), where every Bash command asks first and waits to be
+//! moved before it runs (`CLAUDE_CODE_SHELL_PREFIX`: [`TOOLS_PREFIX_SCRIPT`]), as do the
+//! wrappers of the CLI's own ripgrep and git ([`super::commands::WRAPPED_TOOLS`]). Were
+//! `tools`' `cgroup.procs` writable inside (as it was), any process could put any other under
+//! the commands' share (the CLI's own pid, say), and what the CLI runs itself was never in it.
+//! `pids.max` counts threads and the CLI is one of the session's tasks: a
 //! command that forks thousands of processes would otherwise take every task and the CLI, unable
 //! to make a thread, would abort and lose the session. Now the command's forks fail with EAGAIN
 //! and a command that outgrows its memory share is killed by the kernel (the agent sees both,
@@ -37,7 +46,10 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::commands::{commands_share, CLI, TOOLS};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::commands::{commands_share, CLI, REQUEST_FIFO, TOOLS};
 use crate::config::Limits;
 
 /// The cgroup filesystem the engine looks in (an operator's knob, and how tests force the
@@ -46,12 +58,16 @@ pub const CGROUP_ROOT_ENV: &str = "CLAUDE_RUNTIME_ADAPTER_CGROUP_ROOT";
 const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Session cgroups are `<prefix><engine pid>-<uuid>`.
 const PREFIX: &str = "claude-runtime-adapter-";
-/// What [`SessionLimits::commands_setup`] gives the sandbox: files to bind (host path, name
-/// beside the prefix script) and variables for the prefix.
-pub type CommandsSetup = (Vec<(PathBuf, String)>, Vec<(String, String)>);
 
 /// How often the memory watcher looks for an OOM kill.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// How often the placer moves what the CLI started without a request (its ripgrep, its git,
+/// a Bash command whose prefix did not run): the longest such a process runs outside the
+/// commands' share.
+const SWEEP_EVERY: Duration = Duration::from_millis(20);
+/// The least time between two moves a request asks for: a flood of requests costs the engine
+/// at most this rate of sweeps (a sweep reads a few small `/proc` files).
+const REQUEST_GAP: Duration = Duration::from_millis(2);
 const MIB: u64 = 1024 * 1024;
 
 /// The limits of one running session. Dropping it kills whatever is left in its cgroup and
@@ -62,6 +78,7 @@ pub struct SessionLimits {
     commands: Limits,
     how: How,
     watcher: Option<tokio::task::JoinHandle<()>>,
+    placer: Option<Placer>,
 }
 
 enum How {
@@ -119,27 +136,19 @@ impl SessionLimits {
             commands,
             how,
             watcher,
+            placer: None,
         }
     }
 
-    /// The files inside the sandbox that put a command under the commands' limits: the `tools`
-    /// cgroups' `cgroup.procs` (host path, name beside the prefix script), and the environment
-    /// the prefix needs (the commands' `RLIMIT_NPROC` with rlimits).
-    pub fn commands_setup(&self) -> CommandsSetup {
+    /// What puts the agent's commands under the commands' limits, made in `dir` (the
+    /// directory the sandbox sees beside the prefix script): with a cgroup, the request pipe
+    /// and the placer reading it (running until the session's limits are dropped); with
+    /// rlimits, the environment the prefix needs (the commands' `RLIMIT_NPROC`).
+    pub fn commands_setup(&mut self, dir: &Path) -> std::io::Result<Vec<(String, String)>> {
         match &self.how {
             How::Cgroup(cg) => {
-                let files = cg
-                    .dirs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| {
-                        (
-                            d.join(TOOLS).join("cgroup.procs"),
-                            format!("tools-{i}.procs"),
-                        )
-                    })
-                    .collect();
-                (files, Vec::new())
+                self.placer = Some(Placer::start(&dir.join(REQUEST_FIFO), cg.dirs.clone())?);
+                Ok(Vec::new())
             }
             How::Rlimits(r) => {
                 // The sandbox's user namespace counts its own tasks: the commands may have the
@@ -150,7 +159,7 @@ impl SessionLimits {
                     .then_some(self.commands.tasks)
                     .flatten()
                     .map(|n| ("CRA_TOOLS_NPROC".to_string(), n.to_string()));
-                (Vec::new(), env.into_iter().collect())
+                Ok(env.into_iter().collect())
             }
         }
     }
@@ -294,11 +303,209 @@ impl Drop for SessionLimits {
         if let Some(w) = self.watcher.take() {
             w.abort();
         }
+        // Stopped first: nothing is moved while the cgroup is emptied and removed.
+        drop(self.placer.take());
         if let How::Cgroup(cg) = &self.how {
             cg.killer().kill_all();
             cg.remove();
         }
     }
+}
+
+/// The thread that moves what the CLI started into the commands' cgroup (the module doc has
+/// the rule). Dropping it stops it (within [`SWEEP_EVERY`]) and waits for it.
+struct Placer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Placer {
+    /// Makes the request pipe at `fifo` (a FIFO only the session's user may open), opens it
+    /// for reading and writing (never an end of file, never a writer blocked on an absent
+    /// reader) and starts the thread over the session's cgroup `dirs`.
+    fn start(fifo: &Path, dirs: Vec<PathBuf>) -> std::io::Result<Placer> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes())?;
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: open(2) of the FIFO just made; the descriptor is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor this process just opened and nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cra-placer".into())
+            .spawn(move || place(&fd, &dirs, &flag))?;
+        Ok(Placer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Placer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The placer's loop: waits for a request or [`SWEEP_EVERY`], then moves. Nothing is moved
+/// before the first line, the bridge script's, has said which processes are the bridges (it
+/// is written before the CLI runs, so before any process of the agent's can write).
+fn place(fifo: &OwnedFd, dirs: &[PathBuf], stop: &AtomicBool) {
+    let mut bridges: Option<Vec<i32>> = None;
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: fifo.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let wait = i32::try_from(SWEEP_EVERY.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: poll(2) on one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, wait) } > 0;
+        let mut requested = false;
+        if ready {
+            // SAFETY: read(2) into a buffer of its length, on a descriptor held here.
+            let n = unsafe { libc::read(fifo.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if let Ok(n) = usize::try_from(n) {
+                requested = n > 0;
+                if requested && bridges.is_none() {
+                    bridges = Some(announced_bridges(&buf[..n]));
+                }
+            }
+        }
+        if let Some(b) = &bridges {
+            // Again while the last round moved something: a process that forked while it was
+            // moved leaves its child behind.
+            for _ in 0..4 {
+                if sweep(dirs, b) == 0 {
+                    break;
+                }
+            }
+        }
+        if requested {
+            std::thread::sleep(REQUEST_GAP);
+        }
+    }
+}
+
+/// The bridges' pids (in the sandbox) of the request pipe's first line, `bridges <pid> <pid>`;
+/// none when the first line is anything else.
+fn announced_bridges(first: &[u8]) -> Vec<i32> {
+    let line = first.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    if words.next() != Some("bridges") {
+        return Vec::new();
+    }
+    words
+        .take(2)
+        .filter_map(|w| w.parse().ok())
+        .filter(|p| *p > 2)
+        .collect()
+}
+
+/// One move of what the CLI started from `cli` to `tools` (in every hierarchy); how many
+/// processes were moved.
+fn sweep(dirs: &[PathBuf], bridges: &[i32]) -> usize {
+    let Some(first) = dirs.first() else {
+        return 0;
+    };
+    let members: Vec<i32> = std::fs::read_to_string(first.join(CLI).join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let moving = started_by_cli(&members, &proc_info, bridges);
+    for pid in &moving {
+        for dir in dirs {
+            // A process that exited meanwhile is refused (ESRCH): nothing to move.
+            let _ = std::fs::write(dir.join(TOOLS).join("cgroup.procs"), pid.to_string());
+        }
+    }
+    moving.len()
+}
+
+/// What the placer knows of a process: its parent, and its pid in the sandbox (none for a
+/// process outside it: bubblewrap's first process).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProcInfo {
+    ppid: i32,
+    inside: Option<i32>,
+}
+
+/// `/proc/<pid>/status`: `PPid`, and `NSpid`'s second pid (the sandbox's namespace, one below
+/// the engine's).
+fn proc_info(pid: i32) -> Option<ProcInfo> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k));
+    let ppid = field("PPid:")?.trim().parse().ok()?;
+    let inside = field("NSpid:")
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok());
+    Some(ProcInfo { ppid, inside })
+}
+
+/// Which of the `cli` part's processes (`members`, host pids) go to the commands' part: all but
+/// bubblewrap's first process (outside the sandbox), the sandbox's init (pid 1 inside), the
+/// CLI (pid 2 inside, init's child: bubblewrap's init starts it first, and nothing of the
+/// agent's can be pid 1 or 2 while they live) and the announced `bridges` (pids inside, the
+/// CLI's or init's children) with their children (socat's connections). Nothing a process
+/// inside writes or names is trusted: which is which is the kernel's account of pids and
+/// parents. Before the CLI is there, nothing moves.
+fn started_by_cli(
+    members: &[i32],
+    info: &dyn Fn(i32) -> Option<ProcInfo>,
+    bridges: &[i32],
+) -> Vec<i32> {
+    let known: Vec<(i32, ProcInfo)> = members
+        .iter()
+        .filter_map(|&p| info(p).map(|i| (p, i)))
+        .collect();
+    let Some(init) = known
+        .iter()
+        .find(|(_, i)| i.inside == Some(1))
+        .map(|(p, _)| *p)
+    else {
+        return Vec::new();
+    };
+    let Some(cli) = known
+        .iter()
+        .find(|(_, i)| i.inside == Some(2) && i.ppid == init)
+        .map(|(p, _)| *p)
+    else {
+        return Vec::new();
+    };
+    let is_bridge = |i: &ProcInfo| {
+        i.inside.is_some_and(|n| bridges.contains(&n)) && (i.ppid == cli || i.ppid == init)
+    };
+    known
+        .iter()
+        .filter(|(p, i)| {
+            let kept = i.inside.is_none()
+                || *p == init
+                || *p == cli
+                || is_bridge(i)
+                || info(i.ppid).is_some_and(|parent| is_bridge(&parent));
+            !kept
+        })
+        .map(|(p, _)| *p)
+        .collect()
 }
 
 /// Ends the session at the first OOM kill in its cgroup (cgroup v2's `memory.oom.group` does
@@ -739,7 +946,7 @@ mod tests {
     /// On a host with a cgroup the engine may use (this CI machine: cgroup v1, as root).
     #[tokio::test]
     async fn the_first_process_runs_in_the_session_cgroup_which_dropping_empties_and_removes() {
-        let limits = SessionLimits::create(LIMITS);
+        let mut limits = SessionLimits::create(LIMITS);
         let How::Cgroup(cg) = &limits.how else {
             eprintln!("skipped: no usable cgroup here ({})", limits.describe());
             return;
@@ -752,14 +959,15 @@ mod tests {
             "{procs}"
         );
         // The first directory holds the pids controller in either version; the commands get
-        // their share below it, and the prefix writes to their `cgroup.procs`.
+        // their share below it, which the placer moves them into on the request pipe's word.
         let max = |d: &Path| std::fs::read_to_string(d.join("pids.max")).unwrap();
         assert_eq!(max(&dirs[0]).trim(), "64");
         assert_eq!(max(&dirs[0].join(TOOLS)).trim(), "32");
-        let (files, env) = limits.commands_setup();
-        assert_eq!(files.len(), dirs.len());
-        assert_eq!(files[0].0, dirs[0].join(TOOLS).join("cgroup.procs"));
+        let pipe = tempfile::tempdir().unwrap();
+        let env = limits.commands_setup(pipe.path()).unwrap();
         assert!(env.is_empty());
+        let fifo = std::fs::metadata(pipe.path().join(REQUEST_FIFO)).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_fifo(&fifo.file_type()));
         drop(limits);
         // Killed by the drop (reaped here), and every directory gone.
         let status = child.wait().unwrap();
@@ -797,10 +1005,167 @@ mod tests {
     #[tokio::test]
     async fn with_rlimits_the_prefix_gets_the_commands_task_share() {
         let empty = tempfile::tempdir().unwrap();
-        let limits = SessionLimits::create_in(empty.path(), LIMITS);
-        let (files, env) = limits.commands_setup();
-        assert!(files.is_empty());
+        let mut limits = SessionLimits::create_in(empty.path(), LIMITS);
+        let pipe = tempfile::tempdir().unwrap();
+        let env = limits.commands_setup(pipe.path()).unwrap();
         assert_eq!(env, [("CRA_TOOLS_NPROC".to_string(), "32".to_string())]);
+        // No request pipe: there is no placer to read it.
+        assert_eq!(std::fs::read_dir(pipe.path()).unwrap().count(), 0);
+    }
+
+    /// A sandbox as the kernel shows it (host pid → parent, pid inside): bubblewrap (100, the
+    /// engine's child), its init (101, pid 1 inside), the CLI (102, pid 2), the bridges (103,
+    /// 104) and a connection of one (110), a Bash command (120) with its child (121), ripgrep
+    /// (130), an orphan of the agent's (140, init's child now) and a process inside a command
+    /// already in `tools` (150, not a member: a member's parent may be one).
+    fn sandbox(pid: i32) -> Option<ProcInfo> {
+        let (ppid, inside) = match pid {
+            100 => (99, None),
+            101 => (100, Some(1)),
+            102 => (101, Some(2)),
+            103 => (102, Some(3)),
+            104 => (102, Some(4)),
+            110 => (104, Some(10)),
+            120 => (102, Some(20)),
+            121 => (120, Some(21)),
+            130 => (102, Some(30)),
+            140 => (101, Some(40)),
+            150 => (102, Some(50)),
+            151 => (150, Some(51)),
+            _ => return None,
+        };
+        Some(ProcInfo { ppid, inside })
+    }
+
+    #[test]
+    fn what_the_cli_started_moves_to_the_commands_part_and_only_init_the_cli_and_its_bridges_stay()
+    {
+        let members = [100, 101, 102, 103, 104, 110, 120, 121, 130, 140, 151, 999];
+        let mut moving = started_by_cli(&members, &sandbox, &[3, 4]);
+        moving.sort_unstable();
+        // The command and its child, ripgrep, the orphan, a child of a process already moved;
+        // 999 exited meanwhile.
+        assert_eq!(moving, [120, 121, 130, 140, 151]);
+    }
+
+    #[test]
+    fn a_pid_claimed_as_a_bridge_stays_only_if_it_is_the_cli_s_or_init_s_child() {
+        // The bridge line names pids of the agent's processes: only children of the CLI or of
+        // init with those pids stay; a command's own child (pid 21 inside) is moved anyway.
+        let moving = started_by_cli(&[100, 101, 102, 121], &sandbox, &[21]);
+        assert_eq!(moving, [121]);
+        // Without the bridges' word, the bridges are moved too (the CLI, init and bubblewrap
+        // never are).
+        let mut moving = started_by_cli(&[100, 101, 102, 103, 104, 110], &sandbox, &[]);
+        moving.sort_unstable();
+        assert_eq!(moving, [103, 104, 110]);
+    }
+
+    #[test]
+    fn before_the_cli_runs_or_after_it_is_gone_nothing_moves() {
+        // Bubblewrap alone; bubblewrap and its init; init's child gone.
+        assert!(started_by_cli(&[100], &sandbox, &[]).is_empty());
+        assert!(started_by_cli(&[100, 101, 140], &sandbox, &[]).is_empty());
+        // A process with pid 2 inside that is not init's child is not the CLI.
+        let fake = |pid: i32| match pid {
+            200 => Some(ProcInfo {
+                ppid: 101,
+                inside: Some(7),
+            }),
+            201 => Some(ProcInfo {
+                ppid: 200,
+                inside: Some(2),
+            }),
+            p => sandbox(p),
+        };
+        assert!(started_by_cli(&[100, 101, 200, 201], &fake, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_bridges_are_the_first_line_s_two_pids_and_nothing_else_names_them() {
+        assert_eq!(announced_bridges(b"bridges 3 4\ntools\n"), [3, 4]);
+        assert_eq!(announced_bridges(b"bridges 3 4 5 6\n"), [3, 4]);
+        // Init and the CLI are never bridges; junk and other lines name none.
+        assert_eq!(announced_bridges(b"bridges 1 2\n"), Vec::<i32>::new());
+        assert_eq!(
+            announced_bridges(b"tools\nbridges 3 4\n"),
+            Vec::<i32>::new()
+        );
+        assert_eq!(announced_bridges(b"bridges x \xff\n"), Vec::<i32>::new());
+        assert_eq!(announced_bridges(b""), Vec::<i32>::new());
+    }
+
+    #[test]
+    fn proc_info_reads_this_process_parent_and_no_pid_inside() {
+        let me = proc_info(i32::try_from(std::process::id()).unwrap()).unwrap();
+        // SAFETY: getppid(2) cannot fail.
+        assert_eq!(me.ppid, unsafe { libc::getppid() });
+        assert_eq!(me.inside, None);
+    }
+
+    /// The placer end to end on a real cgroup: a sandbox (bubblewrap, its init, a stand-in
+    /// CLI), whose CLI starts a child: the child is moved to `tools`, the CLI stays in `cli`.
+    #[tokio::test]
+    async fn the_placer_moves_the_cli_s_child_into_the_commands_part_and_not_the_cli() {
+        if crate::sandbox::find_on_path("bwrap", std::env::var_os("PATH").as_deref()).is_none() {
+            eprintln!("skipped: no bwrap");
+            return;
+        }
+        let mut limits = SessionLimits::create(LIMITS);
+        let How::Cgroup(cg) = &limits.how else {
+            eprintln!("skipped: no usable cgroup here ({})", limits.describe());
+            return;
+        };
+        let dirs = cg.dirs.clone();
+        let pipe = tempfile::tempdir().unwrap();
+        limits.commands_setup(pipe.path()).unwrap();
+        let fifo = pipe.path().join(REQUEST_FIFO);
+        // Pid 2 inside announces no bridges, starts a child and waits.
+        let script = format!(
+            "echo 'bridges' > {f}; sleep 30 & echo $! > /dev/null; exec sleep 31",
+            f = fifo.display()
+        );
+        let mut cmd = std::process::Command::new("bwrap");
+        cmd.args([
+            "--dev-bind",
+            "/",
+            "/",
+            "--unshare-pid",
+            "--unshare-user",
+            "--die-with-parent",
+        ])
+        .args(["sh", "-c", &script]);
+        // SAFETY: the hook is async-signal-safe (see `pre_exec`).
+        unsafe {
+            cmd.pre_exec(limits.pre_exec());
+        }
+        let mut child = cmd.spawn().unwrap();
+        let procs = |part: &str| -> Vec<String> {
+            std::fs::read_to_string(dirs[0].join(part).join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let cmdline = |pid: &String| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default()
+        };
+        let mut found = false;
+        for _ in 0..250 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let tools = procs(TOOLS);
+            if tools.iter().any(|p| cmdline(p).starts_with("sleep\u{0}30")) {
+                found = true;
+                break;
+            }
+        }
+        assert!(found, "cli {:?} tools {:?}", procs(CLI), procs(TOOLS));
+        // The stand-in CLI (pid 2 inside) is still in the CLI's part.
+        assert!(procs(CLI)
+            .iter()
+            .any(|p| cmdline(p).starts_with("sleep\u{0}31")));
+        drop(limits);
+        let _ = child.wait();
     }
 
     #[test]

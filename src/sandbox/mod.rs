@@ -73,11 +73,17 @@ const MODEL_PORT: u16 = 3129;
 
 /// Inside the sandbox, before the CLI: the two socat bridges (to the sockets in
 /// `$CRA_SOCKET_DIR`, where a pod without its jail has them, else the sandbox's mount point),
-/// then wait (bounded) until both listen — the CLI's first API request must not race them —
-/// then exec the CLI (`"$@"`).
+/// named to the engine where it places the CLI's tools in a cgroup (the first line of the
+/// request pipe, written before the CLI, so before anything of the agent's, runs: the bridges
+/// stay in the CLI's part with it; the CLI's path is `CRA_CLI` for the ripgrep wrapper, see
+/// [`commands::TOOL_WRAPPER_SCRIPT`]), then wait (bounded) until both listen — the CLI's first
+/// API request must not race them — then exec the CLI (`"$@"`).
 const BRIDGE_SCRIPT: &str = r#"d=${CRA_SOCKET_DIR:-/run/claude-runtime-adapter}
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/egress.sock </dev/null >/dev/null 2>&1 &
+b=$!
 socat TCP-LISTEN:3129,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/model.sock </dev/null >/dev/null 2>&1 &
+b="$b $!"
+if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; export CRA_CLI="$1"; fi
 n=0
 while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' /proc/net/tcp)" -lt 2 ]; do
   n=$((n+1))
@@ -197,27 +203,35 @@ impl Gateway {
 }
 
 /// The Bash prefix of the session (`CLAUDE_CODE_SHELL_PREFIX`, [`commands::TOOLS_PREFIX_SCRIPT`]),
-/// written into the socket directory with the mount points of the files it writes to: every
-/// command of the agent runs under the commands' share of the limits. Returns the files to bind
-/// writable over those mount points: (host file, name in the socket directory).
+/// written into the socket directory beside what it needs there (with a cgroup, the request
+/// pipe of the placer, see [`limits`]): every command of the agent runs under the commands'
+/// share of the limits.
 #[cfg(target_os = "linux")]
 fn commands_prefix(
-    limits: &limits::SessionLimits,
+    limits: &mut limits::SessionLimits,
     dir: &Path,
     env: &mut Vec<(String, String)>,
-) -> Result<Vec<(PathBuf, String)>> {
+) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let (files, vars) = limits.commands_setup();
     let script = dir.join(PREFIX_SCRIPT);
-    let write = || -> std::io::Result<()> {
+    let mut write = || -> std::io::Result<Vec<(String, String)>> {
         std::fs::write(&script, commands_prefix_script())?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-        for (_, name) in &files {
-            std::fs::write(dir.join(name), "")?;
+        if !limits.is_fallback() {
+            let bin = dir.join("bin");
+            std::fs::create_dir(&bin)?;
+            for name in commands::WRAPPED_TOOLS {
+                let wrapper = bin.join(name);
+                std::fs::write(
+                    &wrapper,
+                    format!("#!/bin/sh\n{}", commands::TOOL_WRAPPER_SCRIPT),
+                )?;
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+            }
         }
-        Ok(())
+        limits.commands_setup(dir)
     };
-    write().map_err(|e| {
+    let vars = write().map_err(|e| {
         AdapterError::new(
             ErrorCode::SandboxUnavailable,
             format!(
@@ -228,7 +242,18 @@ fn commands_prefix(
         .with_cause(e)
     })?;
     use_commands_prefix(env, &format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR), vars);
-    Ok(files)
+    if !limits.is_fallback() {
+        // The wrappers first on `PATH`, and the CLI's ripgrep looked up there: what the CLI
+        // runs itself is under the commands' limits from its first instruction.
+        let bin = format!("{}/bin", jail::SOCKET_DIR);
+        match env.iter_mut().find(|(k, _)| k == "PATH") {
+            Some((_, path)) => *path = format!("{bin}:{path}"),
+            None => env.push(("PATH".to_string(), bin)),
+        }
+        env.retain(|(k, _)| k != "USE_BUILTIN_RIPGREP");
+        env.push(("USE_BUILTIN_RIPGREP".to_string(), "0".to_string()));
+    }
+    Ok(())
 }
 
 /// The prefix script's file name beside the sockets, and its content.
@@ -339,11 +364,9 @@ impl SessionSandbox {
             .map(|h| (git_config_file.clone(), h.join(".gitconfig")))
             .collect();
         #[cfg(target_os = "linux")]
-        let limits = limits::SessionLimits::create(cfg.limits);
+        let mut limits = limits::SessionLimits::create(cfg.limits);
         #[cfg(target_os = "linux")]
-        let commands_files = commands_prefix(&limits, gateway.sockets.path(), &mut gateway.env)?;
-        #[cfg(not(target_os = "linux"))]
-        let commands_files = Vec::new();
+        commands_prefix(&mut limits, gateway.sockets.path(), &mut gateway.env)?;
         #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
         let mut plan = JailPlan {
             cwd: scope.cwd.clone(),
@@ -354,7 +377,6 @@ impl SessionSandbox {
             scratch: config_dir.into_iter().collect(),
             kept,
             sockets: Some(gateway.sockets.path().to_path_buf()),
-            socket_files: commands_files,
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
             secret_files: credentials::provider_credential_files(cli_env),

@@ -504,10 +504,12 @@ impl Environment for KubernetesEnvironment {
 
     fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            // In the pod's home, which outlives each CLI run there (a resume reads it). `find
-            // -type f` follows no link the agent planted; the pod holds nothing of the engine.
+            // In the pod, which outlives each CLI run there (a resume reads it). `find -type f`
+            // follows no link the agent planted; the pod holds nothing of the engine.
+            // The jail binds the pod's `{STATE}/claude-config` at `~/.claude` (image/cra-jail);
+            // without the jail the CLI writes `~/.claude` itself.
             let script = format!(
-                "find {HOME}/.claude/projects -mindepth 2 -maxdepth 2 -type f -name {} -exec head -c {MAX_CONVERSATION} {{}} \\;",
+                "find {STATE}/claude-config/projects {HOME}/.claude/projects -mindepth 2 -maxdepth 2 -type f -name {} -exec head -c {MAX_CONVERSATION} {{}} \\; 2>/dev/null; true",
                 sh_quote(&format!("{cli_session}.jsonl"))
             );
             let cmd = RemoteCommand {
