@@ -27,6 +27,13 @@ export interface SessionStats {
   /** implementor only */
   changedFiles: { path: string; status: 'added' | 'modified' | 'deleted' | 'renamed'; added: number; removed: number }[] | null
   /**
+   * the model spend the relay counted so far (every request of the session, subagents included;
+   * USD at the price table, see docs/budgets.md), the responses counted, the requests refused
+   * once the budget was spent, and the session's maxBudgetUsd (null: none); null when no relay
+   * saw the session's requests (`sandbox: false`)
+   */
+  spend: { usd: number; requests: number; refused: number; budgetUsd: number | null } | null
+  /**
    * what the model API's failures cost: requests the relay held and sent again (retries), CLI
    * runs that continued the conversation after the CLI ended on an API failure (resumes), and
    * the time requests were held (waitedMs)
@@ -34,10 +41,10 @@ export interface SessionStats {
   api: { retries: number; resumes: number; waitedMs: number }
 }
 
-/** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. */
-export interface PlannerStartParams { role: 'planner'; specPaths: string[]; sessionID?: string; model?: string }
-export interface ImplementorStartParams { role: 'implementor'; workItemID: string; branchName: string; sessionID?: string; model?: string }
-export interface ReviewerStartParams { role: 'reviewer'; workItemID: string; revisionID: string; sessionID?: string; model?: string }
+/** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. `maxBudgetUsd`: this session's budget; wins over config.maxBudgetUsd (0: none). */
+export interface PlannerStartParams { role: 'planner'; specPaths: string[]; sessionID?: string; model?: string; maxBudgetUsd?: number }
+export interface ImplementorStartParams { role: 'implementor'; workItemID: string; branchName: string; sessionID?: string; model?: string; maxBudgetUsd?: number }
+export interface ReviewerStartParams { role: 'reviewer'; workItemID: string; revisionID: string; sessionID?: string; model?: string; maxBudgetUsd?: number }
 export type AgentStartParams = PlannerStartParams | ImplementorStartParams | ReviewerStartParams
 
 export interface RuntimeAdapterConfig {
@@ -109,7 +116,24 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   sandbox?: false | { allowedDomains?: string[]; allowWrite?: string[]; allowRead?: string[]; serverTools?: ServerTool[]; limits?: SandboxLimits }
   /** where sessions run: 'local' (the default: a clone on this machine) or one pod per session on a Kubernetes cluster */
   backend?: 'local' | { kubernetes: KubernetesBackend }
+  /**
+   * USD of model spend per session, 0..1,000,000; 0 or absent = no budget; params.maxBudgetUsd
+   * wins. Counted at the relay from every response's usage (subagents included); past it
+   * further model requests are refused and the session ends ERR_BUDGET. Needs the relay:
+   * refused with `sandbox: false` on the local backend (docs/budgets.md).
+   */
+  maxBudgetUsd?: number
+  /**
+   * Overrides of the price table the spend is counted at, USD per million tokens, by model id
+   * prefix (the longest matching key wins; '*' prices models nothing matches, which are
+   * otherwise counted at the table's most expensive rates); the cache rates default to 0.1x
+   * (reads) and 1.25x (writes) of `input`.
+   */
+  modelPrices?: Record<string, ModelPrice>
 }
+
+/** USD per million tokens of each kind. */
+export interface ModelPrice { input: number; output: number; cacheRead?: number; cacheCreation?: number }
 
 /** Every name, key and value is checked by the API server's rules at createClaudeAdapter (ERR_INVALID_PARAMS naming the field). */
 export interface KubernetesBackend {

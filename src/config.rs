@@ -7,8 +7,11 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::error::AdapterError;
+use crate::spend::Prices;
 
+mod budget;
 pub mod kubernetes;
+pub use budget::unmetered_locally;
 pub use kubernetes::{KubernetesConfig, PullPolicy, Toleration};
 
 const DEFAULT_CONTEXT_CONCURRENCY: f64 = 16.0;
@@ -66,6 +69,11 @@ pub struct AdapterConfig {
     pub api_outage_tolerance: Duration,
     /// `fleetPacing`: every session's model requests to one account paced together.
     pub fleet_pacing: bool,
+    /// `maxBudgetUsd`: the model spend a session may pass only by its last request; `None`
+    /// (`0` or absent): no budget. `params.maxBudgetUsd` wins over it.
+    pub max_budget_usd: Option<f64>,
+    /// The price table with `modelPrices` over it, which every session's spend is counted at.
+    pub prices: Prices,
 }
 
 /// `config.backend`.
@@ -423,6 +431,7 @@ pub fn parse_config(
         false,
     );
     let fleet_pacing = r.flag("fleetPacing", true);
+    let (max_budget_usd, prices) = budget::budget(&mut r, sandbox.as_ref(), &backend);
     if !problems.is_empty() {
         return None;
     }
@@ -449,6 +458,8 @@ pub fn parse_config(
         shared_base,
         api_outage_tolerance: seconds(outage_tolerance),
         fleet_pacing,
+        max_budget_usd,
+        prices,
     })
 }
 

@@ -324,12 +324,15 @@ pub mod from_json {
 }
 
 /// What a start request carries beside the role's params.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StartOptions {
     /// The engine's own id for the session (any non-empty string).
     pub session_id: Option<String>,
     /// Model for this dispatch; wins over `config.model` and the agent definition's.
     pub model: Option<String>,
+    /// `maxBudgetUsd` for this session, in USD; wins over `config.maxBudgetUsd` (`Some(0.0)`:
+    /// no budget for this one).
+    pub max_budget_usd: Option<f64>,
 }
 
 impl StartParams {
@@ -357,6 +360,7 @@ impl StartParams {
         let options = StartOptions {
             session_id: optional("sessionID")?,
             model: optional("model")?,
+            max_budget_usd: budget_param(obj.get("maxBudgetUsd"))?,
         };
         let params = match obj.get("role").and_then(Value::as_str) {
             Some("planner") => {
@@ -392,5 +396,32 @@ impl StartParams {
             }
         };
         Ok((params, options))
+    }
+}
+
+/// `params.maxBudgetUsd`: absent, or USD in `[0, MAX_BUDGET_USD]` (NaN and ±Infinity arrive as
+/// their names, see `binding::js`, and are refused with the rest).
+fn budget_param(v: Option<&serde_json::Value>) -> std::result::Result<Option<f64>, String> {
+    use crate::spend::MAX_BUDGET_USD;
+    use serde_json::Value;
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n))
+            if n.as_f64()
+                .is_some_and(|n| (0.0..=MAX_BUDGET_USD).contains(&n)) =>
+        {
+            Ok(n.as_f64())
+        }
+        Some(other) => {
+            let got = match other {
+                Value::String(s) if matches!(s.as_str(), "NaN" | "inf" | "-inf") => {
+                    s.replace("inf", "Infinity")
+                }
+                other => other.to_string(),
+            };
+            Err(format!(
+                "params.maxBudgetUsd must be a number in [0, {MAX_BUDGET_USD}] (0: no budget) (got {got})"
+            ))
+        }
     }
 }

@@ -21,6 +21,8 @@ pub enum ErrorCode {
     Extract,
     SandboxUnavailable,
     ResourceLimit,
+    /// The session's model spend passed its `maxBudgetUsd`.
+    Budget,
     Internal,
 }
 
@@ -41,6 +43,7 @@ impl ErrorCode {
             ErrorCode::Extract => "ERR_EXTRACT",
             ErrorCode::SandboxUnavailable => "ERR_SANDBOX_UNAVAILABLE",
             ErrorCode::ResourceLimit => "ERR_RESOURCE_LIMIT",
+            ErrorCode::Budget => "ERR_BUDGET",
             ErrorCode::Internal => "ERR_INTERNAL",
         }
     }

@@ -20,5 +20,6 @@ pub mod process;
 pub mod sandbox;
 pub mod schema;
 pub mod scratch;
+pub mod spend;
 pub mod stats;
 pub mod transcript;

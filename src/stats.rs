@@ -13,6 +13,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::spend::SpendStats;
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Tokens {
@@ -60,6 +62,9 @@ pub struct SessionStats {
     /// Implementor only (`None` for the other roles, and for an implementor whose run produced
     /// no patch to read).
     pub changed_files: Option<Vec<ChangedFile>>,
+    /// The model spend the relay counted (every request of the session, subagents included)
+    /// and the budget; `None` for a session whose requests no relay saw (`sandbox: false`).
+    pub spend: Option<SpendStats>,
     /// What the model API's failures cost the session.
     pub api: ApiStats,
 }
@@ -193,6 +198,7 @@ impl RunStats {
             model,
             tokens,
             changed_files: patch.map(changed_files),
+            spend: None,
             api: ApiStats::default(),
         }
     }
@@ -379,6 +385,12 @@ mod tests {
                 added: 1,
                 removed: 0,
             }]),
+            spend: Some(SpendStats {
+                usd: 0.25,
+                requests: 3,
+                refused: 1,
+                budget_usd: Some(0.2),
+            }),
             api: ApiStats {
                 retries: 3,
                 resumes: 1,
@@ -390,12 +402,13 @@ mod tests {
             json!({"durationMs": 5, "turns": 2, "costUsd": 0.5, "model": "m",
                    "tokens": {"input": 1, "output": 2, "cacheRead": 3, "cacheCreation": 4},
                    "changedFiles": [{"path": "a", "status": "renamed", "added": 1, "removed": 0}],
+                   "spend": {"usd": 0.25, "requests": 3, "refused": 1, "budgetUsd": 0.2},
                    "api": {"retries": 3, "resumes": 1, "waitedMs": 60_500}})
         );
         let empty = serde_json::to_value(SessionStats::default()).unwrap();
         assert_eq!(
             empty,
-            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null,
+            json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null, "spend": null,
                    "api": {"retries": 0, "resumes": 0, "waitedMs": 0}})
         );
     }

@@ -190,6 +190,19 @@ const fullConfig: ClaudeAdapterConfig = {
 const unsandboxed: ClaudeAdapterConfig = { ...config, sandbox: false };
 const defaultSandbox: ClaudeAdapterConfig = { ...config, sandbox: {} };
 const limited: ClaudeAdapterConfig = { ...config, sandbox: { limits: { memoryMiB: 2048, processes: 0, tmpMiB: 256 } } };
+// --- issue 35: a hard budget per session, and the price table's overrides ---
+const budgeted: ClaudeAdapterConfig = {
+  ...config,
+  maxBudgetUsd: 5,
+  modelPrices: { 'claude-sonnet-4-5': { input: 3, output: 15 }, '*': { input: 15, output: 75, cacheRead: 1.5, cacheCreation: 18.75 } },
+};
+const budgetedStart: AgentStartParams = { role: 'reviewer', workItemID: 'w1', revisionID: 'r1', maxBudgetUsd: 0.5 };
+function describeSpend(s: SessionStats): string {
+  if (s.spend === null) return 'not counted';
+  const usd: number = s.spend.usd;
+  const budget: number | null = s.spend.budgetUsd;
+  return `$${usd} of ${budget ?? 'no budget'} (${s.spend.requests} requests, ${s.spend.refused} refused)`;
+}
 
 function describeStats(s: SessionStats): string {
   const duration: number = s.durationMs;
@@ -218,7 +231,7 @@ class MiniEngine {
     this.runs.set(id, handle);
     handle.result.catch((e: unknown) => this.errors.set(id, e instanceof Error ? e.message : String(e)));
     const stats: Promise<SessionStats> = handle.stats;
-    void stats.then((s) => logger.info(describeStats(s)));
+    void stats.then((s) => logger.info(`${describeStats(s)} ${describeSpend(s)}`));
     return id;
   }
 
@@ -250,6 +263,8 @@ export async function engineIssue11(): Promise<void> {
   createClaudeAdapter(unsandboxed, deps);
   createClaudeAdapter(defaultSandbox, deps);
   createClaudeAdapter(limited, deps);
+  const budgetedEngine = new MiniEngine(createClaudeAdapter(budgeted, deps));
+  logger.info(await budgetedEngine.dispatch(budgetedStart));
 }
 
 // Sessions on a cluster: in the team's own image with the adapter's runtime copied in, or in

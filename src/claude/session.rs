@@ -38,6 +38,8 @@ const STDERR_TAIL: usize = 8 * 1024;
 pub enum StopReason {
     Cancelled,
     Timeout,
+    /// The session's model spend passed its budget.
+    Budget,
 }
 
 impl StopReason {
@@ -45,6 +47,7 @@ impl StopReason {
         match self {
             StopReason::Cancelled => "cancelled",
             StopReason::Timeout => "timeout",
+            StopReason::Budget => "budget",
         }
     }
 }
@@ -311,7 +314,7 @@ impl RunningSession {
                         INIT_TIMEOUT.as_secs(), tail_text(&self.stderr))));
                 }
                 _ = self.stop.stopped() => {
-                    let code = match self.stop.reason() { Some(StopReason::Timeout) => ErrorCode::Timeout, _ => ErrorCode::Cancelled };
+                    let code = match self.stop.reason() { Some(StopReason::Timeout) => ErrorCode::Timeout, Some(StopReason::Budget) => ErrorCode::Budget, _ => ErrorCode::Cancelled };
                     return Err(AdapterError::new(code, "the session was stopped while the CLI was starting"));
                 }
             };

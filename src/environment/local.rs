@@ -36,6 +36,12 @@ impl Backend for LocalBackend {
         crate::sandbox::check_available(path)
     }
 
+    /// Only the Linux sandbox puts the relay between the CLI and the API: with `sandbox:
+    /// false`, and on macOS (Claude Code's own sandbox), the CLI calls the API itself.
+    fn meters_model_requests(&self, sandbox: Option<&SandboxConfig>) -> bool {
+        cfg!(target_os = "linux") && sandbox.is_some()
+    }
+
     fn provision<'a>(
         &'a self,
         req: EnvRequest,

@@ -93,6 +93,10 @@ pub trait Backend: Send + Sync {
     /// provisions nothing. `env` is the CLI's environment.
     fn preflight(&self, env: &[(String, String)], sandbox: Option<&SandboxConfig>) -> Result<()>;
 
+    /// True when every model request of a session with `sandbox` passes the engine's relay,
+    /// which counts its spend (`ApiHooks::spend` of [`EnvRequest::api`]): what a budget needs.
+    fn meters_model_requests(&self, sandbox: Option<&SandboxConfig>) -> bool;
+
     /// The CLI inside the environment when it is not the engine's own (a session image's);
     /// `None`: the engine's CLI, found by `claudeExecutable` and the search roots.
     fn cli_program(&self) -> Option<PathBuf> {

@@ -13,7 +13,10 @@
 //!
 //! The time limit runs from `register`, so it reaches provisioning (worktree creation and the
 //! setup command) as well as the agent; `cancelAgent` and `shutdown` reach every step through the
-//! same [`StopSignal`]. A stop only decides the outcome while something is still running: once
+//! same [`StopSignal`], and so does the budget: the session's [`SpendMeter`], which the relay
+//! counts every model request on, stops it once the spend has passed `maxBudgetUsd` (and the
+//! relay refuses any further request meanwhile); such a session ends `ERR_BUDGET`
+//! ([`Session::over_budget`]). A stop only decides the outcome while something is still running: once
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
 //! never disagree) unless reading the agent's work out of its checkout is still running
 //! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).
@@ -53,6 +56,7 @@ use crate::params;
 use crate::sandbox::{ApiHooks, ApiOutage, EgressAttempt, EgressSink, ReadGuard, WriteScope};
 use crate::schema;
 use crate::schema::semantic::Facts;
+use crate::spend::SpendMeter;
 use crate::stats::{ApiStats, RunStats, SessionStats};
 use crate::transcript::{self, Transcript};
 
@@ -112,6 +116,9 @@ pub struct Session {
     resumes: u32,
     /// Why the session ended on an API outage it could not wait out (past the tolerance).
     outage_failure: Option<String>,
+    /// The model spend the relay counts, with the session's budget; `None` when no relay
+    /// sees the session's requests (`sandbox: false`).
+    spend: Option<Arc<SpendMeter>>,
 }
 
 /// A session's CLI is started again on its conversation at most this many times (each only
@@ -134,6 +141,7 @@ impl Session {
         options: StartOptions,
     ) -> Result<Session> {
         params::validate_start_params(&params, &host.config.repo_root)?;
+        let spend = Self::spend_meter(host, &options)?;
         let id = options
             .session_id
             .clone()
@@ -160,6 +168,15 @@ impl Session {
                 }
             });
         }
+        if let Some(meter) = spend.clone().filter(|m| m.budget().is_some()) {
+            let stopper = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = meter.crossed() => stopper.stop(StopReason::Budget),
+                    _ = stopper.stopped() => {}
+                }
+            });
+        }
         Ok(Session {
             host: host.clone(),
             cli_id: ids::cli_session_uuid(&id),
@@ -180,7 +197,36 @@ impl Session {
             spec: None,
             resumes: 0,
             outage_failure: None,
+            spend,
         })
+    }
+
+    /// The session's spend meter, with `params.maxBudgetUsd` or else `config.maxBudgetUsd` as
+    /// its budget (`0`: none); `None` when no relay would see the session's requests, which
+    /// then cannot have a budget.
+    fn spend_meter(host: &SessionHost, options: &StartOptions) -> Result<Option<Arc<SpendMeter>>> {
+        let cfg = &host.config;
+        let budget = options
+            .max_budget_usd
+            .or(cfg.max_budget_usd)
+            .filter(|b| *b > 0.0);
+        if !host.backend.meters_model_requests(cfg.sandbox.as_ref()) {
+            if budget.is_some() {
+                let why = crate::config::unmetered_locally(cfg.sandbox.as_ref())
+                    .unwrap_or("needs the model relay, which this backend does not put between the CLI and the model API");
+                return Err(AdapterError::invalid_params(format!(
+                    "params.maxBudgetUsd {why}"
+                )));
+            }
+            return Ok(None);
+        }
+        Ok(Some(SpendMeter::new(budget, cfg.prices.clone())))
+    }
+
+    /// The stats' spend: what the relay counted.
+    fn spend_stats(&self, mut stats: SessionStats) -> SessionStats {
+        stats.spend = self.spend.as_ref().map(|m| m.stats());
+        stats
     }
 
     fn role(&self) -> Role {
@@ -204,6 +250,7 @@ impl Session {
                 ErrorCode::Timeout,
                 "the session exceeded maxAgentDuration before the agent started",
             ),
+            StopReason::Budget => self.budget_error(),
         })
     }
 
@@ -254,6 +301,7 @@ impl Session {
             api: ApiHooks {
                 outage: Some(self.outage.clone()),
                 pacing: cfg.fleet_pacing,
+                spend: self.spend.clone(),
             },
         };
         let provisioned = self
@@ -602,7 +650,7 @@ impl Session {
         };
         let changes = self.changes(&outcome).await;
         let elapsed = self.started.elapsed().as_millis() as u64;
-        let mut stats = run_stats.finish(elapsed, changes.as_deref());
+        let mut stats = self.spend_stats(run_stats.finish(elapsed, changes.as_deref()));
         stats.api = self.api_stats();
         (outcome, stats)
     }
@@ -637,7 +685,7 @@ impl Session {
 
     async fn result_of(&self, end: SessionEnd) -> Result<Value> {
         let evaluated = self.or_lost(evaluate(self.role(), &self.facts, end)).await;
-        let output = self.past_limits(evaluated)?;
+        let output = self.over_budget(self.past_limits(evaluated))?;
         match self.checkout() {
             Some(env) => {
                 outcome::with_patch(
@@ -662,6 +710,11 @@ impl Session {
         let dir = env.workdir();
         let stopped = async {
             self.stop.stopped().await;
+            if self.stop.reason() == Some(StopReason::Budget) {
+                // The budget stopped the agent, not the reading of its work, which is what
+                // that failure keeps: only extractionTimeout bounds it.
+                std::future::pending::<()>().await;
+            }
             tokio::time::sleep(EXTRACT_STOP_GRACE).await;
         };
         let read = tokio::select! {
@@ -743,6 +796,39 @@ impl Session {
             ),
             other => other,
         }
+    }
+
+    /// A session whose spend passed its budget ends `ERR_BUDGET`, naming the budget and the
+    /// spend, whatever else its end was (the stop for the budget; the CLI's failure at the
+    /// refused request; even a result that came with the crossing request: the budget is hard,
+    /// and the spend does not depend on which came first) — unless it was cancelled or timed
+    /// out first. The Implementor's work is then saved as for any failed run.
+    fn over_budget(&self, outcome: Result<Value>) -> Result<Value> {
+        if !self.spend.as_ref().is_some_and(|m| m.exceeded()) {
+            return outcome;
+        }
+        let budget = self.budget_error();
+        if let Some(t) = &self.transcript {
+            t.note("budget", &budget.message);
+        }
+        match outcome {
+            Err(e) if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => Err(e),
+            Err(e) if e.code == ErrorCode::Budget => Err(budget),
+            Err(e) => Err(budget.with_shared_cause(Arc::new(e))),
+            Ok(_) => Err(budget),
+        }
+    }
+
+    /// `ERR_BUDGET` naming the budget and the spend.
+    fn budget_error(&self) -> AdapterError {
+        let spent = self
+            .spend
+            .as_ref()
+            .map_or_else(|| "unknown".to_string(), |m| m.describe());
+        AdapterError::new(
+            ErrorCode::Budget,
+            format!("the session's model spend passed its budget: {spent}; the relay refuses further model requests and the session was stopped"),
+        )
     }
 
     /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
@@ -845,7 +931,8 @@ impl Session {
                 let failed = Err(e.clone());
                 let changes = self.changes(&failed).await;
                 let elapsed = self.started.elapsed().as_millis() as u64;
-                let stats = RunStats::default().finish(elapsed, changes.as_deref());
+                let stats =
+                    self.spend_stats(RunStats::default().finish(elapsed, changes.as_deref()));
                 self.clean(&failed, &stats).await;
                 Err(e)
             }

@@ -45,6 +45,11 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
                 ErrorCode::Timeout,
                 "the session exceeded maxAgentDuration and was stopped",
             ),
+            // The lifecycle names the budget and the spend (`Session::over_budget`).
+            StopReason::Budget => AdapterError::new(
+                ErrorCode::Budget,
+                "the session's model spend passed maxBudgetUsd and it was stopped",
+            ),
         });
     }
     let Some(r) = end.result else {

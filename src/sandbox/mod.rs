@@ -170,6 +170,7 @@ impl Gateway {
         plan.server_tools = sandbox.map(|s| s.server_tools.clone());
         plan.outage = api.outage;
         plan.pacing = api.pacing;
+        plan.spend = api.spend;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         Ok(Gateway {
             env,

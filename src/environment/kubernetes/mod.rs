@@ -85,6 +85,12 @@ impl Backend for KubernetesBackend {
         Ok(())
     }
 
+    /// A pod has no network but the engine's gateway, with or without its jail: the CLI's
+    /// model requests always pass the relay.
+    fn meters_model_requests(&self, _sandbox: Option<&SandboxConfig>) -> bool {
+        true
+    }
+
     fn cli_program(&self) -> Option<PathBuf> {
         Some(PathBuf::from(CLI))
     }

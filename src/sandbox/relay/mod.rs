@@ -28,6 +28,7 @@ pub mod provider;
 mod provider_spec;
 mod reach;
 mod route;
+mod spend;
 mod upstream;
 mod vertex;
 
@@ -52,16 +53,20 @@ use self::upstream::{extra_roots, sources, BoxError, Upstream};
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
+use crate::spend::SpendMeter;
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
 const MAX_RELAY_CONNECTIONS: usize = 64;
 
-/// What a session asks of its relay beyond the plan: its outage ([`outage`]) and whether its
-/// requests are paced with the fleet's ([`pacing`]).
+/// What a session asks of its relay beyond the plan: its outage ([`outage`]), whether its
+/// requests are paced with the fleet's ([`pacing`]), and its spend and budget ([`spend`]).
 #[derive(Clone, Default)]
 pub struct ApiHooks {
     pub outage: Option<Arc<ApiOutage>>,
     pub pacing: bool,
+    /// The session's spend meter: every answer counted, requests refused past its budget
+    /// ([`spend`]).
+    pub spend: Option<Arc<SpendMeter>>,
 }
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
@@ -89,6 +94,9 @@ pub struct RelayPlan {
     pub outage: Option<Arc<ApiOutage>>,
     /// Paced with every other session's requests to the same account ([`pacing`]).
     pub pacing: bool,
+    /// The session's spend, counted from every response; requests are refused once it has
+    /// passed the budget ([`spend`]).
+    pub spend: Option<Arc<SpendMeter>>,
 }
 
 impl RelayPlan {
@@ -107,6 +115,7 @@ impl RelayPlan {
             server_tools: Some(Vec::new()),
             outage: None,
             pacing: false,
+            spend: None,
         }
     }
 }
@@ -146,6 +155,7 @@ impl ModelRelay {
             server_tools,
             outage,
             pacing,
+            spend,
         } = plan;
         if substitutions
             .iter()
@@ -192,6 +202,7 @@ impl ModelRelay {
             headers,
             server_tools,
             bodies: BodyBudget::new(),
+            spend,
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -232,6 +243,7 @@ struct Relay {
     outage: Option<Arc<ApiOutage>>,
     /// The account's pace, shared with every relay sending to it.
     pace: Option<Arc<Pace>>,
+    spend: Option<Arc<SpendMeter>>,
 }
 
 /// What a request header holds of the placeholders.
@@ -249,7 +261,15 @@ impl Relay {
         let relay = self.clone();
         let service = hyper::service::service_fn(move |req| {
             let relay = relay.clone();
-            async move { Ok::<_, std::convert::Infallible>(relay.handle(req).await) }
+            async move {
+                // The budget is kept around the whole exchange: a spent one refuses the
+                // request before anything of it is read, and every answer is counted.
+                if let Some(refused) = spend::refusal(relay.spend.as_deref()) {
+                    return Ok::<_, std::convert::Infallible>(refused);
+                }
+                let response = relay.handle(req).await;
+                Ok(spend::metered(relay.spend.as_ref(), response))
+            }
         });
         let _ = http1_server()
             .keep_alive(false)

@@ -93,6 +93,7 @@ pub async fn provider_relay(
                 server_tools: Some(Vec::new()),
                 outage: None,
                 pacing: false,
+                spend: None,
             }
         }
     };
