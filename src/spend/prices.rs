@@ -1,8 +1,9 @@
 //! What a model's tokens cost: the one table the budget prices every request by
 //! (`maxBudgetUsd`, see `docs/budgets.md`), and the config's overrides of it (`modelPrices`).
 //!
-//! The table holds Anthropic's list prices per million tokens, as published on
-//! <https://www.anthropic.com/pricing> on [`PRICES_AS_OF`]: the standard rates (no batch
+//! The table holds Anthropic's list prices per million tokens as of [`PRICES_AS_OF`] (their
+//! sources, and that they were not read live from the pricing page, are in docs/budgets.md):
+//! the standard rates (no batch
 //! discount, which a session never gets), cache writes at the 5-minute rate (the CLI's), and
 //! the base rate of models with a long-context premium (over 200k input tokens Sonnet 4 and
 //! 4.5 cost more; a session's requests rarely are). A provider's own rates (Bedrock, Vertex
@@ -18,7 +19,7 @@
 use std::collections::BTreeMap;
 
 /// When the table was last checked against the published prices.
-pub const PRICES_AS_OF: &str = "2025-11-24";
+pub const PRICES_AS_OF: &str = "2026-11-26";
 
 /// USD per million tokens of each kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,10 +63,12 @@ pub struct Usage {
 
 /// The list prices, by model id prefix. Kept in this one place; see the module's comment.
 pub const TABLE: &[(&str, ModelPrice)] = &[
+    ("claude-opus-4-6", ModelPrice::from_rates(5.0, 25.0)),
     ("claude-opus-4-5", ModelPrice::from_rates(5.0, 25.0)),
     ("claude-opus-4-1", ModelPrice::from_rates(15.0, 75.0)),
     ("claude-opus-4", ModelPrice::from_rates(15.0, 75.0)),
     ("claude-3-opus", ModelPrice::from_rates(15.0, 75.0)),
+    ("claude-sonnet-4-6", ModelPrice::from_rates(3.0, 15.0)),
     ("claude-sonnet-4-5", ModelPrice::from_rates(3.0, 15.0)),
     ("claude-sonnet-4", ModelPrice::from_rates(3.0, 15.0)),
     ("claude-3-7-sonnet", ModelPrice::from_rates(3.0, 15.0)),
