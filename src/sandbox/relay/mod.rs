@@ -21,14 +21,14 @@
 mod bedrock;
 mod body;
 mod foundry;
-mod mask;
+pub(super) mod mask;
 pub mod outage;
 mod pacing;
 pub mod provider;
 mod provider_spec;
 mod reach;
 mod route;
-mod upstream;
+pub(super) mod upstream;
 mod vertex;
 
 use std::path::{Path, PathBuf};
