@@ -224,6 +224,7 @@ impl TelemetryPlan {
                 )
             })
             .collect();
+        all.sort();
         all.dedup();
         all
     }
@@ -610,4 +611,194 @@ fn refusal(status: StatusCode, message: &str) -> Response<Body> {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn route(plan: &TelemetryPlan, signal: Signal) -> &SignalRoute {
+        plan.routes.iter().find(|r| r.signal == signal).unwrap()
+    }
+
+    #[test]
+    fn no_forwarding_unless_telemetry_is_on_and_an_endpoint_is_configured() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        assert!(TelemetryPlan::of(&env(&[endpoint])).unwrap().is_none());
+        assert!(
+            TelemetryPlan::of(&env(&[("CLAUDE_CODE_ENABLE_TELEMETRY", "0"), endpoint]))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            TelemetryPlan::of(&env(&[("CLAUDE_CODE_ENABLE_TELEMETRY", "1")]))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            TelemetryPlan::of(&env(&[("CLAUDE_CODE_ENABLE_TELEMETRY", "true"), endpoint]))
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn each_signal_goes_to_its_own_endpoint_or_the_generic_one_with_its_path() {
+        let plan = TelemetryPlan::of(&env(&[
+            ("CLAUDE_CODE_ENABLE_TELEMETRY", "1"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://otel.example/base/"),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                "http://logs.example:9000/ingest",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ]))
+        .unwrap()
+        .unwrap();
+        let metrics = route(&plan, Signal::Metrics);
+        assert!(!metrics.grpc);
+        assert_eq!(
+            metrics.upstream.to_string(),
+            "https://otel.example/base/v1/metrics"
+        );
+        assert_eq!(metrics.path(), "/v1/metrics");
+        assert_eq!(
+            route(&plan, Signal::Logs).upstream.to_string(),
+            "http://logs.example:9000/ingest"
+        );
+        let traces = route(&plan, Signal::Traces);
+        assert!(traces.grpc);
+        assert_eq!(
+            traces.upstream.to_string(),
+            "https://otel.example/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        let mut collectors = plan.collectors();
+        collectors.sort();
+        assert_eq!(
+            collectors,
+            ["http://logs.example:9000", "https://otel.example"]
+        );
+    }
+
+    #[test]
+    fn headers_are_decoded_and_a_signals_own_override_the_generic_ones() {
+        let plan = TelemetryPlan::of(&env(&[
+            ("CLAUDE_CODE_ENABLE_TELEMETRY", "1"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20generic-token-1, x-team=abc",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+                "authorization=Bearer%20metrics-token-2",
+            ),
+        ]))
+        .unwrap()
+        .unwrap();
+        let value = |s: Signal, n: &str| {
+            route(&plan, s)
+                .headers
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(
+            value(Signal::Logs, "authorization").unwrap(),
+            "Bearer generic-token-1"
+        );
+        assert_eq!(
+            value(Signal::Metrics, "authorization").unwrap(),
+            "Bearer metrics-token-2"
+        );
+        assert_eq!(value(Signal::Metrics, "x-team").unwrap(), "abc");
+        // Short values are not masked; the tokens are.
+        let secrets = plan.secrets();
+        assert!(secrets.contains(&"Bearer metrics-token-2".to_string()));
+        assert!(!secrets.contains(&"abc".to_string()));
+    }
+
+    #[test]
+    fn unusable_settings_are_refused_naming_the_variable_never_its_value() {
+        let on = ("CLAUDE_CODE_ENABLE_TELEMETRY", "1");
+        for (bad, var) in [
+            (
+                env(&[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://u:s3cret-pass@h:1"),
+                ]),
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (
+                env(&[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://h/s3cret-pass")]),
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (
+                env(&[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://h:1"),
+                    ("OTEL_EXPORTER_OTLP_HEADERS", "s3cret-pass"),
+                ]),
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            (
+                env(&[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://h:1"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "s3cret-pass"),
+                ]),
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ),
+            (
+                env(&[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://h:1"),
+                    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/keys/s3cret-pass.pem"),
+                ]),
+                "CLIENT_KEY",
+            ),
+        ] {
+            let e = TelemetryPlan::of(&bad).unwrap_err();
+            assert_eq!(e.code, crate::error::ErrorCode::InvalidParams);
+            assert!(e.message.contains(var), "{}", e.message);
+            assert!(!e.message.contains("s3cret"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn inside_the_cli_exports_to_the_forwarder_and_holds_no_header_endpoint_or_certificate() {
+        let mut inside = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:1/x"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "a=b"),
+            ("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "a=b"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
+        ]);
+        forwarded_env(&mut inside, "http://127.0.0.1:3130");
+        assert_eq!(
+            inside,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:3130"),
+            ])
+        );
+    }
+
+    #[test]
+    fn percent_escapes_decode_and_malformed_ones_stay() {
+        assert_eq!(percent_decode("Bearer%20x%2Cy"), b"Bearer x,y");
+        assert_eq!(percent_decode("100%"), b"100%");
+        assert_eq!(percent_decode("%zz%4"), b"%zz%4");
+    }
 }
