@@ -1,10 +1,12 @@
 //! The OS sandbox one agent session runs in, built by the adapter: on Linux the Claude Code
 //! CLI and everything it starts run inside one bubblewrap sandbox per session ([`jail`] has the
 //! mount plan), so the boundary is the same whichever tool the agent uses (Bash, Read, Write,
-//! WebFetch). Inside there is no network: two loopback ports are bridged (socat) to unix
+//! WebFetch). Inside there is no network: loopback ports are bridged (socat) to unix
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
 //! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
-//! placeholder, the relay adds the real API key or token, which is never readable inside).
+//! placeholder, the relay adds the real API key or token, which is never readable inside); and
+//! when the CLI's telemetry is on, a third: the telemetry forwarder ([`telemetry`]: OTLP
+//! exports to the engine's collector only, its headers added outside).
 //! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
 //! ([`GitJails`]: the answer to what git, a layer below, asks of the sandbox in
 //! `crate::git::confine`).
@@ -131,8 +133,8 @@ pub struct SessionSandbox {
 
 /// What any confined session reaches the outside through, wherever it runs (a local bubblewrap
 /// sandbox, a pod): the CLI's environment inside (credentials as placeholders, the model API at
-/// the relay, everything else through the proxy), the egress proxy and the model relay on unix
-/// sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
+/// the relay, everything else through the proxy), the egress proxy, the model relay and (the
+/// CLI's telemetry on) the telemetry forwarder on unix sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
 /// session's generated `~/.gitconfig`.
 pub struct Gateway {
     env: Vec<(String, String)>,
