@@ -795,6 +795,105 @@ mod tests {
         );
     }
 
+    /// A collector on 127.0.0.1 that records each request's head and answers with `answer`.
+    #[cfg(unix)]
+    async fn collector(
+        answer: &'static str,
+    ) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (head, _) = super::super::server::test_io::read_head(&mut stream).await;
+                tx.send(head).unwrap();
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (port, rx)
+    }
+
+    /// Sends `request` to the forwarder's socket; returns the whole answer.
+    #[cfg(unix)]
+    async fn send(socket: &Path, request: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut client = tokio::net::UnixStream::connect(socket).await.unwrap();
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn an_export_goes_to_the_collector_with_its_header_added_and_the_credential_quoted_back_is_masked(
+    ) {
+        let (port, mut seen) = collector(
+            "HTTP/1.1 401 Unauthorized\r\nx-echo: Bearer collector-token-1\r\nContent-Length: 41\r\nConnection: close\r\n\r\nrejected Bearer collector-token-1 (short)",
+        )
+        .await;
+        let plan = TelemetryPlan::of(&env(&[
+            ("CLAUDE_CODE_ENABLE_TELEMETRY", "1"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &format!("http://127.0.0.1:{port}/otlp"),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20collector-token-1",
+            ),
+        ]))
+        .unwrap()
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("telemetry.sock");
+        let _forwarder = TelemetryForwarder::start(&socket, plan).unwrap();
+        let answer = send(
+            &socket,
+            "POST http://elsewhere.example/v1/logs HTTP/1.1\r\nHost: elsewhere.example\r\n\
+             Authorization: Bearer agent-own\r\nx-agent: 1\r\nContent-Type: application/x-protobuf\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        let head = seen.recv().await.unwrap();
+        assert!(
+            head.starts_with("POST /otlp/v1/logs HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("host: 127.0.0.1:{port}\r\n")),
+            "{head}"
+        );
+        assert!(
+            head.contains("authorization: Bearer collector-token-1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains("content-type: application/x-protobuf\r\n"),
+            "{head}"
+        );
+        assert!(
+            !head.contains("agent-own") && !head.contains("x-agent"),
+            "{head}"
+        );
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+        assert!(!answer.contains("collector-token-1"), "{answer}");
+        assert!(
+            answer.contains("rejected ************************ (short)"),
+            "{answer}"
+        );
+
+        let refused = send(
+            &socket,
+            "POST /v1/other HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(refused.starts_with("HTTP/1.1 404 "), "{refused}");
+        assert!(seen.try_recv().is_err());
+    }
+
     #[test]
     fn percent_escapes_decode_and_malformed_ones_stay() {
         assert_eq!(percent_decode("Bearer%20x%2Cy"), b"Bearer x,y");
