@@ -90,6 +90,20 @@ describe("the CLI's telemetry reaches the team's collector with the sandbox on",
     expect(log).not.toContain(SECRET);
   });
 
+  it('over OTLP/HTTP with JSON bodies (http/json) as well: metrics and logs arrive with the collector header', { timeout: 90_000 }, async () => {
+    collector = await startCollector();
+    h = await withTelemetry(collector, { telemetry: { protocol: 'http/json' } });
+    const { result } = await agentRuns(h, 'planner', ['sleep 2']);
+    expect(result.role).toBe('planner');
+    await eventually(() => collector.of('metrics').length > 0 && collector.of('logs').length > 0, 15_000, 'metrics and logs exported as JSON');
+    for (const e of collector.exports) {
+      expect(e.error, e.path).toBeUndefined();
+      expect(e.headers['content-type']).toMatch(/^application\/json/);
+      expect(e.headers.authorization).toBe(`Bearer ${SECRET}`);
+    }
+    expect(collector.metricNames()).toContain('claude_code.session.count');
+  });
+
   it('over OTLP/gRPC (HTTP/2) as well: metrics and logs arrive through the same forwarder with the collector header', { timeout: 90_000 }, async () => {
     collector = await startCollector({ grpc: true });
     h = await withTelemetry(collector, { telemetry: { protocol: 'grpc' } });

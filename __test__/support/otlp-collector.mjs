@@ -1,5 +1,5 @@
 // A team's OpenTelemetry collector on 127.0.0.1, for the telemetry suites: it receives OTLP
-// exports over HTTP (`http/protobuf`, node:http) or gRPC (HTTP/2 without TLS, node:http2),
+// exports over HTTP (`http/protobuf` or `http/json`, node:http) or gRPC (HTTP/2 without TLS, node:http2),
 // records each one's path and headers, and decodes its body with the generated code of the
 // official opentelemetry-proto definitions (`@opentelemetry/otlp-transformer` ships it, built
 // by protobufjs from those .proto files).
@@ -49,7 +49,10 @@ export async function startCollector({ grpc = false } = {}) {
     const entry = { path, signal, headers, size: body.length };
     try {
       const bytes = grpc ? grpcMessages(body) : body;
-      entry.decoded = REQUESTS[signal].toObject(REQUESTS[signal].decode(bytes), { longs: String, defaults: false });
+      // OTLP/JSON (`http/json`) is the same messages in protobuf's JSON mapping.
+      const json = String(headers['content-type']).startsWith('application/json');
+      const message = json ? REQUESTS[signal].fromObject(JSON.parse(bytes.toString('utf8'))) : REQUESTS[signal].decode(bytes);
+      entry.decoded = REQUESTS[signal].toObject(message, { longs: String, defaults: false });
     } catch (err) {
       entry.error = String(err);
     }
@@ -77,8 +80,9 @@ export async function startCollector({ grpc = false } = {}) {
       req.on('data', (c) => chunks.push(c));
       req.on('end', () => {
         const entry = record(req.url, req.headers, Buffer.concat(chunks));
-        res.writeHead(entry.signal && req.method === 'POST' ? 200 : 404, { 'content-type': 'application/x-protobuf' });
-        res.end();
+        const json = String(req.headers['content-type']).startsWith('application/json');
+        res.writeHead(entry.signal && req.method === 'POST' ? 200 : 404, { 'content-type': json ? 'application/json' : 'application/x-protobuf' });
+        res.end(json ? '{}' : '');
       });
     });
     // Longer than the forwarder pools its connections (as a real collector's keep-alive is).
