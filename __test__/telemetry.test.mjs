@@ -88,6 +88,7 @@ describe("the CLI's telemetry reaches the team's collector with the sandbox on",
     const log = transcript(h);
     expect(log).toMatch(/\[sandbox\] .*; the CLI's telemetry forwarded to \S+ only;/);
     expect(log).not.toContain(SECRET);
+    expect(h.logger.entries.some((e) => e.level === 'info' && e.message.startsWith("the CLI's telemetry is forwarded to "))).toBe(true);
   });
 
   it('over OTLP/HTTP with JSON bodies (http/json) as well: metrics and logs arrive with the collector header', { timeout: 90_000 }, async () => {
@@ -148,6 +149,14 @@ describe('the forwarder is a path to the collector only', () => {
     expect(out[4]).toMatch(/^HTTP\/1\.1 404 /);
     expect(out[5]).toMatch(/^HTTP\/1\.1 413 /);
     expect(seen).toEqual([]);
+    // Each refusal is logged for the operator.
+    const refused = h.logger.entries.map((e) => e.message).filter((m) => m.startsWith('telemetry forwarder: refused'));
+    expect(refused).toEqual([
+      `telemetry forwarder: refused CONNECT ${target}: not an OTLP export of the CLI's configured telemetry`,
+      'telemetry forwarder: refused GET /v1/metrics: not a POST without a query',
+      'telemetry forwarder: refused POST /index.html: not an OTLP export of the CLI\'s configured telemetry',
+      `telemetry forwarder: refused /v1/metrics: larger than ${16 * 2 ** 20} bytes`,
+    ]);
     // What the agent sent went to the collector: it can send data there (the README says so).
     const agents = collector.exports.filter((e) => e.size === 0);
     expect(agents.map((e) => e.path).sort()).toEqual(['/v1/logs', '/v1/metrics']);

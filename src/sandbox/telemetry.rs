@@ -436,9 +436,11 @@ impl Forwarder {
         let (parts, body) = req.into_parts();
         let path = parts.uri.path().to_string();
         let method = parts.method.clone();
+        // The whole target in the log: an absolute URL or a CONNECT names the host it wanted.
+        let target = &parts.uri;
         let Some(route) = self.routes.iter().find(|r| r.path() == path) else {
             tracing::warn!(
-                "telemetry forwarder: refused {method} {path}: not an OTLP export of the CLI's configured telemetry"
+                "telemetry forwarder: refused {method} {target}: not an OTLP export of the CLI's configured telemetry"
             );
             return refusal(
                 StatusCode::NOT_FOUND,
@@ -446,6 +448,9 @@ impl Forwarder {
             );
         };
         if method != Method::POST || parts.uri.query().is_some() {
+            tracing::warn!(
+                "telemetry forwarder: refused {method} {target}: not a POST without a query"
+            );
             return refusal(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "OTLP exports are POSTs without a query",
