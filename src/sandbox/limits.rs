@@ -1083,7 +1083,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bridges_are_the_first_line_s_two_pids_and_nothing_else_names_them() {
+    fn the_bridges_are_the_first_line_s_pids_at_most_three_and_nothing_else_names_them() {
         assert_eq!(announced_bridges(b"bridges 3 4\ntools\n"), [3, 4]);
         // At most the three bridges there can be.
         assert_eq!(announced_bridges(b"bridges 3 4 5\n"), [3, 4, 5]);
