@@ -64,11 +64,30 @@ describe("the CLI's telemetry reaches the team's collector with the sandbox on",
   it('over OTLP/HTTP: metrics and logs arrive, decoded by the official protobuf definitions, with the collector header the adapter adds outside; inside no environment holds the header, the CLI exports to the forwarder', { timeout: 90_000 }, async () => {
     collector = await startCollector();
     h = await withTelemetry(collector);
+    // From the host while the session runs: the telemetry bridge's cgroups (with a session
+    // cgroup it must stay in the CLI's part, like the other bridges, not the commands').
+    const bridgeCgroups = new Set();
+    const sampler = setInterval(() => {
+      for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+        try {
+          if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(`TCP-LISTEN:${PORT},`)) continue;
+          for (const line of readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n').filter(Boolean)) bridgeCgroups.add(line);
+        } catch {
+          // gone meanwhile
+        }
+      }
+    }, 100);
     const { out, result } = await agentRuns(h, 'planner', [
       // `[c]ollector…`: the pattern does not match the command lines that carry it.
       `${EVERY_ENVIRON} | grep -c '[${SECRET[0]}]${SECRET.slice(1)}'; ${EVERY_ENVIRON} | grep -E '^OTEL_EXPORTER_OTLP_(ENDPOINT|HEADERS)' | sort -u; sleep 2`,
     ]);
+    clearInterval(sampler);
     expect(result.role).toBe('planner');
+    expect(bridgeCgroups.size).toBeGreaterThan(0);
+    for (const line of bridgeCgroups) {
+      expect(line).not.toMatch(/\/tools$/);
+      if (line.includes('/claude-runtime-adapter-')) expect(line).toMatch(/\/cli$/);
+    }
     // No process inside has the collector's credential, nor any headers variable; the CLI's
     // endpoint is the forwarder's port.
     expect(out[0].trim().split('\n')).toEqual(['0', `OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:${PORT}`]);
