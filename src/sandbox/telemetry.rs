@@ -899,6 +899,100 @@ mod tests {
         assert!(seen.try_recv().is_err());
     }
 
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_grpc_export_goes_over_http2_with_its_header_and_the_collectors_trailers_come_back_masked(
+    ) {
+        use http_body_util::Full;
+        // A gRPC collector without TLS: records the request's headers, answers one empty
+        // message and its status in trailers, quoting the credential in `grpc-message`.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let tx = tx.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let body = body.collect().await.unwrap().to_bytes();
+                    tx.send((parts.uri.path().to_string(), parts.headers, body))
+                        .unwrap();
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", HeaderValue::from_static("16"));
+                    trailers.insert(
+                        "grpc-message",
+                        HeaderValue::from_static("bad token Bearer collector-token-1"),
+                    );
+                    let frames = futures::stream::iter([
+                        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(&[0; 5]))),
+                        Ok(Frame::trailers(trailers)),
+                    ]);
+                    let mut response = Response::new(StreamBody::new(frames));
+                    response
+                        .headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let plan = TelemetryPlan::of(&env(&[
+            ("CLAUDE_CODE_ENABLE_TELEMETRY", "1"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &format!("http://127.0.0.1:{port}"),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20collector-token-1",
+            ),
+        ]))
+        .unwrap()
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("telemetry.sock");
+        let _forwarder = TelemetryForwarder::start(&socket, plan).unwrap();
+        // The CLI's side: HTTP/2 without TLS (prior knowledge) on the socket.
+        let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let (mut client, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let path = Signal::Metrics.grpc_path();
+        let request = Request::post(format!("http://127.0.0.1:3130{path}"))
+            .header(CONTENT_TYPE, "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", "Bearer agent-own")
+            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 2, 8, 1])))
+            .unwrap();
+        let response = client.send_request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let answer = response.into_body().collect().await.unwrap();
+        let trailers = answer
+            .trailers()
+            .cloned()
+            .expect("the collector's trailers");
+        assert_eq!(answer.to_bytes().as_ref(), &[0; 5]);
+        assert_eq!(trailers.get("grpc-status").unwrap(), "16");
+        let message = trailers.get("grpc-message").unwrap().to_str().unwrap();
+        assert!(!message.contains("collector-token-1"), "{message}");
+        assert!(message.starts_with("bad token ****"), "{message}");
+
+        let (upstream_path, headers, body) = seen.recv().await.unwrap();
+        assert_eq!(upstream_path, path);
+        assert_eq!(
+            headers.get("authorization").unwrap(),
+            "Bearer collector-token-1"
+        );
+        assert_eq!(headers.get("te").unwrap(), "trailers");
+        assert_eq!(body.as_ref(), &[0, 0, 0, 0, 2, 8, 1]);
+    }
+
     #[test]
     fn percent_escapes_decode_and_malformed_ones_stay() {
         assert_eq!(percent_decode("Bearer%20x%2Cy"), b"Bearer x,y");
