@@ -23,7 +23,7 @@ use crate::claude::protocol::ResultMessage;
 use crate::deps::HookDecision;
 use crate::domain::StartParams;
 use crate::logging::iso8601;
-use crate::sandbox::is_credential_var;
+use crate::sandbox::{is_credential_var, telemetry};
 
 /// Bytes of a tool result written to the transcript; its total size is written too. Enough for
 /// a command's error or a test failure's summary, while a `cat` of a large file stays small.
@@ -69,6 +69,13 @@ pub fn secrets_in(env: &[(String, String)]) -> Vec<String> {
         })
         .map(|(_, v)| v.clone())
         .collect();
+    // A header list's values are each a secret too (the collector's token alone may be quoted).
+    secrets.extend(
+        env.iter()
+            .filter(|(k, _)| k.to_ascii_uppercase().ends_with("_HEADERS"))
+            .flat_map(|(_, v)| telemetry::header_secrets(v))
+            .filter(|v| v.len() >= MIN_SECRET_LEN),
+    );
     secrets.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     secrets.dedup();
     secrets
@@ -481,6 +488,22 @@ mod tests {
             ]
         );
         assert_eq!(MIN_SECRET_LEN, "hunter22".len());
+    }
+
+    #[test]
+    fn an_otlp_header_lists_values_and_its_bearer_token_are_secrets_each() {
+        let secrets = secrets_in(&env(&[(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Bearer%20collector-token-1,x-team=abc,x-api=key-12345678",
+        )]));
+        for s in [
+            "Bearer collector-token-1",
+            "collector-token-1",
+            "key-12345678",
+        ] {
+            assert!(secrets.contains(&s.to_string()), "{s} in {secrets:?}");
+        }
+        assert!(!secrets.contains(&"abc".to_string()));
     }
 
     #[test]

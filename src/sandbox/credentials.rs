@@ -34,6 +34,11 @@ const CREDENTIAL_FILE_VARS: &[&str] = &[
     "AWS_CONFIG_FILE",
     "AWS_WEB_IDENTITY_TOKEN_FILE",
     "AZURE_FEDERATED_TOKEN_FILE",
+    // The key of a client certificate for the telemetry collector.
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_LOGS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
 ];
 
 /// Claude Code's settings under `ANTHROPIC_` that carry no secret (the model choice, the Vertex
@@ -72,6 +77,9 @@ pub fn is_credential_var(name: &str) -> bool {
         || CREDENTIAL_FILE_VARS.contains(&n.as_str())
         || n.ends_with("_KEY")
         || n.ends_with("_AUTH")
+        // Header lists carry a service's credential (`OTEL_EXPORTER_OTLP_HEADERS`: the
+        // collector's, added outside by the telemetry forwarder).
+        || n.ends_with("_HEADERS")
         || MARKERS.iter().any(|m| n.contains(m))
 }
 
@@ -128,6 +136,8 @@ mod tests {
             "AWS_SECRET_ACCESS_KEY",
             "NPM_AUTH",
             "DB_PASSWORD",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
         ] {
             assert!(is_credential_var(secret), "{secret}");
         }

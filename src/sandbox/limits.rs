@@ -404,8 +404,9 @@ fn place(fifo: &OwnedFd, dirs: &[PathBuf], stop: &AtomicBool) {
     }
 }
 
-/// The bridges' pids (in the sandbox) of the request pipe's first line, `bridges <pid> <pid>`;
-/// none when the first line is anything else.
+/// The bridges' pids (in the sandbox) of the request pipe's first line, `bridges <pid> <pid>
+/// [<pid>]` (the proxy's, the relay's, and the telemetry forwarder's when the CLI's telemetry
+/// is on); none when the first line is anything else.
 fn announced_bridges(first: &[u8]) -> Vec<i32> {
     let line = first.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
@@ -414,7 +415,7 @@ fn announced_bridges(first: &[u8]) -> Vec<i32> {
         return Vec::new();
     }
     words
-        .take(2)
+        .take(3)
         .filter_map(|w| w.parse().ok())
         .filter(|p| *p > 2)
         .collect()
@@ -1082,9 +1083,11 @@ mod tests {
     }
 
     #[test]
-    fn the_bridges_are_the_first_line_s_two_pids_and_nothing_else_names_them() {
+    fn the_bridges_are_the_first_line_s_pids_at_most_three_and_nothing_else_names_them() {
         assert_eq!(announced_bridges(b"bridges 3 4\ntools\n"), [3, 4]);
-        assert_eq!(announced_bridges(b"bridges 3 4 5 6\n"), [3, 4]);
+        // At most the three bridges there can be.
+        assert_eq!(announced_bridges(b"bridges 3 4 5\n"), [3, 4, 5]);
+        assert_eq!(announced_bridges(b"bridges 3 4 5 6\n"), [3, 4, 5]);
         // Init and the CLI are never bridges; junk and other lines name none.
         assert_eq!(announced_bridges(b"bridges 1 2\n"), Vec::<i32>::new());
         assert_eq!(

@@ -1,10 +1,12 @@
 //! The OS sandbox one agent session runs in, built by the adapter: on Linux the Claude Code
 //! CLI and everything it starts run inside one bubblewrap sandbox per session ([`jail`] has the
 //! mount plan), so the boundary is the same whichever tool the agent uses (Bash, Read, Write,
-//! WebFetch). Inside there is no network: two loopback ports are bridged (socat) to unix
+//! WebFetch). Inside there is no network: loopback ports are bridged (socat) to unix
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
 //! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
-//! placeholder, the relay adds the real API key or token, which is never readable inside).
+//! placeholder, the relay adds the real API key or token, which is never readable inside); and
+//! when the CLI's telemetry is on, a third: the telemetry forwarder ([`telemetry`]: OTLP
+//! exports to the engine's collector only, its headers added outside).
 //! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
 //! ([`GitJails`]: the answer to what git, a layer below, asks of the sandbox in
 //! `crate::git::confine`).
@@ -35,6 +37,7 @@ mod toolchains;
 #[cfg(any(target_os = "macos", test))]
 mod seatbelt;
 mod server;
+pub mod telemetry;
 mod write_scope;
 
 use std::ffi::OsString;
@@ -58,6 +61,7 @@ pub use relay::provider::Provider;
 pub use relay::{placeholder, ApiHooks, ModelRelay};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
+pub use telemetry::{TelemetryForwarder, TelemetryPlan};
 pub use write_scope::WriteScope;
 
 /// The model API's credential variables: replaced by placeholders inside, added back by the
@@ -70,22 +74,30 @@ pub const MODEL_CREDENTIALS: &[&str] = &[
 /// Loopback ports inside the sandbox (its network namespace is its own, so they never clash).
 const EGRESS_PORT: u16 = 3128;
 const MODEL_PORT: u16 = 3129;
+const TELEMETRY_PORT: u16 = 3130;
 
-/// Inside the sandbox, before the CLI: the two socat bridges (to the sockets in
-/// `$CRA_SOCKET_DIR`, where a pod without its jail has them, else the sandbox's mount point),
-/// named to the engine where it places the CLI's tools in a cgroup (the first line of the
-/// request pipe, written before the CLI, so before anything of the agent's, runs: the bridges
-/// stay in the CLI's part with it; the CLI's path is `CRA_CLI` for the ripgrep wrapper, see
-/// [`commands::TOOL_WRAPPER_SCRIPT`]), then wait (bounded) until both listen — the CLI's first
-/// API request must not race them — then exec the CLI (`"$@"`).
+/// Inside the sandbox, before the CLI: the socat bridges (to the sockets in `$CRA_SOCKET_DIR`,
+/// where a pod without its jail has them, else the sandbox's mount point) — the proxy's and
+/// the relay's, and the telemetry forwarder's where its socket is there (the session's
+/// telemetry is on) — named to the engine where it places the CLI's tools in a cgroup (the
+/// first line of the request pipe, written before the CLI, so before anything of the agent's,
+/// runs: the bridges stay in the CLI's part with it; the CLI's path is `CRA_CLI` for the
+/// ripgrep wrapper, see [`commands::TOOL_WRAPPER_SCRIPT`]), then wait (bounded) until all
+/// listen — the CLI's first API request must not race them — then exec the CLI (`"$@"`).
 const BRIDGE_SCRIPT: &str = r#"d=${CRA_SOCKET_DIR:-/run/claude-runtime-adapter}
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/egress.sock </dev/null >/dev/null 2>&1 &
 b=$!
 socat TCP-LISTEN:3129,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/model.sock </dev/null >/dev/null 2>&1 &
 b="$b $!"
+want=2
+if [ -S $d/telemetry.sock ]; then
+  socat TCP-LISTEN:3130,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$d/telemetry.sock </dev/null >/dev/null 2>&1 &
+  b="$b $!"
+  want=3
+fi
 if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; export CRA_CLI="$1"; fi
 n=0
-while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' /proc/net/tcp)" -lt 2 ]; do
+while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' -e ' 0100007F:0C3A 00000000:0000 0A' /proc/net/tcp)" -lt $want ]; do
   n=$((n+1))
   if [ $n -gt 3000 ]; then echo 'claude-runtime-adapter: the sandbox network bridges did not start' >&2; exit 125; fi
   sleep 0.002
@@ -121,13 +133,15 @@ pub struct SessionSandbox {
 
 /// What any confined session reaches the outside through, wherever it runs (a local bubblewrap
 /// sandbox, a pod): the CLI's environment inside (credentials as placeholders, the model API at
-/// the relay, everything else through the proxy), the egress proxy and the model relay on unix
-/// sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
+/// the relay, everything else through the proxy), the egress proxy, the model relay and (the
+/// CLI's telemetry on) the telemetry forwarder on unix sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
 /// session's generated `~/.gitconfig`.
 pub struct Gateway {
     env: Vec<(String, String)>,
     _proxy: EgressProxy,
     _relay: ModelRelay,
+    /// The CLI's telemetry forwarder and the collectors it sends to, when its telemetry is on.
+    telemetry: Option<(TelemetryForwarder, Vec<String>)>,
     sockets: ScratchDir,
     git_config: String,
 }
@@ -145,6 +159,8 @@ impl Gateway {
         identity_repo: Option<&Path>,
         api: ApiHooks,
     ) -> Result<Gateway> {
+        // Checked first: a telemetry setting the forwarder cannot use fails before anything runs.
+        let telemetry_plan = TelemetryPlan::of(cli_env)?;
         let provider = Provider::of(cli_env);
         let (mut env, substitutions) = match provider {
             Provider::Anthropic => inside_env(&with_login_token(cli_env)),
@@ -172,10 +188,25 @@ impl Gateway {
         plan.pacing = api.pacing;
         plan.spend = api.spend;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
+        let telemetry = match telemetry_plan {
+            Some(plan) => {
+                let collectors = plan.collectors();
+                let forwarder =
+                    TelemetryForwarder::start(&sockets.path().join(TELEMETRY_SOCKET), plan)?;
+                telemetry::forwarded_env(&mut env, &format!("http://127.0.0.1:{TELEMETRY_PORT}"));
+                tracing::info!(
+                    "the CLI's telemetry is forwarded to {} (and only there)",
+                    collectors.join(", ")
+                );
+                Some((forwarder, collectors))
+            }
+            None => None,
+        };
         Ok(Gateway {
             env,
             _proxy: proxy,
             _relay: relay,
+            telemetry,
             sockets,
             git_config: home::git_config(cli_env, identity_repo).await,
         })
@@ -186,14 +217,24 @@ impl Gateway {
         &self.env
     }
 
-    /// The engine-side sockets: `(file name inside, path here)` for the egress proxy and the
-    /// model relay. Inside they are `/run/claude-runtime-adapter/<file name>`, where the bridge
-    /// script ([`BRIDGE_SCRIPT`]) expects them.
-    pub fn sockets(&self) -> [(&'static str, PathBuf); 2] {
-        [
-            (EGRESS_SOCKET, self.sockets.path().join(EGRESS_SOCKET)),
-            (MODEL_SOCKET, self.sockets.path().join(MODEL_SOCKET)),
-        ]
+    /// The engine-side sockets: `(file name inside, path here)` for the egress proxy, the
+    /// model relay and, when the CLI's telemetry is on, the telemetry forwarder. Inside they are
+    /// `/run/claude-runtime-adapter/<file name>`, where the bridge script ([`BRIDGE_SCRIPT`])
+    /// expects them.
+    pub fn sockets(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut names = vec![EGRESS_SOCKET, MODEL_SOCKET];
+        if self.telemetry.is_some() {
+            names.push(TELEMETRY_SOCKET);
+        }
+        names
+            .into_iter()
+            .map(|n| (n, self.sockets.path().join(n)))
+            .collect()
+    }
+
+    /// The collectors the CLI's telemetry is forwarded to (empty: it is off).
+    pub fn telemetry_collectors(&self) -> &[String] {
+        self.telemetry.as_ref().map_or(&[], |(_, c)| c.as_slice())
     }
 
     /// The session's `~/.gitconfig`: the user's identity and line-ending settings only.
@@ -283,6 +324,8 @@ pub fn use_commands_prefix(
 /// The socket file names of [`Gateway::sockets`].
 const EGRESS_SOCKET: &str = "egress.sock";
 const MODEL_SOCKET: &str = "model.sock";
+/// The bridge script starts the telemetry bridge only where this socket is.
+const TELEMETRY_SOCKET: &str = "telemetry.sock";
 
 /// `sh -c BRIDGE_SCRIPT sh program args…`: the argv that starts the bridges, then the CLI.
 pub fn bridged_argv(program: &std::ffi::OsStr, args: &[String]) -> Vec<OsString> {
@@ -451,8 +494,16 @@ impl SessionSandbox {
         let limits = self.limits.describe();
         #[cfg(not(target_os = "linux"))]
         let limits = "no kernel limits";
+        let collectors = self.gateway.telemetry_collectors();
+        let telemetry = match collectors.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; the CLI's telemetry forwarded to {} only",
+                collectors.join(", ")
+            ),
+        };
         format!(
-            "bubblewrap; sockets {}; network only through the egress proxy; {limits}",
+            "bubblewrap; sockets {}; network only through the egress proxy{telemetry}; {limits}",
             self.gateway.sockets.path().display()
         )
     }

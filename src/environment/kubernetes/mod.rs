@@ -2,8 +2,8 @@
 //!
 //! - **provision**: a pod of the session image ([`cluster`]), one exec stream into it running
 //!   `cra-pod mux`, over which [`RemoteShell`] multiplexes everything else: processes with their
-//!   stdio, and the pod's two unix sockets tunnelled to the session's [`Gateway`] (model relay,
-//!   egress proxy) on the engine. The pod needs no network, and the key and the allowlist stay
+//!   stdio, and the pod's unix sockets tunnelled to the session's [`Gateway`] (model relay,
+//!   egress proxy, and the telemetry forwarder when the CLI's telemetry is on) on the engine. The pod needs no network, and the key and the allowlist stay
 //!   here. The repository goes in as a `git bundle` of `defaultBranch` streamed into the pod and
 //!   cloned there (no remote, no URL, no engine path); the Implementor's branch is made, the
 //!   setup command runs, and the checkout is snapshotted as locally.
@@ -414,9 +414,20 @@ impl Environment for KubernetesEnvironment {
     }
 
     fn describe(&self) -> String {
+        let collectors = self
+            .gateway
+            .as_ref()
+            .map_or(&[][..], |g| g.telemetry_collectors());
+        let telemetry = match collectors.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; the CLI's telemetry forwarded to {} only",
+                collectors.join(", ")
+            ),
+        };
         format!(
             "Kubernetes pod {} of image {} on node {}; {}; network only through the egress \
-             proxy, over the pod's exec stream; the pod's resources are its limits",
+             proxy, over the pod's exec stream{telemetry}; the pod's resources are its limits",
             self.pod.name,
             self.pod.image,
             self.pod.node,

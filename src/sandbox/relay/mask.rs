@@ -6,20 +6,20 @@
 use std::sync::Arc;
 
 /// Where `needle` first occurs in `haystack`.
-pub(super) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+pub(in crate::sandbox) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Masks secrets in a stream of chunks: each occurrence becomes as many `*`, so lengths (and a
 /// `Content-Length`) stay right. A chunk's end that may be the start of a secret is held until
 /// the next chunk says whether it is.
-pub(super) struct Masker {
+pub(in crate::sandbox) struct Masker {
     secrets: Arc<Vec<Vec<u8>>>,
     held: Vec<u8>,
 }
 
 impl Masker {
-    pub(super) fn new(secrets: Arc<Vec<Vec<u8>>>) -> Self {
+    pub(in crate::sandbox) fn new(secrets: Arc<Vec<Vec<u8>>>) -> Self {
         Masker {
             secrets,
             held: Vec::new(),
@@ -27,7 +27,7 @@ impl Masker {
     }
 
     /// The masked bytes that are settled after `chunk`; `last` settles everything.
-    pub(super) fn push(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+    pub(in crate::sandbox) fn push(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
         let mut buf = std::mem::take(&mut self.held);
         buf.extend_from_slice(chunk);
         let mut out = Vec::with_capacity(buf.len());

@@ -21,7 +21,7 @@
 mod bedrock;
 mod body;
 mod foundry;
-mod mask;
+pub(super) mod mask;
 pub mod outage;
 mod pacing;
 pub mod provider;
@@ -29,7 +29,7 @@ mod provider_spec;
 mod reach;
 mod route;
 mod spend;
-mod upstream;
+pub(super) mod upstream;
 mod vertex;
 
 use std::path::{Path, PathBuf};

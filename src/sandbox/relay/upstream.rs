@@ -26,7 +26,7 @@ use crate::sandbox::server::{Body, STEP_TIMEOUT};
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// The PEM files of extra trusted roots: `SSL_CERT_FILE` and `NODE_EXTRA_CA_CERTS`.
-pub(super) fn extra_roots() -> Vec<PathBuf> {
+pub(in crate::sandbox) fn extra_roots() -> Vec<PathBuf> {
     ["SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"]
         .iter()
         .filter_map(std::env::var_os)
@@ -37,9 +37,30 @@ pub(super) fn extra_roots() -> Vec<PathBuf> {
 
 /// The connector to the upstream with a bound on the whole connection setup (TCP and TLS).
 #[derive(Clone)]
-pub(super) struct Connector(HttpsConnector<HttpConnector>);
+pub(in crate::sandbox) struct Connector(HttpsConnector<HttpConnector>);
 
-pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(in crate::sandbox) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Connector {
+    /// http or https (verified against the webpki roots and `extra_roots`), every connection's
+    /// setup bounded; `http2`: HTTP/2 offered by ALPN too (and spoken in clear where the client
+    /// asks for it alone).
+    pub(in crate::sandbox) fn new(extra_roots: &[PathBuf], http2: bool) -> Result<Connector> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(STEP_TIMEOUT));
+        // Small writes (a streamed request's chunks) go out at once.
+        http.set_nodelay(true);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(extra_roots)?)
+            .https_or_http();
+        let tls = match http2 {
+            true => builder.enable_http1().enable_http2().wrap_connector(http),
+            false => builder.enable_http1().wrap_connector(http),
+        };
+        Ok(Connector(tls))
+    }
+}
 
 impl tower_service::Service<Uri> for Connector {
     type Response = MaybeHttpsStream<TokioIo<TcpStream>>;
@@ -103,20 +124,10 @@ impl Upstream {
         if uri.query().is_some() || url.contains('#') {
             return Err(invalid("a base URL has no query, fragment or whitespace"));
         }
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(STEP_TIMEOUT));
-        // Small writes (a streamed request's chunks) go out at once.
-        http.set_nodelay(true);
-        let tls = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(extra_roots)?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
-            .build(Connector(tls));
+            .build(Connector::new(extra_roots, false)?);
         Ok(Upstream {
             origin: format!("{}://{authority}", if https { "https" } else { "http" }),
             base_path: uri.path().trim_end_matches('/').to_string(),
@@ -158,7 +169,7 @@ fn tls_config(extra_roots: &[PathBuf]) -> Result<ClientConfig> {
 }
 
 /// The messages of `e`'s sources, outermost first.
-pub(super) fn sources<'a>(
+pub(in crate::sandbox) fn sources<'a>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = String> + 'a {
     std::iter::successors(e.source(), |s| s.source()).map(ToString::to_string)
