@@ -10,6 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured, toolResults } from './support/fake-api.mjs';
 import { addon, basesOf, engineState, rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
+import { agentRuns } from './support/agent-bash.mjs';
 
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -261,5 +262,22 @@ describe('where no overlay can be mounted, a full clone', () => {
     expect(why[0].data.reason).toContain("character overlayfs options cannot carry (',' ':' '\\')");
     await adapter.shutdown();
     expect(readdirSync(join(root, '.worktrees'))).toEqual([]);
+  });
+});
+
+describe("an agent's ordinary file work in a layered checkout", () => {
+  it('removing a directory of the base, moving one, and making a directory where a file of the base was all work, and the patch holds each change', { timeout: 120_000 }, async () => {
+    h = await setup({
+      state: ROLE_STATE,
+      bodies: ROLE_BODIES,
+      repo: { agents: agentsWithTools(['Bash']), files: { 'src/a.txt': 'a\n', 'src/deep/b.txt': 'b\n', 'lib/c.txt': 'c\n', 'e.txt': 'e\n' } },
+    });
+    const { result, out } = await agentRuns(h, 'implementor', ['rm -rf src && mv lib lib2 && rm e.txt && mkdir e.txt && echo new > e.txt/f && ls && echo ok']);
+    expect(out[0]).toMatch(/ok\n?$/);
+    expect(out[0]).not.toMatch(/Input\/output error|cannot/);
+    const files = (re) => [...result.patch.matchAll(re)].map((m) => m[1]).sort();
+    expect(files(/^deleted file mode \d+\n(?:index .*\n)?--- a\/(\S+)/gm)).toEqual(['e.txt', 'src/a.txt', 'src/deep/b.txt']);
+    expect(result.patch).toMatch(/rename from lib\/c\.txt\nrename to lib2\/c\.txt/);
+    expect(result.patch).toContain('+++ b/e.txt/f');
   });
 });

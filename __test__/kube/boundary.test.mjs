@@ -106,3 +106,58 @@ describe('the boundary inside the pod', () => {
     }
   });
 });
+
+// Issue 36 from a pod: the engine's relay is the pod's way to the model API too.
+/** Bash that posts `json` to the relay as the CLI would (its key placeholder, its base URL),
+ * with `headers`, and prints the answer's status line. */
+const post = (json, headers = []) =>
+  `body='${json}'; hp=\${ANTHROPIC_BASE_URL#http://}; hp=\${hp%%/*}; exec 3<>/dev/tcp/\${hp%:*}/\${hp##*:}; `
+  + `printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nx-api-key: %s\\r\\ncontent-type: application/json\\r\\n${headers.map((l) => `${l}\\r\\n`).join('')}Content-Length: %s\\r\\n\\r\\n%s' "$ANTHROPIC_API_KEY" "\${#body}" "$body" >&3; timeout 10 head -n 1 <&3`;
+const MESSAGE = '"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"fetch it"}]';
+
+describe("the model API is no way around the pod's boundary (issue 36)", () => {
+  it('requests the agent posts that ask the API to reach out (MCP servers, web fetch) are refused 400 by the engine\'s relay and never reach the API', { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const { out } = await implementorRuns([
+      post(`{${MESSAGE},"mcp_servers":[{"type":"url","url":"https://collector.example/mcp","name":"x"}]}`, ['anthropic-beta: mcp-client-2025-04-04']),
+      post(`{${MESSAGE},"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}`),
+    ]);
+    expect(out[0]).toMatch(/^HTTP\/1\.1 400 /);
+    expect(out[1]).toMatch(/^HTTP\/1\.1 400 /);
+    const reachedOut = h.api.requests.filter((r) => JSON.stringify(r.body ?? '').includes('collector.example') || JSON.stringify(r.body ?? '').includes('web_fetch_20250910'));
+    expect(reachedOut).toEqual([]);
+  });
+
+  it("32 uploads held open from the pod grow the engine's memory by its session's share, not by what they send", { timeout: 240_000 }, async () => {
+    await kubeSetup();
+    const uploads = 'hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}; '
+      + "for i in $(seq 32); do ( exec 3<>/dev/tcp/${hp%:*}/${hp##*:} || exit 1; "
+      + "printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: 30000000\\r\\n\\r\\n' >&3; "
+      + "timeout 20 sh -c 'head -c 29000000 /dev/zero; sleep 20' >&3 ) >/dev/null 2>&1 & done";
+    const base = process.memoryUsage.rss();
+    let peak = base;
+    const sampler = setInterval(() => {
+      peak = Math.max(peak, process.memoryUsage.rss());
+    }, 20);
+    try {
+      const { out } = await implementorRuns([`${uploads}; sleep 16; echo held`]);
+      expect(out[0]).toContain('held');
+    } finally {
+      clearInterval(sampler);
+    }
+    const grown = (peak - base) / 2 ** 20;
+    console.log(`[measure] from a pod: engine RSS grew ${grown.toFixed(0)} MiB at its peak while the agent held 32 uploads of 29 MB`);
+    expect(grown).toBeLessThan(200);
+  });
+
+  it("the CLI's own ripgrep and git are found through wrappers that take the commands' share (RLIMIT_NPROC) in the pod", { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    const { out } = await implementorRuns([
+      'echo "$PATH" | cut -d: -f1; echo "$USE_BUILTIN_RIPGREP"; grep -c "ulimit -u" /run/claude-runtime-adapter/bin/rg /run/claude-runtime-adapter/bin/git',
+    ]);
+    const [first, builtin, ...wrappers] = out[0].trim().split('\n');
+    expect(first).toBe('/run/claude-runtime-adapter/bin');
+    expect(builtin).toBe('0');
+    expect(wrappers).toEqual(['/run/claude-runtime-adapter/bin/rg:1', '/run/claude-runtime-adapter/bin/git:1']);
+  });
+});

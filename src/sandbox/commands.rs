@@ -73,13 +73,18 @@ exec "${SHELL:-/bin/bash}" -c "$1"
 /// makes it before their first instruction.
 pub const WRAPPED_TOOLS: &[&str] = &["rg", "git"];
 /// The wrapper of each of [`WRAPPED_TOOLS`] (`<dir>/bin/<name>`, the directory first on the
-/// CLI's `PATH`): joins the commands' cgroup (`join_tools`), then runs the program of that name
+/// CLI's `PATH`): joins the commands' cgroup (`join_tools`), or where the share is an rlimit
+/// (`CRA_TOOLS_NPROC`: no usable cgroup, a pod) takes it, then runs the program of that name
 /// further along `PATH`; ripgrep without one is the CLI's own, built in (its binary, `CRA_CLI`
 /// as the bridge script found it, run as `rg` with the arguments the CLI gives its own).
 pub const TOOL_WRAPPER_SCRIPT: &str = concat!(
     "d=${0%/*}\nd=${d%/*}\n",
     join_tools!(),
-    r#"name=${0##*/}
+    r#"if [ -n "$CRA_TOOLS_NPROC" ]; then
+  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the CLI's tool's processes" >&2; exit 126; }
+fi
+unset CRA_TOOLS_NPROC
+name=${0##*/}
 IFS=:
 for p in $PATH; do
   if [ "$p" != "$d/bin" ] && [ -f "$p/$name" ] && [ -x "$p/$name" ]; then

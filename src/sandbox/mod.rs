@@ -95,7 +95,8 @@ if [ -S $d/telemetry.sock ]; then
   b="$b $!"
   want=3
 fi
-if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; export CRA_CLI="$1"; fi
+if [ -p "$d/tools.request" ]; then echo "bridges $b" > "$d/tools.request"; fi
+export CRA_CLI="$1"
 n=0
 while [ "$(grep -c -e ' 0100007F:0C38 00000000:0000 0A' -e ' 0100007F:0C39 00000000:0000 0A' -e ' 0100007F:0C3A 00000000:0000 0A' /proc/net/tcp)" -lt $want ]; do
   n=$((n+1))
@@ -258,17 +259,12 @@ fn commands_prefix(
     let mut write = || -> std::io::Result<Vec<(String, String)>> {
         std::fs::write(&script, commands_prefix_script())?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-        if !limits.is_fallback() {
-            let bin = dir.join("bin");
-            std::fs::create_dir(&bin)?;
-            for name in commands::WRAPPED_TOOLS {
-                let wrapper = bin.join(name);
-                std::fs::write(
-                    &wrapper,
-                    format!("#!/bin/sh\n{}", commands::TOOL_WRAPPER_SCRIPT),
-                )?;
-                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-            }
+        let bin = dir.join("bin");
+        std::fs::create_dir(&bin)?;
+        for name in commands::WRAPPED_TOOLS {
+            let wrapper = bin.join(name);
+            std::fs::write(&wrapper, tool_wrapper_script())?;
+            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
         }
         limits.commands_setup(dir)
     };
@@ -283,18 +279,26 @@ fn commands_prefix(
         .with_cause(e)
     })?;
     use_commands_prefix(env, &format!("{}/{PREFIX_SCRIPT}", jail::SOCKET_DIR), vars);
-    if !limits.is_fallback() {
-        // The wrappers first on `PATH`, and the CLI's ripgrep looked up there: what the CLI
-        // runs itself is under the commands' limits from its first instruction.
-        let bin = format!("{}/bin", jail::SOCKET_DIR);
-        match env.iter_mut().find(|(k, _)| k == "PATH") {
-            Some((_, path)) => *path = format!("{bin}:{path}"),
-            None => env.push(("PATH".to_string(), bin)),
-        }
-        env.retain(|(k, _)| k != "USE_BUILTIN_RIPGREP");
-        env.push(("USE_BUILTIN_RIPGREP".to_string(), "0".to_string()));
-    }
+    use_tool_wrappers(env);
     Ok(())
+}
+
+/// The wrapper of the CLI's own tools ([`commands::TOOL_WRAPPER_SCRIPT`]), as a file.
+pub fn tool_wrapper_script() -> String {
+    format!("#!/bin/sh\n{}", commands::TOOL_WRAPPER_SCRIPT)
+}
+
+/// The wrappers (`bin/` beside the prefix script, inside) first on the CLI's `PATH`, and its
+/// ripgrep looked up there: what the CLI runs itself is under the commands' limits from its
+/// first instruction, a cgroup's or an rlimit's.
+pub fn use_tool_wrappers(env: &mut Vec<(String, String)>) {
+    let bin = format!("{}/bin", jail::SOCKET_DIR);
+    match env.iter_mut().find(|(k, _)| k == "PATH") {
+        Some((_, path)) => *path = format!("{bin}:{path}"),
+        None => env.push(("PATH".to_string(), bin)),
+    }
+    env.retain(|(k, _)| k != "USE_BUILTIN_RIPGREP");
+    env.push(("USE_BUILTIN_RIPGREP".to_string(), "0".to_string()));
 }
 
 /// The prefix script's file name beside the sockets, and its content.

@@ -55,6 +55,10 @@ impl Overlay {
             data.push(b'=');
             data.extend_from_slice(bytes);
         }
+        // Its markers (a directory made opaque, a directory's move) as `user.overlay.*`
+        // xattrs: the mount is in a user namespace, which may not set `trusted.*`, and
+        // without this `rm -rf` of a directory of the base ended in EIO (Linux 5.11+).
+        data.extend_from_slice(b",userxattr");
         CString::new(data).map_err(|e| e.to_string())
     }
 
@@ -183,6 +187,7 @@ fn probe_in(p: &Path) -> Result<(), String> {
         std::fs::create_dir(d).map_err(|e| e.to_string())?;
     }
     std::fs::write(overlay.lower.join("f"), b"lower").map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(overlay.lower.join("d/e")).map_err(|e| e.to_string())?;
     // The way a session uses it: bubblewrap started inside the namespace the overlay is in.
     let bwrap = super::find_on_path("bwrap", std::env::var_os("PATH").as_deref())
         .ok_or("bubblewrap (bwrap) is not on PATH")?;
@@ -192,7 +197,9 @@ fn probe_in(p: &Path) -> Result<(), String> {
         overlay: Some(overlay.clone()),
         ..super::JailPlan::default()
     });
-    let script = "echo upper > f && rm f".into();
+    // What an agent does to the base: a file changed and removed, a directory removed and
+    // one made in its place (each needs the overlay's markers).
+    let script = "echo upper > f && rm f && rm -rf d && mkdir -p d/x".into();
     let mut cmd = std::process::Command::new(bwrap);
     cmd.args(jail.argv("sh".as_ref(), &["-c".into(), script]))
         .env_clear()

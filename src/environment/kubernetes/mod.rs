@@ -45,9 +45,10 @@ use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::neutral_git_sh;
-use crate::sandbox::commands::commands_share;
+use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
 use crate::sandbox::{
-    bridged_argv, commands_prefix_script, env_value, use_commands_prefix, Gateway, PREFIX_SCRIPT,
+    bridged_argv, commands_prefix_script, env_value, tool_wrapper_script, use_commands_prefix,
+    use_tool_wrappers, Gateway, PREFIX_SCRIPT,
 };
 
 /// How long a pod whose stream broke is given to show why in its status.
@@ -222,6 +223,8 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
             &format!("{}/{PREFIX_SCRIPT}", crate::sandbox::jail::SOCKET_DIR),
             share.map(|n| ("CRA_TOOLS_NPROC".to_string(), n.to_string())),
         );
+        // The CLI's own ripgrep and git take the same share.
+        use_tool_wrappers(&mut env);
     }
     let step = Steps {
         shell: &shell,
@@ -237,6 +240,22 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
         step.write_file(&script, commands_prefix_script().as_bytes(), "0755")
             .await?;
+        step.run(
+            "making the tools' wrappers' directory",
+            vec!["mkdir".into(), "-p".into(), format!("{SOCKETS}/bin")],
+            &[],
+            STEP_TIMEOUT,
+            "/",
+        )
+        .await?;
+        for name in WRAPPED_TOOLS {
+            step.write_file(
+                &format!("{SOCKETS}/bin/{name}"),
+                tool_wrapper_script().as_bytes(),
+                "0755",
+            )
+            .await?;
+        }
     }
     let (default_branch, checkout) = match &req.workspace {
         Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
