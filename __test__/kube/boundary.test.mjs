@@ -124,7 +124,9 @@ describe("the model API is no way around the pod's boundary (issue 36)", () => {
     ]);
     expect(out[0]).toMatch(/^HTTP\/1\.1 400 /);
     expect(out[1]).toMatch(/^HTTP\/1\.1 400 /);
-    const reachedOut = h.api.requests.filter((r) => JSON.stringify(r.body ?? '').includes('collector.example') || JSON.stringify(r.body ?? '').includes('web_fetch_20250910'));
+    // What reached the API asking it to reach out (the conversation quotes the commands, so
+    // the request's own fields are looked at, not its text).
+    const reachedOut = h.api.requests.filter((r) => r.body?.mcp_servers || r.body?.tools?.some((t) => String(t.type ?? '').startsWith('web_fetch')));
     expect(reachedOut).toEqual([]);
   });
 
@@ -158,6 +160,6 @@ describe("the model API is no way around the pod's boundary (issue 36)", () => {
     const [first, builtin, ...wrappers] = out[0].trim().split('\n');
     expect(first).toBe('/run/claude-runtime-adapter/bin');
     expect(builtin).toBe('0');
-    expect(wrappers).toEqual(['/run/claude-runtime-adapter/bin/rg:1', '/run/claude-runtime-adapter/bin/git:1']);
+    expect(wrappers.sort()).toEqual(['/run/claude-runtime-adapter/bin/git:1', '/run/claude-runtime-adapter/bin/rg:1']);
   });
 });
