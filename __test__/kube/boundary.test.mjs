@@ -8,6 +8,7 @@ import { setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE } from '../support/roles.mjs';
 import { kubeBackend, kubectl } from './support.mjs';
+import { post, REACHING_OUT, reachingOut, uploads } from '../support/relay-probes.mjs';
 
 let h;
 afterEach(async () => {
@@ -107,42 +108,27 @@ describe('the boundary inside the pod', () => {
   });
 });
 
-// Issue 36 from a pod: the engine's relay is the pod's way to the model API too.
-/** Bash that posts `json` to the relay as the CLI would (its key placeholder, its base URL),
- * with `headers`, and prints the answer's status line. */
-const post = (json, headers = []) =>
-  `body='${json}'; hp=\${ANTHROPIC_BASE_URL#http://}; hp=\${hp%%/*}; exec 3<>/dev/tcp/\${hp%:*}/\${hp##*:}; `
-  + `printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nx-api-key: %s\\r\\ncontent-type: application/json\\r\\n${headers.map((l) => `${l}\\r\\n`).join('')}Content-Length: %s\\r\\n\\r\\n%s' "$ANTHROPIC_API_KEY" "\${#body}" "$body" >&3; timeout 10 head -n 1 <&3`;
-const MESSAGE = '"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"fetch it"}]';
-
 describe("the model API is no way around the pod's boundary (issue 36)", () => {
   it('requests the agent posts that ask the API to reach out (MCP servers, web fetch) are refused 400 by the engine\'s relay and never reach the API', { timeout: 180_000 }, async () => {
     await kubeSetup();
     const { out } = await implementorRuns([
-      post(`{${MESSAGE},"mcp_servers":[{"type":"url","url":"https://collector.example/mcp","name":"x"}]}`, ['anthropic-beta: mcp-client-2025-04-04']),
-      post(`{${MESSAGE},"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}`),
+      post(...REACHING_OUT['mcp_servers (the MCP connector)']),
+      post(...REACHING_OUT['a web_fetch server tool']),
     ]);
     expect(out[0]).toMatch(/^HTTP\/1\.1 400 /);
     expect(out[1]).toMatch(/^HTTP\/1\.1 400 /);
-    // What reached the API asking it to reach out (the conversation quotes the commands, so
-    // the request's own fields are looked at, not its text).
-    const reachedOut = h.api.requests.filter((r) => r.body?.mcp_servers || r.body?.tools?.some((t) => String(t.type ?? '').startsWith('web_fetch')));
-    expect(reachedOut).toEqual([]);
+    expect(reachingOut(h.api)).toEqual([]);
   });
 
   it("32 uploads held open from the pod grow the engine's memory by its session's share, not by what they send", { timeout: 240_000 }, async () => {
     await kubeSetup();
-    const uploads = 'hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}; '
-      + "for i in $(seq 32); do ( exec 3<>/dev/tcp/${hp%:*}/${hp##*:} || exit 1; "
-      + "printf 'POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: 30000000\\r\\n\\r\\n' >&3; "
-      + "timeout 20 sh -c 'head -c 29000000 /dev/zero; sleep 20' >&3 ) >/dev/null 2>&1 & done";
     const base = process.memoryUsage.rss();
     let peak = base;
     const sampler = setInterval(() => {
       peak = Math.max(peak, process.memoryUsage.rss());
     }, 20);
     try {
-      const { out } = await implementorRuns([`${uploads}; sleep 16; echo held`]);
+      const { out } = await implementorRuns([`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 20 })}; sleep 16; echo held`]);
       expect(out[0]).toContain('held');
     } finally {
       clearInterval(sampler);
