@@ -144,13 +144,16 @@ describe('session image', () => {
     expect(podSh(pod, 'cat /workspace/repo/rw-file')).toBe('written\n');
   });
 
-  it('gives the jail its own empty /tmp and HOME, gone when it ends', () => {
+  it("gives the jail its own empty /tmp and HOME, gone when it ends, but for the CLI's config dir, the pod's own, kept across runs", () => {
     podSh(pod, 'echo pod > /tmp/pod-file');
     const r = jailed(pod, 'rw', '/workspace/repo',
-      'echo $HOME; stat -f -c %T /tmp "$HOME"; ls -A /tmp "$HOME"; echo jail > /tmp/jail-file; echo jail > "$HOME/jail-file"; echo ok');
+      'echo $HOME; stat -f -c %T /tmp "$HOME"; ls -A /tmp "$HOME"; echo jail > /tmp/jail-file; echo jail > "$HOME/jail-file"; echo conversation > "$HOME/.claude/kept"; echo ok');
     expect(r.status).toBe(0);
-    expect(r.stdout).toBe('/home/agent\ntmpfs\ntmpfs\n/home/agent:\n\n/tmp:\nok\n');
+    expect(r.stdout).toBe('/home/agent\ntmpfs\ntmpfs\n/home/agent:\n.claude\n\n/tmp:\nok\n');
     expect(podSh(pod, 'ls -A /tmp /home/agent | grep -c jail-file || true').trim()).toBe('0');
+    // Issue 34: what the CLI keeps there (its conversation) is the pod's, and the next run sees it.
+    expect(podSh(pod, 'cat /var/lib/cra/claude-config/kept')).toBe('conversation\n');
+    expect(jailed(pod, 'rw', '/workspace/repo', 'cat "$HOME/.claude/kept"').stdout).toBe('conversation\n');
   });
 
   it('reaches a unix socket of /var/lib/cra/sockets at /run/claude-runtime-adapter', () => {
