@@ -214,7 +214,9 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
 #[tokio::test]
 async fn a_stopped_or_dropped_view_provision_leaves_nothing() {
     let (_t, root) = repo();
-    for i in 0..300 {
+    // Enough files that the checkout outlasts the 30 ms below even on an idle machine (300
+    // were checked out within it once, on an idle CI run).
+    for i in 0..3000 {
         let dir = root.join(format!("d{}", i % 10));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("f{i}")), "x\n".repeat(1000)).unwrap();
