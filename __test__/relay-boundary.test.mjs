@@ -4,7 +4,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from './support/agent-bash.mjs';
 import { toolUse } from './support/fake-api.mjs';
-import { post, REACHING_OUT, reachingOut, uploads } from './support/relay-probes.mjs';
+import { post, REACHING_OUT, reachingOut, rssGrowthWhile, uploads } from './support/relay-probes.mjs';
 import { rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -31,18 +31,8 @@ describe('the relay sends a request once', () => {
 describe("the relay's memory is bounded", () => {
   it("32 uploads held open by the agent's own commands grow the engine's memory by its session's share (64 MB), not by what they send (0.9 GB)", { timeout: 120_000 }, async () => {
     h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) } });
-    const base = process.memoryUsage.rss();
-    let peak = base;
-    const sampler = setInterval(() => {
-      peak = Math.max(peak, process.memoryUsage.rss());
-    }, 20);
-    try {
-      const { out } = await agentRuns(h, 'planner', [`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 15 })}; sleep 12; echo held`]);
-      expect(out[0]).toContain('held');
-    } finally {
-      clearInterval(sampler);
-    }
-    const grown = (peak - base) / 2 ** 20;
+    const { value: { out }, grownMiB: grown } = await rssGrowthWhile(() => agentRuns(h, 'planner', [`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 15 })}; sleep 12; echo held`]));
+    expect(out[0]).toContain('held');
     console.log(`[measure] engine RSS grew ${grown.toFixed(0)} MiB at its peak while the agent held 32 uploads of 29 MB`);
     expect(grown).toBeLessThan(160);
   });

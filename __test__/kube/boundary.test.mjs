@@ -8,7 +8,7 @@ import { setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE } from '../support/roles.mjs';
 import { kubeBackend, kubectl } from './support.mjs';
-import { post, REACHING_OUT, reachingOut, uploads } from '../support/relay-probes.mjs';
+import { post, REACHING_OUT, reachingOut, rssGrowthWhile, uploads } from '../support/relay-probes.mjs';
 
 let h;
 afterEach(async () => {
@@ -122,18 +122,8 @@ describe("the model API is no way around the pod's boundary (issue 36)", () => {
 
   it("32 uploads held open from the pod grow the engine's memory by its session's share, not by what they send", { timeout: 240_000 }, async () => {
     await kubeSetup();
-    const base = process.memoryUsage.rss();
-    let peak = base;
-    const sampler = setInterval(() => {
-      peak = Math.max(peak, process.memoryUsage.rss());
-    }, 20);
-    try {
-      const { out } = await implementorRuns([`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 20 })}; sleep 16; echo held`]);
-      expect(out[0]).toContain('held');
-    } finally {
-      clearInterval(sampler);
-    }
-    const grown = (peak - base) / 2 ** 20;
+    const { value: { out }, grownMiB: grown } = await rssGrowthWhile(() => implementorRuns([`${uploads({ n: 32, declared: 30_000_000, sent: 29_000_000, holdS: 20 })}; sleep 16; echo held`]));
+    expect(out[0]).toContain('held');
     console.log(`[measure] from a pod: engine RSS grew ${grown.toFixed(0)} MiB at its peak while the agent held 32 uploads of 29 MB`);
     expect(grown).toBeLessThan(200);
   });

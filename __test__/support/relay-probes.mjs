@@ -24,3 +24,19 @@ export const REACHING_OUT = {
 };
 /** The requests the API saw that ask it to reach out. */
 export const reachingOut = (api) => api.requests.filter((r) => r.body?.mcp_servers || (r.body?.tools ?? []).some((t) => t.type && t.type !== 'custom') || String(r.headers['anthropic-beta'] ?? '').includes('mcp-client'));
+
+/** Runs `fn`, sampling this process's RSS every 20 ms: resolves with what `fn` resolved with
+ * and how many MiB the RSS grew at its peak (the relay lives in the engine's process). */
+export async function rssGrowthWhile(fn) {
+  const base = process.memoryUsage.rss();
+  let peak = base;
+  const sampler = setInterval(() => {
+    peak = Math.max(peak, process.memoryUsage.rss());
+  }, 20);
+  try {
+    const value = await fn();
+    return { value, grownMiB: (peak - base) / 2 ** 20 };
+  } finally {
+    clearInterval(sampler);
+  }
+}

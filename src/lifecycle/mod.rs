@@ -535,14 +535,26 @@ impl Session {
     /// on the same conversation (`--resume`, the same checkout, role, schema, hooks and
     /// sandbox); its stats add up.
     pub async fn supervise(&mut self, running: RunningSession) -> SessionEnd {
+        let mut stats = RunStats::default();
+        let mut end = self.run_resuming(running, &mut stats).await;
+        end.stats = stats;
+        self.output.close();
+        end
+    }
+
+    /// [`Session::supervise`]'s runs: each CLI run's stats added to `stats`; the last run's end.
+    async fn run_resuming(
+        &mut self,
+        mut running: RunningSession,
+        stats: &mut RunStats,
+    ) -> SessionEnd {
         let retries = self.host.config.output_retries;
-        let mut running = running;
-        let mut earlier = RunStats::default();
         loop {
             let (role, facts) = (self.role(), &self.facts);
             let mut end = running
                 .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
                 .await;
+            stats.then(std::mem::take(&mut end.stats));
             let resume = match self.resumable(&end).await {
                 Ok(resume) => resume,
                 Err(failure) => {
@@ -551,9 +563,6 @@ impl Session {
                 }
             };
             let Some((reason, spec)) = resume else {
-                earlier.then(std::mem::take(&mut end.stats));
-                end.stats = earlier;
-                self.output.close();
                 return end;
             };
             self.resumes += 1;
@@ -562,7 +571,6 @@ impl Session {
                 self.resumes
             );
             self.outage.notice(&text);
-            earlier.then(std::mem::take(&mut end.stats));
             // An API that cuts every answer is not asked again at once; a stop ends the pause.
             let pause = RESUME_PAUSE * 2u32.pow((self.resumes - 1).min(5));
             tokio::select! {
@@ -571,8 +579,6 @@ impl Session {
             }
             if let Some(reason) = self.stop.reason() {
                 end.stopped = Some(reason);
-                end.stats = earlier;
-                self.output.close();
                 return end;
             }
             match self.spawn(spec).await {
@@ -583,8 +589,6 @@ impl Session {
                         "the CLI could not be started again on its conversation",
                         json!({ "error": e.message }),
                     );
-                    end.stats = earlier;
-                    self.output.close();
                     return end;
                 }
             }

@@ -43,6 +43,19 @@ fi
     };
 }
 
+/// Takes the commands' share as `RLIMIT_NPROC` where that is how it is enforced
+/// (`CRA_TOOLS_NPROC`: no usable cgroup, a pod), fail-closed, and keeps the variable from what
+/// runs next. One text for the Bash prefix and the wrappers of the CLI's own tools.
+macro_rules! take_nproc {
+    () => {
+        r#"if [ -n "$CRA_TOOLS_NPROC" ]; then
+  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the processes of $0" >&2; exit 126; }
+fi
+unset CRA_TOOLS_NPROC
+"#
+    };
+}
+
 /// The Bash prefix inside the sandbox (`CLAUDE_CODE_SHELL_PREFIX`; the CLI runs it as
 /// `<prefix> '<command string>'`): joins the commands' cgroup (`join_tools`: nothing of the
 /// cgroup filesystem is writable inside, the engine moves what the CLI started); sets the
@@ -53,11 +66,8 @@ fi
 pub const TOOLS_PREFIX_SCRIPT: &str = concat!(
     "d=${0%/*}\n",
     join_tools!(),
-    r#"if [ -n "$CRA_TOOLS_NPROC" ]; then
-  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the command's processes" >&2; exit 126; }
-fi
-unset CRA_TOOLS_NPROC
-if [ -n "$CRA_SHELL_PREFIX" ]; then
+    take_nproc!(),
+    r#"if [ -n "$CRA_SHELL_PREFIX" ]; then
   p=$CRA_SHELL_PREFIX
   unset CRA_SHELL_PREFIX
   exec $p "$1"
@@ -80,11 +90,8 @@ pub const WRAPPED_TOOLS: &[&str] = &["rg", "git"];
 pub const TOOL_WRAPPER_SCRIPT: &str = concat!(
     "d=${0%/*}\nd=${d%/*}\n",
     join_tools!(),
-    r#"if [ -n "$CRA_TOOLS_NPROC" ]; then
-  ulimit -u "$CRA_TOOLS_NPROC" 2>/dev/null || ulimit -p "$CRA_TOOLS_NPROC" || { echo "claude-runtime-adapter: cannot limit the CLI's tool's processes" >&2; exit 126; }
-fi
-unset CRA_TOOLS_NPROC
-name=${0##*/}
+    take_nproc!(),
+    r#"name=${0##*/}
 IFS=:
 for p in $PATH; do
   if [ "$p" != "$d/bin" ] && [ -f "$p/$name" ] && [ -x "$p/$name" ]; then
