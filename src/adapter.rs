@@ -23,6 +23,7 @@ use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::RepoGit;
 use crate::lifecycle::{self, SessionHost, SessionInfo, StartedSession};
 use crate::logging::LogRoute;
+use crate::otel;
 use crate::params;
 use crate::sandbox::GitJails;
 
@@ -41,6 +42,19 @@ impl Adapter {
         logger: Arc<dyn Logger>,
     ) -> Arc<Adapter> {
         let log_route = LogRoute::register(logger.clone());
+        match otel::configure_from_env() {
+            otel::Configured::Nothing => {}
+            otel::Configured::Exporting { traces, metrics } => logger.log(
+                LogLevel::Info,
+                "OpenTelemetry: the adapter exports its own telemetry over OTLP",
+                json!({ "traces": traces, "metrics": metrics }),
+            ),
+            otel::Configured::Refused(why) => logger.log(
+                LogLevel::Warn,
+                &format!("OpenTelemetry: not exported: {why}"),
+                json!({}),
+            ),
+        }
         let backend: Arc<dyn Backend> = match &config.backend {
             BackendConfig::Local => Arc::new(LocalBackend),
             #[cfg(unix)]
@@ -160,6 +174,18 @@ impl Adapter {
         RepoGit::for_repo(&self.host.config.repo_root)
             .release_unused_bases()
             .await;
+        // What the sessions' spans and the metrics hold yet goes to the collector now.
+        let flushed = tokio::task::spawn_blocking(otel::flush);
+        if tokio::time::timeout(otel::FLUSH_BOUND, flushed)
+            .await
+            .is_err()
+        {
+            self.host.logger.log(
+                LogLevel::Warn,
+                "OpenTelemetry: the collector did not take the pending telemetry in time",
+                json!({ "boundMs": otel::FLUSH_BOUND.as_millis() as u64 }),
+            );
+        }
     }
 
     pub async fn start_agent(

@@ -333,6 +333,9 @@ pub struct StartOptions {
     /// `maxBudgetUsd` for this session, in USD; wins over `config.maxBudgetUsd` (`Some(0.0)`:
     /// no budget for this one).
     pub max_budget_usd: Option<f64>,
+    /// The engine's W3C `traceparent`: the session's trace continues the engine's (checked
+    /// with [`crate::otel::parse_traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 impl StartParams {
@@ -361,7 +364,11 @@ impl StartParams {
             session_id: optional("sessionID")?,
             model: optional("model")?,
             max_budget_usd: budget_param(obj.get("maxBudgetUsd"))?,
+            traceparent: optional("traceparent")?,
         };
+        if let Some(tp) = &options.traceparent {
+            crate::otel::parse_traceparent(tp)?;
+        }
         let params = match obj.get("role").and_then(Value::as_str) {
             Some("planner") => {
                 let paths = match obj.get("specPaths") {

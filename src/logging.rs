@@ -32,7 +32,9 @@ impl LogRoute {
         INSTALL.call_once(|| {
             // Fails only if the host installed a global subscriber first; then that one wins.
             let _ = tracing::subscriber::set_global_default(
-                tracing_subscriber::registry().with(ToEngineLogger),
+                tracing_subscriber::registry()
+                    .with(crate::otel::Bridge)
+                    .with(ToEngineLogger),
             );
         });
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);

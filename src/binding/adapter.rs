@@ -247,7 +247,18 @@ fn js_deps(deps: &Object, problems: &mut Problems) -> Option<JsDeps> {
 fn parse_params(params: &Unknown) -> CoreResult<(StartParams, StartOptions)> {
     let v = read_json(params)
         .map_err(|e| AdapterError::invalid_params(format!("params cannot be read: {e}")))?;
-    StartParams::from_json(&v).map_err(AdapterError::invalid_params)
+    StartParams::from_json(&v).map_err(|why| {
+        // Counted with the sessions' errors: a dispatcher sending bad params shows on the
+        // dashboards like any other failure.
+        let role = v
+            .get("role")
+            .and_then(|r| r.as_str())
+            .filter(|r| matches!(*r, "planner" | "implementor" | "reviewer"))
+            .unwrap_or("unknown");
+        let e = AdapterError::invalid_params(why);
+        crate::otel::metrics::refused(role, e.code.as_str());
+        e
+    })
 }
 
 /// `shutdown({ graceMs })`: absent = 0 (immediate); else milliseconds in range. Read from the

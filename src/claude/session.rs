@@ -100,6 +100,8 @@ pub enum SessionEvent<'a> {
     },
     Hook {
         tool_name: &'a str,
+        /// The call's id (the model's `tool_use` block), as the hook's input names it.
+        tool_use_id: &'a str,
         input: &'a Value,
         decision: &'a HookDecision,
         failure: Option<&'a str>,
@@ -110,6 +112,7 @@ pub enum SessionEvent<'a> {
     FileAccess {
         access: Access,
         tool_name: &'a str,
+        tool_use_id: &'a str,
         path: Option<&'a str>,
         decision: &'a HookDecision,
     },
@@ -588,6 +591,10 @@ impl RunningSession {
                 .unwrap_or("")
                 .to_string();
             let tool_input = input.get("tool_input").cloned().unwrap_or(Value::Null);
+            let tool_use_id = input
+                .get("tool_use_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let (decision, failure) =
                 match timeout(bound, hook.validate(tool_name.clone(), tool_input.clone())).await {
                     Ok(Ok(d)) => (d, None),
@@ -602,6 +609,7 @@ impl RunningSession {
                 };
             observer.on_event(SessionEvent::Hook {
                 tool_name: &tool_name,
+                tool_use_id,
                 input: &tool_input,
                 decision: &decision,
                 failure: failure.as_deref(),
@@ -648,7 +656,7 @@ impl RunningSession {
                 }
             }
         };
-        self.answer_file_tool(Access::Write, tool_name, target.ok(), decision)
+        self.answer_file_tool(Access::Write, input, target.ok(), decision)
     }
 
     /// The read tools' hook, answered here: the call is allowed unless what it reads lies in a
@@ -680,20 +688,22 @@ impl RunningSession {
             Ok(ReadTarget::Search(trees)) => trees.first().and_then(|t| t.to_str()),
             Err(_) => None,
         };
-        self.answer_file_tool(Access::Read, tool_name, path, decision)
+        self.answer_file_tool(Access::Read, input, path, decision)
     }
 
     /// Reports the decision on a file tool call and turns it into the hook's answer.
     fn answer_file_tool(
         &self,
         access: Access,
-        tool_name: &str,
+        input: &Value,
         path: Option<&str>,
         decision: HookDecision,
     ) -> Value {
+        let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
         self.observer.on_event(SessionEvent::FileAccess {
             access,
-            tool_name,
+            tool_name: field("tool_name"),
+            tool_use_id: field("tool_use_id"),
             path,
             decision: &decision,
         });

@@ -51,6 +51,7 @@ use crate::domain::{Role, StartOptions, StartParams};
 use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
+use crate::otel::{self, metrics, ToolSpans, SPANS};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
 use crate::params;
 use crate::sandbox::{ApiHooks, ApiOutage, EgressAttempt, EgressSink, ReadGuard, WriteScope};
@@ -119,6 +120,9 @@ pub struct Session {
     /// The model spend the relay counts, with the session's budget; `None` when no relay
     /// sees the session's requests (`sandbox: false`).
     spend: Option<Arc<SpendMeter>>,
+    /// The session's span: the root of its trace (or the child of the engine's `traceparent`),
+    /// its steps, model requests and tool calls under it ([`crate::otel`]).
+    trace: tracing::Span,
 }
 
 /// A session's CLI is started again on its conversation at most this many times (each only
@@ -148,6 +152,14 @@ impl Session {
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let stop = StopSignal::default();
         let registration = host.registry.register(&id, &params, &stop)?;
+        let trace = session_span(host, &id, &params);
+        if let Some(parent) = options.traceparent.as_deref() {
+            // Checked with the params; a value that fails here was never accepted.
+            if let Ok(parent) = otel::parse_traceparent(parent) {
+                otel::set_remote_parent(&trace, parent);
+            }
+        }
+        metrics::session_started(params.role().as_str());
         let output = OutputBuffer::new(DEFAULT_BOUND);
         let noted: Arc<OnceLock<Arc<Transcript>>> = Arc::new(OnceLock::new());
         let outage = outage_watch(host, &id, params.role(), &stop, &output, &noted);
@@ -198,6 +210,7 @@ impl Session {
             resumes: 0,
             outage_failure: None,
             spend,
+            trace,
         })
     }
 
@@ -227,6 +240,15 @@ impl Session {
     fn spend_stats(&self, mut stats: SessionStats) -> SessionStats {
         stats.spend = self.spend.as_ref().map(|m| m.stats());
         stats
+    }
+
+    /// A span for one of the session's steps (the table above), under the session's; none
+    /// while traces are not exported.
+    fn step(&self, name: &'static str) -> tracing::Span {
+        if !otel::tracing_on() {
+            return tracing::Span::none();
+        }
+        tracing::info_span!(target: SPANS, parent: &self.trace, "step", otel.name = name, cra.step = name)
     }
 
     fn role(&self) -> Role {
@@ -302,6 +324,7 @@ impl Session {
                 outage: Some(self.outage.clone()),
                 pacing: cfg.fleet_pacing,
                 spend: self.spend.clone(),
+                trace: Some(self.trace.clone()),
             },
         };
         let provisioned = self
@@ -421,6 +444,7 @@ impl Session {
         let transcript = self.transcript.clone();
         let logger = self.host.logger.clone();
         let ids = json!({ "sessionID": self.id, "role": self.role().as_str() });
+        let role = self.role();
         Arc::new(move |a: &EgressAttempt| {
             let verdict = if a.allowed { "allowed" } else { "blocked" };
             let why = a
@@ -439,6 +463,7 @@ impl Session {
                 d["port"] = json!(a.port);
                 d["reason"] = json!(a.reason);
                 logger.log(LogLevel::Warn, "network access blocked by the sandbox", d);
+                metrics::denial(role.as_str(), "network");
             }
         })
     }
@@ -487,6 +512,8 @@ impl Session {
             logger: self.host.logger.clone(),
             session_id: self.id.clone(),
             role: self.role(),
+            trace: self.trace.clone(),
+            tools: ToolSpans::default(),
         });
         let environment = self.environment.as_mut().ok_or_else(|| {
             AdapterError::new(ErrorCode::Internal, "the session has no environment")
@@ -892,8 +919,23 @@ impl Session {
         self.registration.release();
     }
 
-    /// The transcript's stats and footer, and the logger's completed/failed entry.
+    /// The transcript's stats and footer, the logger's completed/failed entry, the session's
+    /// span's outcome and the metrics of its end.
     fn write_end(&self, outcome: &Result<Value>, stats: &SessionStats) {
+        let code = outcome.as_ref().err().map(|e| e.code.as_str());
+        metrics::session_ended(self.role().as_str(), code, self.started.elapsed());
+        self.trace.record(
+            "cra.outcome",
+            if code.is_some() { "error" } else { "success" },
+        );
+        if let Some(e) = outcome.as_ref().err() {
+            self.trace.record("error.type", e.code.as_str());
+            self.trace.record("otel.status_code", "ERROR");
+            self.trace.record("otel.status_message", e.message.as_str());
+        }
+        if let Some(spend) = &stats.spend {
+            self.trace.record("cra.cost.usd", spend.usd);
+        }
         let stats_json = serde_json::to_value(stats).unwrap_or(Value::Null);
         if let Some(t) = &self.transcript {
             t.note("stats", &stats_json.to_string());
@@ -924,8 +966,18 @@ impl Session {
         let started = async {
             self.check_branch().await?;
             self.check_sandbox()?;
-            self.provision().await?;
-            let spec = self.assemble().await?;
+            // Step spans are held, not entered: what a step starts that outlives it (the
+            // relay's and the bridges' servers keep the span they start in) stays in the
+            // session's span, so a step's span ends with the step.
+            {
+                let _step = self.step("provision");
+                self.provision().await?;
+            }
+            let spec = {
+                let _step = self.step("assemble");
+                self.assemble().await?
+            };
+            let _step = self.step("spawn");
             self.spawn(spec).await
         }
         .await;
@@ -950,9 +1002,13 @@ pub async fn start_agent(
     params: StartParams,
     options: StartOptions,
 ) -> Result<StartedSession> {
-    let session = Session::register(host, params, options)?;
+    let role = params.role();
+    let session = Session::register(host, params, options)
+        .inspect_err(|e| metrics::refused(role.as_str(), e.code.as_str()))?;
     session.log(LogLevel::Info, "starting agent session", json!({}));
-    let (session, running) = session.start().await?;
+    let trace = session.trace.clone();
+    let (session, running) = session.start().instrument(trace.clone()).await?;
+    metrics::session_handed(role.as_str(), session.started.elapsed());
     let (result_tx, result_rx) = oneshot::channel();
     let started = StartedSession {
         session_id: session.id.clone(),
@@ -960,18 +1016,67 @@ pub async fn start_agent(
         result: result_rx,
         log_file_path: session.transcript.as_ref().map(|t| t.path().to_path_buf()),
     };
-    let span = host.log_route.span();
     tokio::spawn(
         async move {
             let mut session = session;
+            let step = session.step("supervise");
             let end = session.supervise(running).await;
+            drop(step);
+            let step = session.step("extract");
             let (outcome, stats) = session.extract(end).await;
+            drop(step);
+            let step = session.step("clean");
             session.clean(&outcome, &stats).await;
+            drop(step);
             let _ = result_tx.send((outcome, stats));
         }
-        .instrument(span),
+        .instrument(trace),
     );
     Ok(started)
+}
+
+/// A session's span (see [`Session::trace`]): what the engine knows it by. Its parent is the
+/// adapter's, which routes its events to the adapter's logger; the exporter never sees that
+/// one, so a session's span starts a trace of its own.
+fn session_span(host: &SessionHost, id: &str, params: &StartParams) -> tracing::Span {
+    let role = params.role().as_str();
+    let (work_item, branch, revision) = match params {
+        StartParams::Planner { .. } => (None, None, None),
+        StartParams::Implementor {
+            work_item_id,
+            branch_name,
+        } => (
+            Some(work_item_id.as_str()),
+            Some(branch_name.as_str()),
+            None,
+        ),
+        StartParams::Reviewer {
+            work_item_id,
+            revision_id,
+        } => (
+            Some(work_item_id.as_str()),
+            None,
+            Some(revision_id.as_str()),
+        ),
+    };
+    tracing::info_span!(
+        target: SPANS,
+        parent: &host.log_route.span(),
+        "invoke_agent",
+        otel.name = format!("invoke_agent {role}"),
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = role,
+        cra.session.id = id,
+        cra.role = role,
+        cra.work_item.id = work_item,
+        cra.branch = branch,
+        cra.revision.id = revision,
+        cra.outcome = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        cra.cost.usd = tracing::field::Empty,
+    )
 }
 
 /// The session's outage watch: its notices go to the engine's stream (a line of their own), the

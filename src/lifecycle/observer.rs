@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use crate::claude::session::{Access, SessionEvent, SessionObserver};
 use crate::deps::{HookDecision, LogLevel, Logger};
 use crate::domain::Role;
+use crate::otel::{metrics, ToolSpans};
 use crate::output::OutputBuffer;
 use crate::transcript::Transcript;
 
@@ -17,6 +18,9 @@ pub struct Observer {
     pub logger: Arc<dyn Logger>,
     pub session_id: String,
     pub role: Role,
+    /// The session's span: each tool call is a span under it.
+    pub trace: tracing::Span,
+    pub tools: ToolSpans,
 }
 
 impl Observer {
@@ -61,6 +65,19 @@ impl Observer {
 }
 
 impl Observer {
+    /// A hook's decision on a tool call, on its span and, when it refused, in the denials
+    /// metric (`kind`: what was refused).
+    fn decided(&self, tool_use_id: &str, decision: &HookDecision, kind: &'static str) {
+        let blocked = match decision {
+            HookDecision::Approve => None,
+            HookDecision::Block { reason } => Some(reason.as_str()),
+        };
+        self.tools.decided(tool_use_id, blocked);
+        if blocked.is_some() {
+            metrics::denial(self.role.as_str(), kind);
+        }
+    }
+
     /// The adapter's answer to a file tool: blocks in the transcript and as warnings (an agent
     /// reaching outside its boundary is worth an operator's look), approvals at debug.
     fn file_access(
@@ -115,6 +132,7 @@ impl SessionObserver for Observer {
                 }
             }
             SessionEvent::ToolUse { id, name, input } => {
+                self.tools.called(&self.trace, id, name);
                 if let Some(t) = t {
                     t.tool_use(id, name, input);
                 }
@@ -124,16 +142,19 @@ impl SessionObserver for Observer {
                 content,
                 is_error,
             } => {
+                self.tools.returned(tool_use_id, is_error);
                 if let Some(t) = t {
                     t.tool_result(tool_use_id, content, is_error);
                 }
             }
             SessionEvent::Hook {
                 tool_name,
+                tool_use_id,
                 input,
                 decision,
                 failure,
             } => {
+                self.decided(tool_use_id, decision, "command");
                 if let Some(t) = t {
                     t.hook(tool_name, input, decision, failure);
                 }
@@ -142,9 +163,17 @@ impl SessionObserver for Observer {
             SessionEvent::FileAccess {
                 access,
                 tool_name,
+                tool_use_id,
                 path,
                 decision,
-            } => self.file_access(access, tool_name, path, decision),
+            } => {
+                let kind = match access {
+                    Access::Read => "read",
+                    Access::Write => "write",
+                };
+                self.decided(tool_use_id, decision, kind);
+                self.file_access(access, tool_name, path, decision)
+            }
             SessionEvent::Result(r) => {
                 if let Some(t) = t {
                     t.result(r);

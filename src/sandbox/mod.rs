@@ -188,6 +188,7 @@ impl Gateway {
         plan.outage = api.outage;
         plan.pacing = api.pacing;
         plan.spend = api.spend;
+        plan.trace = api.trace;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         let telemetry = match telemetry_plan {
             Some(plan) => {

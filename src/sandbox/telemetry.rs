@@ -28,11 +28,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::credentials::env_value;
 use super::relay::mask::Masker;
-use super::relay::upstream::{extra_roots, sources, BoxError, Connector};
 use super::server::{
     full, strip_hop_by_hop, Body, Limits, Tracked, UnixServer, MAX_HEAD, STEP_TIMEOUT,
 };
 use crate::error::{AdapterError, Result};
+use crate::https::{extra_roots, sources, BoxError, Connector};
 
 /// Connections at once: the CLI keeps one or two per signal (gRPC: one in all).
 const MAX_CONNECTIONS: usize = 16;
@@ -385,7 +385,7 @@ impl TelemetryForwarder {
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .http2_only(http2_only)
-                .build(Connector::new(&roots, true)?))
+                .build(Connector::new(&roots, true, STEP_TIMEOUT)?))
         };
         let masks = Arc::new(plan.secrets().into_iter().map(String::into_bytes).collect());
         let forwarder = Arc::new(Forwarder {

@@ -29,6 +29,7 @@ mod provider_spec;
 mod reach;
 mod route;
 mod spend;
+mod trace;
 pub(super) mod upstream;
 mod vertex;
 
@@ -49,6 +50,7 @@ use self::outage::ApiOutage;
 use self::pacing::Pace;
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
+use self::trace::Exchange;
 use self::upstream::{extra_roots, sources, BoxError, Upstream};
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::config::ServerTool;
@@ -67,6 +69,8 @@ pub struct ApiHooks {
     /// The session's spend meter: every answer counted, requests refused past its budget
     /// ([`spend`]).
     pub spend: Option<Arc<SpendMeter>>,
+    /// The session's span: each model request is a span under it ([`crate::otel`]).
+    pub trace: Option<tracing::Span>,
 }
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
@@ -97,6 +101,8 @@ pub struct RelayPlan {
     /// The session's spend, counted from every response; requests are refused once it has
     /// passed the budget ([`spend`]).
     pub spend: Option<Arc<SpendMeter>>,
+    /// The session's span, the parent of each request's span.
+    pub trace: Option<tracing::Span>,
 }
 
 impl RelayPlan {
@@ -116,6 +122,7 @@ impl RelayPlan {
             outage: None,
             pacing: false,
             spend: None,
+            trace: None,
         }
     }
 }
@@ -156,6 +163,7 @@ impl ModelRelay {
             outage,
             pacing,
             spend,
+            trace,
         } = plan;
         if substitutions
             .iter()
@@ -203,6 +211,7 @@ impl ModelRelay {
             server_tools,
             bodies: BodyBudget::new(),
             spend,
+            trace,
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -244,6 +253,7 @@ struct Relay {
     /// The account's pace, shared with every relay sending to it.
     pace: Option<Arc<Pace>>,
     spend: Option<Arc<SpendMeter>>,
+    trace: Option<tracing::Span>,
 }
 
 /// What a request header holds of the placeholders.
@@ -264,11 +274,15 @@ impl Relay {
             async move {
                 // The budget is kept around the whole exchange: a spent one refuses the
                 // request before anything of it is read, and every answer is counted.
+                let exchange = Exchange::begin(relay.trace.as_ref());
                 if let Some(refused) = spend::refusal(relay.spend.as_deref()) {
-                    return Ok::<_, std::convert::Infallible>(refused);
+                    return Ok::<_, std::convert::Infallible>(exchange.failed(refused));
                 }
-                let response = relay.handle(req).await;
-                Ok(spend::metered(relay.spend.as_ref(), response))
+                let response = relay.handle(req, &exchange.span).await;
+                if !response.status().is_success() {
+                    return Ok(exchange.failed(response));
+                }
+                Ok(spend::metered(relay.spend.as_ref(), response, exchange))
             }
         });
         let _ = http1_server()
@@ -277,7 +291,8 @@ impl Relay {
             .await;
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    /// `span`: the request's (held, not entered, so its name can still take the model).
+    async fn handle(&self, req: Request<Incoming>, span: &tracing::Span) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let (method, path) = (parts.method.clone(), parts.uri.path().to_string());
         let target = match parts.uri.path_and_query() {
@@ -365,7 +380,7 @@ impl Relay {
         parts
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        self.send(upstream, parts, bytes).await
+        self.send(upstream, parts, bytes, span).await
     }
 
     /// Sends the request upstream, holding it through an outage ([`outage`]) under the fleet's
@@ -380,6 +395,7 @@ impl Relay {
         upstream: &Upstream,
         template: http::request::Parts,
         bytes: Bytes,
+        span: &tracing::Span,
     ) -> Response<Body> {
         let (method, path) = (template.method.clone(), template.uri.path().to_string());
         let mut attempt: u32 = 0;
@@ -478,6 +494,7 @@ impl Relay {
                 };
             }
             attempt = attempt.saturating_add(1);
+            span.record("cra.retries", i64::from(attempt));
         }
     }
 

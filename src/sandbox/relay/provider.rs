@@ -94,6 +94,7 @@ pub async fn provider_relay(
                 outage: None,
                 pacing: false,
                 spend: None,
+                trace: None,
             }
         }
     };

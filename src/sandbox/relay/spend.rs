@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use super::super::server::Body;
 use super::api_error;
+use super::trace::Exchange;
 use crate::spend::{SpendMeter, Usage};
 
 /// The longest SSE line or Bedrock frame kept whole to look for usage in (the events that
@@ -50,8 +51,13 @@ pub(super) fn refusal(meter: Option<&SpendMeter>) -> Option<Response<Body>> {
 
 /// `response` with its usage counted on `meter` as it passes (unchanged without a meter, and
 /// for a response that is not a success).
-pub(super) fn metered(meter: Option<&Arc<SpendMeter>>, response: Response<Body>) -> Response<Body> {
+pub(super) fn metered(
+    meter: Option<&Arc<SpendMeter>>,
+    response: Response<Body>,
+    exchange: Exchange,
+) -> Response<Body> {
     let Some(meter) = meter.filter(|_| response.status().is_success()) else {
+        exchange.answered(None, None);
         return response;
     };
     let (parts, body) = response.into_parts();
@@ -67,6 +73,7 @@ pub(super) fn metered(meter: Option<&Arc<SpendMeter>>, response: Response<Body>)
     let counting = Counting {
         reader: UsageReader::new(content_type, length),
         meter: meter.clone(),
+        exchange: Some(exchange),
     };
     let frames = futures::stream::unfold(Some((body, counting)), |state| async move {
         let (mut body, mut counting) = state?;
@@ -95,19 +102,29 @@ pub(super) fn metered(meter: Option<&Arc<SpendMeter>>, response: Response<Body>)
 struct Counting {
     reader: UsageReader,
     meter: Arc<SpendMeter>,
+    /// The request's span and metrics, ended with the first count.
+    exchange: Option<Exchange>,
 }
 
 impl Counting {
     /// Counts what was found, once (the reader gives its usage away).
     fn count(&mut self) {
-        if let Some((model, usage)) = self.reader.finish() {
-            let cost = self.meter.record(model.as_deref(), &usage);
+        let found = self.reader.finish();
+        let counted = found.as_ref().map(|(model, usage)| {
+            let cost = self.meter.record(model.as_deref(), usage);
             tracing::debug!(
                 ?model,
                 ?usage,
                 cost,
                 "model relay: a response's usage counted"
             );
+            (model.as_deref(), usage, cost)
+        });
+        if let Some(exchange) = self.exchange.take() {
+            match counted {
+                Some((model, usage, cost)) => exchange.answered(model, Some((usage, cost))),
+                None => exchange.answered(None, None),
+            }
         }
     }
 }
@@ -574,7 +591,7 @@ mod tests {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let body = metered(Some(&meter), response).into_body();
+        let body = metered(Some(&meter), response, Exchange::begin(None)).into_body();
         assert_eq!(
             meter.stats().requests,
             0,
@@ -676,7 +693,12 @@ mod tests {
         let meter = SpendMeter::new(None, Prices::default());
         let mut error = Response::new(super::super::super::server::full("{}"));
         *error.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        drop(metered(Some(&meter), error).into_body().collect().await);
+        drop(
+            metered(Some(&meter), error, Exchange::begin(None))
+                .into_body()
+                .collect()
+                .await,
+        );
         assert_eq!(meter.stats().requests, 0);
         // A response the CLI stopped reading after message_start still counts its input.
         let cut = &STREAM[..STREAM.find("event: content_block_delta").unwrap()];
@@ -689,7 +711,7 @@ mod tests {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let mut body = metered(Some(&meter), response).into_body();
+        let mut body = metered(Some(&meter), response, Exchange::begin(None)).into_body();
         body.frame().await.unwrap().unwrap();
         drop(body);
         let s = meter.stats();
