@@ -41,10 +41,10 @@ export interface SessionStats {
   api: { retries: number; resumes: number; waitedMs: number }
 }
 
-/** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. `maxBudgetUsd`: this session's budget; wins over config.maxBudgetUsd (0: none). */
-export interface PlannerStartParams { role: 'planner'; specPaths: string[]; sessionID?: string; model?: string; maxBudgetUsd?: number }
-export interface ImplementorStartParams { role: 'implementor'; workItemID: string; branchName: string; sessionID?: string; model?: string; maxBudgetUsd?: number }
-export interface ReviewerStartParams { role: 'reviewer'; workItemID: string; revisionID: string; sessionID?: string; model?: string; maxBudgetUsd?: number }
+/** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. `maxBudgetUsd`: this session's budget; wins over config.maxBudgetUsd (0: none). `traceparent`: the engine's W3C trace context (`00-<32 hex>-<16 hex>-<2 hex>`), so the session's trace continues the engine's dispatch span (exported only when the engine's process sets an OTLP endpoint, see docs/telemetry.md); a malformed one is ERR_INVALID_PARAMS. */
+export interface PlannerStartParams { role: 'planner'; specPaths: string[]; sessionID?: string; model?: string; maxBudgetUsd?: number; traceparent?: string }
+export interface ImplementorStartParams { role: 'implementor'; workItemID: string; branchName: string; sessionID?: string; model?: string; maxBudgetUsd?: number; traceparent?: string }
+export interface ReviewerStartParams { role: 'reviewer'; workItemID: string; revisionID: string; sessionID?: string; model?: string; maxBudgetUsd?: number; traceparent?: string }
 export type AgentStartParams = PlannerStartParams | ImplementorStartParams | ReviewerStartParams
 
 export interface RuntimeAdapterConfig {

@@ -197,6 +197,8 @@ const budgeted: ClaudeAdapterConfig = {
   modelPrices: { 'claude-sonnet-4-5': { input: 3, output: 15 }, '*': { input: 15, output: 75, cacheRead: 1.5, cacheCreation: 18.75 } },
 };
 const budgetedStart: AgentStartParams = { role: 'reviewer', workItemID: 'w1', revisionID: 'r1', maxBudgetUsd: 0.5 };
+// --- issue 35: the engine's dispatch span continues into the session's trace ---
+const tracedStart: AgentStartParams = { role: 'implementor', workItemID: 'w1', branchName: 'b', traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' };
 function describeSpend(s: SessionStats): string {
   if (s.spend === null) return 'not counted';
   const usd: number = s.spend.usd;
@@ -265,6 +267,7 @@ export async function engineIssue11(): Promise<void> {
   createClaudeAdapter(limited, deps);
   const budgetedEngine = new MiniEngine(createClaudeAdapter(budgeted, deps));
   logger.info(await budgetedEngine.dispatch(budgetedStart));
+  logger.info(await budgetedEngine.dispatch(tracedStart));
 }
 
 // Sessions on a cluster: in the team's own image with the adapter's runtime copied in, or in
