@@ -33,7 +33,7 @@ use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
 use opentelemetry::Context as OtelContext;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -242,27 +242,31 @@ pub fn configure_from_env() -> Configured {
 }
 
 fn span_exporter() -> Result<opentelemetry_otlp::SpanExporter, String> {
-    let client =
-        client::ExportClient::new(export_timeout(Signal::Traces)).map_err(|e| e.message)?;
-    opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_protocol(protocol(Signal::Traces)?)
-        .with_timeout(export_timeout(Signal::Traces))
+    let builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+    over_http(builder, Signal::Traces)?
         .build()
         .map_err(|e| e.to_string())
 }
 
 fn metric_exporter() -> Result<opentelemetry_otlp::MetricExporter, String> {
-    let client =
-        client::ExportClient::new(export_timeout(Signal::Metrics)).map_err(|e| e.message)?;
-    opentelemetry_otlp::MetricExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_protocol(protocol(Signal::Metrics)?)
-        .with_timeout(export_timeout(Signal::Metrics))
+    let builder = opentelemetry_otlp::MetricExporter::builder().with_http();
+    over_http(builder, Signal::Metrics)?
         .build()
         .map_err(|e| e.to_string())
+}
+
+/// An OTLP/HTTP exporter of `signal` through the adapter's client, with its protocol and
+/// timeout from the standard variables.
+fn over_http<B: WithHttpConfig + WithExportConfig>(
+    builder: B,
+    signal: Signal,
+) -> Result<B, String> {
+    let timeout = export_timeout(signal);
+    let client = client::ExportClient::new(timeout).map_err(|e| e.message)?;
+    Ok(builder
+        .with_http_client(client)
+        .with_protocol(protocol(signal)?)
+        .with_timeout(timeout))
 }
 
 /// Exports what is pending (spans of ended sessions, the metrics so far); blocking, bounded by
