@@ -10,7 +10,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bash, scenario } from './support/fake-api.mjs';
 import { rejection, setup } from './support/harness.mjs';
-import { startCollector } from './support/otlp-collector.mjs';
+import { metricPoints, sessionTrace, spansOf, startCollector } from './support/otlp-collector.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -36,63 +36,8 @@ afterAll(async () => {
   await collector?.close();
 });
 
-/** An id as protobufjs gives it (bytes, base64, or already hex) in hex. */
-const hex = (id) => {
-  if (id === undefined || id === null) return '';
-  if (typeof id !== 'string') return Buffer.from(id).toString('hex');
-  return /^[0-9a-f]*$/.test(id) && (id.length === 32 || id.length === 16) ? id : Buffer.from(id, 'base64').toString('hex');
-};
-/** Every span the collector received, flattened: `{ name, traceId, spanId, parentSpanId, start, end, attrs }`. */
-function spans() {
-  const out = [];
-  for (const e of collector.of('traces')) {
-    for (const rs of e.decoded?.resourceSpans ?? []) {
-      const resource = attrsOf(rs.resource?.attributes);
-      for (const ss of rs.scopeSpans ?? []) {
-        for (const s of ss.spans ?? []) {
-          out.push({
-            name: s.name,
-            traceId: hex(s.traceId),
-            spanId: hex(s.spanId),
-            parentSpanId: hex(s.parentSpanId),
-            start: BigInt(s.startTimeUnixNano),
-            end: BigInt(s.endTimeUnixNano),
-            status: s.status ?? {},
-            attrs: attrsOf(s.attributes),
-            events: (s.events ?? []).map((ev) => ({ name: ev.name, attrs: attrsOf(ev.attributes) })),
-            resource,
-          });
-        }
-      }
-    }
-  }
-  return out;
-}
-function attrsOf(list) {
-  const value = (v) => v?.stringValue ?? (v?.intValue !== undefined ? Number(v.intValue) : v?.doubleValue ?? v?.boolValue);
-  return Object.fromEntries((list ?? []).map((a) => [a.key, value(a.value)]));
-}
-/** The latest cumulative data points of metric `name`, each `{ attrs, value }` (sums) or `{ attrs, count, sum }` (histograms). */
-function points(name) {
-  let latest = [];
-  for (const e of collector.of('metrics')) {
-    for (const rm of e.decoded?.resourceMetrics ?? []) {
-      for (const sm of rm.scopeMetrics ?? []) {
-        for (const m of sm.metrics ?? []) {
-          if (m.name !== name) continue;
-          const dps = m.sum?.dataPoints ?? m.histogram?.dataPoints ?? [];
-          latest = dps.map((p) => ({
-            attrs: attrsOf(p.attributes),
-            value: p.asInt !== undefined ? Number(p.asInt) : p.asDouble,
-            count: p.count !== undefined ? Number(p.count) : undefined,
-            sum: p.sum,
-          }));
-        }
-      }
-    }
-  }
-  return latest;
-}
+const spans = () => spansOf(collector);
+const points = (name) => metricPoints(collector, name);
 const total = (name, match = {}) =>
   points(name)
     .filter((p) => Object.entries(match).every(([k, v]) => p.attrs[k] === v))
@@ -108,10 +53,9 @@ async function eventually(pred, ms, what) {
 
 /** What this file ran, for the metrics: sessions by role and outcome, model requests. */
 const ran = { started: 0, ok: 0, errors: {}, requests: 0, tokens: { input: 0, output: 0 }, denied: 0 };
+/** Counts the model requests harness `h`'s fake API answered. */
 const usageOf = (h) => {
-  for (const r of h.api.requests.filter((q) => q.path === '/v1/messages')) {
-    ran.requests += 1;
-  }
+  ran.requests += h.api.requests.filter((q) => q.path === '/v1/messages').length;
 };
 
 describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* variables", () => {
@@ -141,8 +85,7 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
       await adapter.shutdown();
 
       await eventually(() => spans().some((s) => s.name === 'invoke_agent implementor'), 10_000, 'the session span');
-      const trace = spans().filter((s) => s.traceId === TRACE_ID);
-      const root = trace.find((s) => s.name === 'invoke_agent implementor');
+      const { root, steps, chats, tools } = sessionTrace(collector, TRACE_ID, 'implementor');
       expect(root.parentSpanId).toBe(PARENT_ID);
       expect(root.attrs).toMatchObject({
         'cra.session.id': 'otel-session-1',
@@ -155,13 +98,11 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
       expect(root.attrs['cra.cost.usd']).toBeGreaterThan(0);
       expect(root.resource['service.name']).toBe('engine-under-test');
       // The lifecycle's steps, children of the session, one after another.
-      const steps = trace.filter((s) => s.parentSpanId === root.spanId && s.attrs['cra.step']).sort((a, b) => (a.start < b.start ? -1 : 1));
       expect(steps.map((s) => s.name)).toEqual(['provision', 'assemble', 'spawn', 'supervise', 'extract', 'clean']);
       for (let i = 1; i < steps.length; i++) expect(steps[i].start >= steps[i - 1].end).toBe(true);
       expect(steps[0].start >= root.start && steps.at(-1).end <= root.end).toBe(true);
       // One span per model request the fake API answered, with its usage.
       const sent = h.api.requests.filter((r) => r.path === '/v1/messages');
-      const chats = trace.filter((s) => s.attrs['gen_ai.operation.name'] === 'chat');
       expect(chats).toHaveLength(sent.length);
       for (const c of chats) {
         expect(c.parentSpanId).toBe(root.spanId);
@@ -171,7 +112,6 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
         expect(c.name).toBe(`chat ${c.attrs['gen_ai.response.model']}`);
       }
       // The tool calls: the two commands (the second blocked by the engine's validator) and the answer.
-      const tools = trace.filter((s) => s.attrs['gen_ai.operation.name'] === 'execute_tool');
       const byName = (n) => tools.filter((t) => t.attrs['gen_ai.tool.name'] === n);
       expect(byName('Bash')).toHaveLength(2);
       const [allowed, blocked] = byName('Bash').sort((a, b) => (a.start < b.start ? -1 : 1));
@@ -224,6 +164,12 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
       expect(total('cra.model.cost')).toBeGreaterThan(0);
       expect(total('cra.sandbox.denials', { 'cra.denial.kind': 'command' })).toBe(ran.denied);
       expect(collector.of('metrics').every((e) => e.headers.authorization === `Bearer ${TOKEN}`)).toBe(true);
+      // The failed session's span carries its code, with the status ERROR.
+      await eventually(() => spans().some((s) => s.attrs['error.type'] === 'ERR_EMPTY_PATCH'), 10_000, 'the failed session span');
+      const failedSpan = spans().find((s) => s.attrs['error.type'] === 'ERR_EMPTY_PATCH');
+      expect(failedSpan).toMatchObject({ name: 'invoke_agent implementor', attrs: { 'cra.outcome': 'error', 'cra.branch': 'otel-2' } });
+      expect(failedSpan.status.code).toBe(2);
+      expect(failedSpan.status.message).toContain('changed nothing');
     } finally {
       await h.cleanup();
     }

@@ -132,3 +132,72 @@ export const telemetryEnv = (collector, { protocol = 'http/protobuf', headers } 
   OTEL_LOGS_EXPORT_INTERVAL: '500',
   ...(headers ? { OTEL_EXPORTER_OTLP_HEADERS: headers } : {}),
 });
+
+// ---------------------------------------------------------------- reading what arrived
+
+/** A trace or span id (protobufjs decodes bytes to a Buffer) in hex. */
+const hex = (id) => (id ? Buffer.from(id).toString('hex') : '');
+/** Every span `collector` received, flattened: `{ name, traceId, spanId, parentSpanId, start, end, attrs }`. */
+export function spansOf(collector) {
+  const out = [];
+  for (const e of collector.of('traces')) {
+    for (const rs of e.decoded?.resourceSpans ?? []) {
+      const resource = attrsOf(rs.resource?.attributes);
+      for (const ss of rs.scopeSpans ?? []) {
+        for (const s of ss.spans ?? []) {
+          out.push({
+            name: s.name,
+            traceId: hex(s.traceId),
+            spanId: hex(s.spanId),
+            parentSpanId: hex(s.parentSpanId),
+            start: BigInt(s.startTimeUnixNano),
+            end: BigInt(s.endTimeUnixNano),
+            status: s.status ?? {},
+            attrs: attrsOf(s.attributes),
+            events: (s.events ?? []).map((ev) => ({ name: ev.name, attrs: attrsOf(ev.attributes) })),
+            resource,
+          });
+        }
+      }
+    }
+  }
+  return out;
+}
+function attrsOf(list) {
+  const value = (v) => v?.stringValue ?? (v?.intValue !== undefined ? Number(v.intValue) : v?.doubleValue ?? v?.boolValue);
+  return Object.fromEntries((list ?? []).map((a) => [a.key, value(a.value)]));
+}
+/** The latest cumulative data points of metric `name` that `collector` received, each `{ attrs, value }` (sums) or `{ attrs, count, sum }` (histograms). */
+export function metricPoints(collector, name) {
+  let latest = [];
+  for (const e of collector.of('metrics')) {
+    for (const rm of e.decoded?.resourceMetrics ?? []) {
+      for (const sm of rm.scopeMetrics ?? []) {
+        for (const m of sm.metrics ?? []) {
+          if (m.name !== name) continue;
+          const dps = m.sum?.dataPoints ?? m.histogram?.dataPoints ?? [];
+          latest = dps.map((p) => ({
+            attrs: attrsOf(p.attributes),
+            value: p.asInt !== undefined ? Number(p.asInt) : p.asDouble,
+            count: p.count !== undefined ? Number(p.count) : undefined,
+            sum: p.sum,
+          }));
+        }
+      }
+    }
+  }
+  return latest;
+}
+
+/**
+ * The adapter's trace `traceId` of a session of `role` (docs/telemetry.md), as `collector` has
+ * it: `{ root, steps, chats, tools }`; `steps` are the root's step spans by start time.
+ */
+export function sessionTrace(collector, traceId, role) {
+  const trace = spansOf(collector).filter((s) => s.traceId === traceId);
+  const root = trace.find((s) => s.name === `invoke_agent ${role}`);
+  if (!root) throw new Error(`no session span of ${role} in trace ${traceId}: ${JSON.stringify(trace.map((s) => s.name))}`);
+  const under = (op) => trace.filter((s) => s.attrs['gen_ai.operation.name'] === op);
+  const steps = trace.filter((s) => s.parentSpanId === root.spanId && s.attrs['cra.step']).sort((a, b) => (a.start < b.start ? -1 : 1));
+  return { root, steps, chats: under('chat'), tools: under('execute_tool') };
+}

@@ -931,7 +931,7 @@ impl Session {
         if let Some(e) = outcome.as_ref().err() {
             self.trace.record("error.type", e.code.as_str());
             self.trace.record("otel.status_code", "ERROR");
-            self.trace.record("otel.status_message", e.message.as_str());
+            self.trace.record("otel.status_description", e.message.as_str());
         }
         if let Some(spend) = &stats.spend {
             self.trace.record("cra.cost.usd", spend.usd);
@@ -1065,7 +1065,7 @@ fn session_span(host: &SessionHost, id: &str, params: &StartParams) -> tracing::
         "invoke_agent",
         otel.name = format!("invoke_agent {role}"),
         otel.status_code = tracing::field::Empty,
-        otel.status_message = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
         gen_ai.operation.name = "invoke_agent",
         gen_ai.agent.name = role,
         cra.session.id = id,
