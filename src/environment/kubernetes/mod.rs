@@ -39,7 +39,9 @@ use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
 use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
-use self::work::{send_repository, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE};
+use self::work::{
+    pack_repository, send_repository, Packed, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
+};
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
@@ -124,14 +126,37 @@ impl Backend for KubernetesBackend {
                     request.image = Some(image);
                 }
             }
-            let pod = cluster.create_pod(request, stop).await?;
-            let pod = Arc::new(pod);
-            let made = tokio::select! {
-                r = prepare(pod.clone(), req) => r,
-                () = stop.cancelled() => Err(AdapterError::new(
-                    ErrorCode::Cancelled,
-                    "the session was stopped while its pod was being prepared",
-                )),
+            // What needs no pod is made while the pod starts: the repository's pack and the
+            // session's gateway (relay, proxy, forwarder).
+            let default_branch = match &req.workspace {
+                Workspace::Checkout(p) => p.default_branch.clone(),
+                Workspace::View(v) => v.default_branch.clone(),
+            };
+            let early = async {
+                tokio::select! {
+                    r = async {
+                        tokio::try_join!(
+                            pack_repository(&req.repo_root, &default_branch),
+                            Gateway::start(
+                                req.sandbox.as_ref(),
+                                &req.env,
+                                req.egress.clone(),
+                                Some(&req.repo_root),
+                                req.api.clone(),
+                            ),
+                        )
+                    } => r,
+                    () = stop.cancelled() => Err(stopped()),
+                }
+            };
+            let (pod, early) = tokio::join!(cluster.create_pod(request, stop), early);
+            let pod = Arc::new(pod?);
+            let made = match early {
+                Ok((packed, gateway)) => tokio::select! {
+                    r = prepare(pod.clone(), req, packed, gateway) => r,
+                    () = stop.cancelled() => Err(stopped()),
+                },
+                Err(e) => Err(e),
             };
             match made {
                 Ok(env) => Ok(Box::new(env) as Box<dyn Environment>),
@@ -150,8 +175,21 @@ impl Backend for KubernetesBackend {
     }
 }
 
-/// Everything between a Running pod and a session ready for its CLI.
-async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment> {
+fn stopped() -> AdapterError {
+    AdapterError::new(
+        ErrorCode::Cancelled,
+        "the session was stopped while its pod was being prepared",
+    )
+}
+
+/// Everything between a Running pod and a session ready for its CLI, with what was made while
+/// it started.
+async fn prepare(
+    pod: Arc<Pod>,
+    req: EnvRequest,
+    packed: Packed,
+    gateway: Gateway,
+) -> Result<KubernetesEnvironment> {
     let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
     let exec = pod.exec(&mux).await?;
     // The stream lives as long as its status future: held by a task that also drains the pod
@@ -184,14 +222,6 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         &[],
         STEP_TIMEOUT,
         "/",
-    )
-    .await?;
-    let gateway = Gateway::start(
-        req.sandbox.as_ref(),
-        &req.env,
-        req.egress.clone(),
-        Some(&req.repo_root),
-        req.api.clone(),
     )
     .await?;
     for (name, engine_side) in gateway.sockets() {
@@ -261,7 +291,8 @@ async fn prepare(pod: Arc<Pod>, req: EnvRequest) -> Result<KubernetesEnvironment
         Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
         Workspace::View(v) => (v.default_branch.clone(), None),
     };
-    let base = send_repository(&step, &req.repo_root, &default_branch).await?;
+    let base = send_repository(&step, &packed, &default_branch).await?;
+    drop(packed);
     let history = history::HistoryServer::start(&req.repo_root, &default_branch, &base).await?;
     shell
         .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())

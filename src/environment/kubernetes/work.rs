@@ -41,14 +41,17 @@ $G update-ref refs/cra/final "$c"
 $G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
 "#;
 
-/// The repository goes in: the commit `default_branch` names, packed alone (its tree, no
-/// history: [`history`]) and streamed into the pod, checked out at [`WORKDIR`] shallow at it,
-/// with `origin` the session's history server. Returns the base commit.
-pub(super) async fn send_repository(
-    step: &Steps<'_>,
-    repo_root: &Path,
-    default_branch: &str,
-) -> Result<String> {
+/// The commit `default_branch` names, packed alone (its tree, no history: [`history`]) into a
+/// scratch file of the engine's: made while the session's pod starts ([`pack_repository`]), sent
+/// once it runs ([`send_repository`]).
+pub(super) struct Packed {
+    /// The commit.
+    pub base: String,
+    file: std::path::PathBuf,
+    _dir: ScratchDir,
+}
+
+pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> Result<Packed> {
     let base = run_git(
         repo_root,
         &[
@@ -63,16 +66,62 @@ pub(super) async fn send_repository(
     let objects = run_git(repo_root, &["rev-list", "--objects", "--no-walk", &base])
         .await
         .map_err(|e| provision_error(format!("cannot list the tree of {base}")).with_cause(e))?;
+    let dir = ScratchDir::create("pack").map_err(|e| {
+        provision_error("cannot make a scratch directory for the pack").with_cause(e)
+    })?;
+    let file = dir.path().join("tree.pack");
+    let out = std::fs::File::create(&file)
+        .map_err(|e| provision_error("cannot write the pack").with_cause(e))?;
     let mut pack = git_command(repo_root, &["pack-objects", "--stdout", "-q"])
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
+        .stdout(out)
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| provision_error("cannot run git pack-objects").with_cause(e))?;
-    let (Some(mut pack_in), Some(mut pack_out)) = (pack.stdin.take(), pack.stdout.take()) else {
+    let (Some(mut list), Some(mut stderr)) = (pack.stdin.take(), pack.stderr.take()) else {
         return Err(provision_error("git pack-objects has no stdio"));
     };
+    let limit = STEP_TIMEOUT * 10;
+    let packed = tokio::time::timeout(limit, async {
+        // Moved in, so that the pipe closes (EOF: pack-objects starts) once the list is in.
+        let write = async move { list.write_all(&objects.stdout).await };
+        let mut said = String::new();
+        let mut diagnostics = (&mut stderr).take(MAX_STEP_OUTPUT as u64);
+        let read = diagnostics.read_to_string(&mut said);
+        let (written, _) = tokio::join!(write, read);
+        (written, pack.wait().await, said)
+    })
+    .await;
+    match packed {
+        Ok((Ok(()), Ok(status), _)) if status.success() => Ok(Packed {
+            base,
+            file,
+            _dir: dir,
+        }),
+        Ok((written, status, said)) => Err(provision_error(format!(
+            "cannot pack {default_branch} for the session's pod (git pack-objects {status:?}, \
+             its input {written:?}): {}",
+            said.trim()
+        ))),
+        Err(_) => Err(provision_error(format!(
+            "cannot pack {default_branch} for the session's pod: not within {}s",
+            limit.as_secs()
+        ))),
+    }
+}
+
+/// The repository goes in: `packed` streamed into the pod and checked out at [`WORKDIR`],
+/// shallow at its commit, with `origin` the session's history server. Returns the commit.
+pub(super) async fn send_repository(
+    step: &Steps<'_>,
+    packed: &Packed,
+    default_branch: &str,
+) -> Result<String> {
+    let base = &packed.base;
+    let mut pack = tokio::fs::File::open(&packed.file)
+        .await
+        .map_err(|e| provision_error("cannot read the pack").with_cause(e))?;
     let branch = sh_quote(default_branch);
     // The pack goes straight into index-pack; the checkout is shallow at the commit, and the
     // marker says its history can be fetched ([`history`]; image/git-history).
@@ -95,35 +144,26 @@ pub(super) async fn send_repository(
     let mut stderr = receiver.stderr;
     let limit = STEP_TIMEOUT * 10;
     let sent = tokio::time::timeout(limit, async {
-        // Moved in, so that the pipe closes (EOF: pack-objects starts) once the list is in.
-        let list = async move { pack_in.write_all(&objects.stdout).await };
         let copy = async {
-            tokio::io::copy(&mut pack_out, &mut stdin).await?;
+            tokio::io::copy(&mut pack, &mut stdin).await?;
             stdin.shutdown().await
         };
         let mut said = Vec::new();
         let mut diagnostics = (&mut stderr).take(MAX_STEP_OUTPUT as u64);
-        let (l, c, _) = tokio::join!(list, copy, diagnostics.read_to_end(&mut said));
-        (l.and(c), said)
+        let (c, _) = tokio::join!(copy, diagnostics.read_to_end(&mut said));
+        (c, said)
     })
     .await;
-    let packed = pack.wait().await;
     let received = tokio::time::timeout(STEP_TIMEOUT, control.wait()).await;
-    match (sent, packed, received) {
-        (Ok((Ok(()), _)), Ok(p), Ok(Some(r))) if p.success() && r.success() => Ok(base),
-        (sent, p, r) => {
-            let mut err = String::new();
-            if let Some(mut e) = pack.stderr.take() {
-                let _ = e.read_to_string(&mut err).await;
-            }
+    match (sent, received) {
+        (Ok((Ok(()), _)), Ok(Some(r))) if r.success() => Ok(base.clone()),
+        (sent, r) => {
             let said = match &sent {
                 Ok((_, said)) => String::from_utf8_lossy(said).trim().to_string(),
                 Err(_) => format!("not within {}s", limit.as_secs()),
             };
             Err(provision_error(format!(
-                "cannot send {default_branch} to the session's pod (git pack-objects {p:?}, \
-                 the pod's checkout {r:?}): {} {said}",
-                err.trim()
+                "cannot send {default_branch} to the session's pod (the pod's checkout {r:?}): {said}"
             )))
         }
     }
