@@ -1,8 +1,8 @@
 // One side of bench/otel.mjs, in a process of its own (the exporter is the process's):
-// `node otel-worker.mjs '<json options>'` with `{ apiUrl, n }`; the OTEL_* variables, or none,
-// come from the parent. Runs one warm-up and n sandboxed Planner sessions (one Bash call, then
-// the answer) one after the other, and prints `@@RESULT <json>`: start → handle and start →
-// result per session, and the process's threads of the exporter.
+// `node otel-worker.mjs '<json options>'` with `{ apiUrl }`; the OTEL_* variables, or none,
+// come from the parent. For each line `run` on stdin it runs one sandboxed Planner session (one
+// Bash call, then the answer) and prints `@@SESSION {handle, result}` (ms from startAgent);
+// on `end`, `@@RESULT {threads}` (the process's threads of the exporter), then it exits.
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -44,23 +44,29 @@ const exporterThreads = () =>
     })
     .filter((name) => /OpenTelemetry|otel/i.test(name));
 
-const handle = [];
-const result = [];
+let lines = '';
+process.stdin.setEncoding('utf8');
 try {
-  for (let i = 0; i <= opts.n; i++) {
-    const t0 = performance.now();
-    const h = await adapter.startAgent({ role: 'planner', specPaths: [] });
-    const t1 = performance.now();
-    await h.result;
-    const t2 = performance.now();
-    if (i > 0) {
-      handle.push(t1 - t0);
-      result.push(t2 - t0);
+  for await (const chunk of process.stdin) {
+    lines += chunk;
+    let nl;
+    while ((nl = lines.indexOf('\n')) >= 0) {
+      const command = lines.slice(0, nl).trim();
+      lines = lines.slice(nl + 1);
+      if (command === 'run') {
+        const t0 = performance.now();
+        const h = await adapter.startAgent({ role: 'planner', specPaths: [] });
+        const t1 = performance.now();
+        await h.result;
+        console.log(`@@SESSION ${JSON.stringify({ handle: t1 - t0, result: performance.now() - t0 })}`);
+      } else if (command === 'end') {
+        const threads = exporterThreads();
+        await adapter.shutdown();
+        console.log(`@@RESULT ${JSON.stringify({ threads })}`);
+        process.stdin.destroy();
+      }
     }
   }
-  const threads = exporterThreads();
-  await adapter.shutdown();
-  console.log(`@@RESULT ${JSON.stringify({ handle, result, threads })}`);
 } finally {
   repo.cleanup();
   rmSync(scratch, { recursive: true, force: true });
