@@ -156,9 +156,9 @@ impl Adapter {
     pub async fn shutdown(&self, grace: Duration) {
         self.shut_down.cancel();
         self.host.registry.stop_all(grace).await;
-        // The bases kept for later sessions on the tip (git/base.rs): nobody will start one.
+        // The tip's bases stay for the next process (git/base.rs); the others go.
         RepoGit::for_repo(&self.host.config.repo_root)
-            .release_unused_bases()
+            .keep_tip_bases()
             .await;
     }
 
