@@ -152,14 +152,17 @@ impl Adapter {
     }
 
     /// Later starts are refused; running sessions get up to `grace` to finish, then are
-    /// cancelled; resolves once each one has settled and been cleaned up.
-    pub async fn shutdown(&self, grace: Duration) {
+    /// cancelled; resolves once each one has settled and been cleaned up. The unused bases go,
+    /// but, with `keep_bases`, the tip's: they stay for the next process (git/base.rs).
+    pub async fn shutdown(&self, grace: Duration, keep_bases: bool) {
         self.shut_down.cancel();
         self.host.registry.stop_all(grace).await;
-        // The tip's bases stay for the next process (git/base.rs); the others go.
-        RepoGit::for_repo(&self.host.config.repo_root)
-            .keep_tip_bases()
-            .await;
+        let repo = RepoGit::for_repo(&self.host.config.repo_root);
+        if keep_bases {
+            repo.keep_tip_bases().await;
+        } else {
+            repo.release_unused_bases().await;
+        }
     }
 
     pub async fn start_agent(
