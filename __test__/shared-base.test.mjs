@@ -165,7 +165,7 @@ describe('one base per commit, made once', () => {
     }
     // The setup ran once, on the host, as it always has: what it wrote outside is its own.
     expect(readFileSync(join(root, '.worktrees', 'setup-beside.txt'), 'utf8')).toBe('beside\n');
-    await adapter.shutdown();
+    await adapter.shutdown({ keepBases: false });
     // The adapter removes only what it made: the setup's stray file is left to its owner.
     expect(readdirSync(join(root, '.worktrees'))).toEqual(['setup-beside.txt']);
   });
