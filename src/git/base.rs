@@ -228,8 +228,13 @@ async fn release(base: Arc<Base>) -> Result<()> {
 /// because its work could not be read, or being swept): then it is left to the sweep, which
 /// removes it after that layer.
 async fn retire(base: Base) -> Result<()> {
-    if base.checkout.repo.layers_on(&base.path).await {
+    let repo = &base.checkout.repo;
+    if repo.layers_on(&base.path).await {
         return Ok(());
+    }
+    // Unmarked first: a removal cut short by a crash leaves a base no process adopts.
+    if let Ok(admin) = repo.record_dir(&base.path).await {
+        let _ = std::fs::remove_file(admin.join(KEPT_FILE));
     }
     base.checkout.remove().await
 }
@@ -462,10 +467,10 @@ impl RepoGit {
         None
     }
 
-    /// Whether the base at `path` is what its record says: there, its HEAD at `commit`, and
-    /// its snapshot's tree readable.
+    /// Whether the base at `path` is what its record says: there with its index, its HEAD at
+    /// `commit`, and its snapshot's tree readable.
     async fn checks_out(&self, path: &Path, commit: &str, snapshot: Option<&Snapshot>) -> bool {
-        if !path.join(".git").is_dir() {
+        if !path.join(".git/index").is_file() {
             return false;
         }
         let head = run_git(path, &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"]).await;
