@@ -765,3 +765,46 @@ pub(crate) async fn claim_kept(admin: &Path, me: &Owner) -> bool {
     .await
     .unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record dir whose base is kept (or not) by `owner`.
+    fn record_dir(owner: &Owner, kept: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        write_owner(owner, dir.path()).unwrap();
+        if kept {
+            std::fs::write(dir.path().join(KEPT_FILE), b"").unwrap();
+        }
+        dir
+    }
+
+    fn owner_of(dir: &Path) -> Option<Owner> {
+        Owner::parse(&std::fs::read_to_string(dir.join("locked")).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_kept_base_of_a_gone_process_is_claimed_once_and_becomes_the_claimers() {
+        let gone = Owner::on_this_host(std::process::id(), 1);
+        let dir = record_dir(&gone, true);
+        let me = Owner::current();
+        let (a, b) = tokio::join!(claim_kept(dir.path(), &me), claim_kept(dir.path(), &me));
+        assert!(a ^ b, "exactly one claim wins: {a} {b}");
+        assert_eq!(owner_of(dir.path()), Some(me));
+        assert!(!dir.path().join(KEPT_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_base_kept_by_a_live_process_or_not_kept_is_not_claimed() {
+        let me = Owner::current();
+        let live = Owner::of_pid(1).expect("pid 1 runs");
+        let kept_by_live = record_dir(&live, true);
+        assert!(!claim_kept(kept_by_live.path(), &me).await);
+        assert_eq!(owner_of(kept_by_live.path()), Some(live));
+        assert!(kept_by_live.path().join(KEPT_FILE).exists());
+
+        let unkept = record_dir(&Owner::on_this_host(std::process::id(), 1), false);
+        assert!(!claim_kept(unkept.path(), &me).await);
+    }
+}
