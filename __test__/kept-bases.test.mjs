@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario } from './support/fake-api.mjs';
 import { engineProcess, engineSessions } from './support/engine-process.mjs';
-import { basesOf, engineState, logEntry, setup, SHARED_BASE, SWEPT } from './support/harness.mjs';
+import { basesOf, engineState, logEntry, rejection, setup, SHARED_BASE, SWEPT } from './support/harness.mjs';
 import { ROLES } from './support/roles.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString();
@@ -181,5 +181,20 @@ describe.runIf(SHARED_BASE)("a restarted engine adopts the tip's bases", () => {
     expect(fingerprint(root, theirs)).toBe(before);
     await adapter.shutdown();
     expect(basesOf(root)).toContain(theirs);
+  });
+});
+
+describe('shutdown({ keepBases })', () => {
+  it('a keepBases that is not a boolean is refused by name, and the adapter is not shut down', async () => {
+    h = await setup({ state: engineState({ workItems: items }), bodies: { 1: 'Body' } });
+    h.api.setScript(script);
+    const adapter = h.adapter();
+    const err = await rejection(Promise.resolve().then(() => adapter.shutdown({ keepBases: 'no' })));
+    expect(err.code).toBe('ERR_INVALID_PARAMS');
+    expect(err.message).toContain('options.keepBases must be a boolean');
+    const impl = await (await adapter.startAgent(implementor('wi-1'))).result;
+    expect(impl.patch).toContain('+++ b/work.txt');
+    await adapter.shutdown({ keepBases: false });
+    expect(basesOf(h.repo.root)).toEqual([]);
   });
 });
