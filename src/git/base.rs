@@ -495,7 +495,7 @@ impl RepoGit {
         }
     }
 
-    /// Removes every unused base of this repository (`shutdown()`).
+    /// Removes every unused base of this repository (`shutdown({ keepBases: false })`).
     pub async fn release_unused_bases(&self) {
         let mine: Vec<Arc<Slot>> = lock_std(slots())
             .iter()
