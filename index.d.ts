@@ -287,9 +287,12 @@ export declare class RuntimeAdapter {
   sessions(): Array<SessionInfo>
   /**
    * Lets sessions finish for up to `graceMs` (default 0), cancels the rest; resolves when
-   * each has settled and been cleaned up. Later starts reject `ERR_CANCELLED`.
+   * each has settled and been cleaned up. Later starts reject `ERR_CANCELLED`. The checkouts
+   * of the default branch's tip (one per kind) stay for the next adapter, which adopts them
+   * instead of checking out again; `keepBases: false` removes them too (an engine going
+   * away for good).
    */
-  shutdown(options?: { graceMs?: number }): Promise<void>
+  shutdown(options?: { graceMs?: number; keepBases?: boolean }): Promise<void>
   /** The enriched prompt `startAgent` would send for these params; provisions and runs nothing. */
   previewPrompt(params: AgentStartParams): Promise<string>
 }

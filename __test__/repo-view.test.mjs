@@ -68,11 +68,12 @@ const cwdSeen = (body) => toolResults(body)[0].text.trim();
 
 /**
  * What the adapter keeps in the repository for a session once it is over: the view of the tip,
- * for the next session (src/git/base.rs), until `shutdown()`; then nothing.
+ * for the next session (src/git/base.rs), until `shutdown({ keepBases: false })`; then nothing
+ * (the default keeps it for the next process: kept-bases.test.mjs).
  */
 async function leftovers(adapter, root, kept = 1) {
   expect(basesOf(root)).toHaveLength(kept);
-  await adapter.shutdown();
+  await adapter.shutdown({ keepBases: false });
   return {
     worktrees: readdirSync(join(root, '.worktrees')).sort(),
     records: existsSync(join(root, '.git/claude-runtime-adapter')),

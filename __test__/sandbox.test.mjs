@@ -115,9 +115,10 @@ describe('Implementor: its clone is its whole writable world', () => {
     const applied = applyOnBase(root, base, result.patch);
     expect(readFileSync(join(applied, 's.txt'), 'utf8')).toBe('stashed\n');
     expect(readFileSync(join(applied, 'README.md'), 'utf8')).toBe('# temp repo\nedit\n');
-    // The base stays for the next session on the tip until shutdown() (src/git/base.rs).
+    // The base stays for the next session on the tip until shutdown({ keepBases: false })
+    // (src/git/base.rs; the default keeps it for the next process).
     expect(basesOf(root)).toHaveLength(SHARED_BASE ? 1 : 0);
-    await adapter.shutdown();
+    await adapter.shutdown({ keepBases: false });
     expect(gitSnapshot(root)).toEqual(before);
     expect(branches(root)).toEqual(['main']);
     expect(existsSync(join(root, '.worktrees', 'wi-1'))).toBe(false);
@@ -162,7 +163,7 @@ describe('Implementor: its clone is its whole writable world', () => {
     expect(out[6]).toBe('inside');
     expect(existsSync(beside) || existsSync(join(other, 'planted'))).toBe(false);
     expect(readFileSync(join(root, 'README.md'), 'utf8')).toBe('# temp repo\n');
-    await adapter.shutdown(); // the base kept for the next session on the tip goes
+    await adapter.shutdown({ keepBases: false }); // the base kept for the next session on the tip goes
     expect(gitSnapshot(root)).toEqual(before);
     expect(git(root, 'rev-parse', 'main').trim()).toBe(base);
     expect(result.patch).toContain('+++ b/inside.txt');
@@ -592,10 +593,10 @@ describe('the sandbox leaves nothing in the engine repository', () => {
     expect(impl.out[0]).toBe('ok');
     await run('planner', ['git status --porcelain; ls -a'], { adapter });
     await run('reviewer', ['git log --oneline -1'], { adapter });
-    // Kept for the next sessions on the tip until shutdown() (src/git/base.rs): the
-    // Implementors' base (layered) and the Planner's and Reviewer's view.
+    // Kept for the next sessions on the tip until shutdown({ keepBases: false })
+    // (src/git/base.rs): the Implementors' base (layered) and the Planner's and Reviewer's view.
     expect(basesOf(root)).toHaveLength(SHARED_BASE ? 2 : 1);
-    await adapter.shutdown();
+    await adapter.shutdown({ keepBases: false });
     expect(gitSnapshot(root)).toEqual(before);
     expect(branches(root)).toEqual(['main']);
   });

@@ -84,7 +84,7 @@ describe('one base per commit, made once', () => {
     expect(second).toHaveLength(1);
     expect(second).not.toEqual(first);
     expect(readdirSync(join(root, '.worktrees'))).toEqual(second);
-    await adapter.shutdown();
+    await adapter.shutdown({ keepBases: false });
     expect(existsSync(join(root, '.worktrees')) ? readdirSync(join(root, '.worktrees')) : []).toEqual([]);
     expect(existsSync(join(root, '.git/claude-runtime-adapter'))).toBe(false);
     expect(git(root, 'branch', '--format=%(refname:short)').trim()).toBe('main');
@@ -114,8 +114,12 @@ describe('one base per commit, made once', () => {
     expect(both).toEqual(expect.arrayContaining(old));
     adapter.cancelAgent(a.sessionID);
     expect((await rejection(a.result)).code).toBe('ERR_CANCELLED');
-    expect(basesOf(root)).toEqual(both.filter((n) => !old.includes(n)));
+    const tip = both.filter((n) => !old.includes(n));
+    expect(basesOf(root)).toEqual(tip);
+    // The tip's base stays for the next process (kept-bases.test.mjs); asked, it goes too.
     await adapter.shutdown();
+    expect(basesOf(root)).toEqual(tip);
+    await h.adapter().shutdown({ keepBases: false });
     expect(basesOf(root)).toEqual([]);
   });
 
@@ -161,7 +165,7 @@ describe('one base per commit, made once', () => {
     }
     // The setup ran once, on the host, as it always has: what it wrote outside is its own.
     expect(readFileSync(join(root, '.worktrees', 'setup-beside.txt'), 'utf8')).toBe('beside\n');
-    await adapter.shutdown();
+    await adapter.shutdown({ keepBases: false });
     // The adapter removes only what it made: the setup's stray file is left to its owner.
     expect(readdirSync(join(root, '.worktrees'))).toEqual(['setup-beside.txt']);
   });
@@ -185,7 +189,7 @@ describe('Planners and Reviewers read the base itself', () => {
     expect(bases).toHaveLength(1);
     for (const out of seen) expect(out).toBe(`${join(root, '.worktrees', bases[0])}\ninitial commit`);
     await adapter.shutdown();
-    expect(basesOf(root)).toEqual([]);
+    expect(basesOf(root)).toEqual(bases);
   });
 });
 

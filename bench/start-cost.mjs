@@ -20,6 +20,9 @@
 //                  first on a new commit (an empty commit on main just before: no base exists)
 //                  and later on the same commit (base made); `sharedBase: false` Implementor
 //                  (a full clone each). n of each, interleaved, after one warm-up session.
+//                  Then n restarts (issue 37): on a new tip, an engine process makes the base
+//                  and shuts down; each of n new processes creates an adapter and starts an
+//                  Implementor at once (it adopts the kept base). Target: ≤ later + 0.2 s.
 //                  Targets: later ≤ 1.0 s on the synthetic tree; first ≤ 1.1 × (`git worktree
 //                  add` + the fixture's fixed cost).
 //   3. setup       the synthetic tree with a package.json + package-lock.json (jest + eslint,
@@ -234,6 +237,45 @@ function worktreeAdd(root, then) {
   return { addMs, removeMs, ...extra };
 }
 
+/**
+ * An engine restarted on `root` (issue 37): a new Node process creates an adapter and starts one
+ * Implementor at once; its start → handle, and whether it adopted the base the previous process
+ * kept. The process then shuts down (keeping the tip's base for the next) and exits.
+ */
+async function restartedSession(root) {
+  checkAborted();
+  const tag = `s${++seq}`;
+  api.setScript((body) => (assistantTurns(body) === 0 ? reply(bash(`echo ${tag} > bench-${tag}.txt`)) : reply(DONE.implementor)));
+  const config = { repoRoot: root, defaultBranch: 'main', contextPaths: [], maxAgentDuration: 0, logging: { agentSessions: false, logsDir: '' }, env, worktreeSetupCommand: null, sandbox: {} };
+  const out = await new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['-e', `
+      const addon = require(${JSON.stringify(join(ROOT, 'index.js'))});
+      const { performance } = require('node:perf_hooks');
+      const said = [];
+      const at = (message) => said.push(message);
+      const adapter = addon.createClaudeAdapter({ ...${JSON.stringify(config)}, bashValidatorHook: addon.createBashValidatorHook(),
+        logger: { debug: at, info: at, warn: at, error: at } }, {
+        workItemReader: { getWorkItemBody: async () => 'Work item 1.' }, revisionReader: { getRevisionFiles: async () => [] },
+        getState: () => ({ workItems: { 1: { id: '1', title: 'Item 1', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
+        getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
+      (async () => {
+        const t0 = performance.now();
+        const handle = await adapter.startAgent({ role: 'implementor', workItemID: '1', branchName: 'bench-${tag}' });
+        const handleMs = performance.now() - t0;
+        const result = await handle.result;
+        await adapter.shutdown();
+        console.log(JSON.stringify({ handleMs, outcome: result.outcome, adopted: said.includes('adopted the base a previous process kept for the tip') }));
+        process.exit(0);
+      })().catch((e) => { console.error(e); process.exit(1); });
+    `], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let text = '';
+    child.stdout.on('data', (d) => (text += d));
+    child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(text)) : reject(new Error(`restarted engine exited ${code}`))));
+  });
+  if (out.outcome !== 'completed') throw new Error(`restarted session failed: ${JSON.stringify(out)}`);
+  return out;
+}
+
 /** Every start → handle figure of one repository (section 2). */
 async function measureRepo(name, root) {
   const out = { wtAdd: [], wtRemove: [], implFirst: [], implLater: [], planFirst: [], planLater: [], fullClone: [] };
@@ -256,7 +298,15 @@ async function measureRepo(name, root) {
     }
     out.warnings = a.warnings();
   } finally {
-    await a.shutdown();
+    await a.shutdown({ keepBases: false });
+  }
+  // Restarts on a new tip: the first engine makes its base, each next one adopts it.
+  newCommit(root, 'restarts');
+  out.restartMakes = await restartedSession(root);
+  out.restarted = [];
+  for (let i = 0; i < N; i++) {
+    out.restarted.push(await restartedSession(root));
+    say(`${name}: restarted engine ${i + 1}/${N} (first Implementor ${fmtMs(out.restarted.at(-1).handleMs)}, adopted: ${out.restarted.at(-1).adopted})`);
   }
   const b = adapterOn(root, { sharedBase: false });
   try {
@@ -556,6 +606,11 @@ for (const [name, r] of Object.entries(results.repos)) {
   rows.push([`  Planner first (new commit)`, fmtMs(pF), raw(r.planFirst), 'worktree add + fixed', fmtMs(peerFirstPlan), ratio(pF, peerFirstPlan), '']);
   rows.push([`  Planner later (same commit)`, fmtMs(pL), raw(r.planLater), 'worktree add + fixed', fmtMs(peerFirstPlan), ratio(pL, peerFirstPlan), big ? `≤ ${LATER_TARGET_MS} ms: ${verdict(pL <= LATER_TARGET_MS)}` : '']);
   rows.push([`  sharedBase: false Implementor`, fmtMs(fc), raw(r.fullClone), 'Implementor first', fmtMs(iF), ratio(fc, iF), '']);
+  if (r.restarted) {
+    const rs = med(hs(r.restarted));
+    const adopted = r.restarted.filter((x) => x.adopted).length;
+    rows.push([`  restarted engine, first Implementor (same tip; adopted ${adopted}/${r.restarted.length})`, fmtMs(rs), raw(r.restarted), 'Implementor later', fmtMs(iL), ratio(rs, iL), `≤ later + 200 ms: ${verdict(rs <= iL + 200)}`]);
+  }
 }
 if (rows.length) {
   console.log('\n2. start → handle, median of n (raw values in ms, in run order)');

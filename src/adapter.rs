@@ -166,14 +166,17 @@ impl Adapter {
     }
 
     /// Later starts are refused; running sessions get up to `grace` to finish, then are
-    /// cancelled; resolves once each one has settled and been cleaned up.
-    pub async fn shutdown(&self, grace: Duration) {
+    /// cancelled; resolves once each one has settled and been cleaned up. The unused bases go,
+    /// but, with `keep_bases`, the tip's: they stay for the next process (git/base.rs).
+    pub async fn shutdown(&self, grace: Duration, keep_bases: bool) {
         self.shut_down.cancel();
         self.host.registry.stop_all(grace).await;
-        // The bases kept for later sessions on the tip (git/base.rs): nobody will start one.
-        RepoGit::for_repo(&self.host.config.repo_root)
-            .release_unused_bases()
-            .await;
+        let repo = RepoGit::for_repo(&self.host.config.repo_root);
+        if keep_bases {
+            repo.keep_tip_bases().await;
+        } else {
+            repo.release_unused_bases().await;
+        }
         // What the sessions' spans and the metrics hold yet goes to the collector now.
         let flushed = tokio::task::spawn_blocking(otel::flush);
         if tokio::time::timeout(otel::FLUSH_BOUND, flushed)

@@ -1212,3 +1212,35 @@ async fn nobody_sweeps_an_unremovable_checkout_twice() {
     assert!(!path.exists());
     assert_eq!(clone_records(&root), 0);
 }
+
+/// The snapshot a checkout's patch is measured from is the commit's tree only where git wrote
+/// the files unchanged (no setup, no hook, no attributes: `prepare.rs`). Here an attribute
+/// added after a file was committed with CRLF makes `git add` store it otherwise: taken for
+/// the commit's tree, the snapshot would put that file in every patch.
+#[tokio::test]
+async fn a_file_git_would_stage_otherwise_than_its_commit_is_not_in_the_patch() {
+    let (_t, root) = repo();
+    std::fs::write(root.join("legacy.dat"), "x\r\ny\r\n").unwrap();
+    git(&root, &["add", "legacy.dat"]);
+    git(&root, &["commit", "-q", "-m", "legacy, with CRLF"]);
+    std::fs::write(
+        root.join(".gitattributes"),
+        "*.txt text eol=crlf\n*.dat text\n",
+    )
+    .unwrap();
+    git(&root, &["add", ".gitattributes"]);
+    git(&root, &["commit", "-q", "-m", "*.dat is text"]);
+    let rg = RepoGit::for_repo(&root);
+    let wt = provision(&rg, "attrs", None).await.unwrap();
+    assert_eq!(
+        std::fs::read(wt.path.join("legacy.dat")).unwrap(),
+        b"x\r\ny\r\n"
+    );
+    std::fs::write(wt.path.join("README.md"), "changed\n").unwrap();
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(
+        patch.contains("+++ b/README.md") && !patch.contains("legacy.dat"),
+        "{patch}"
+    );
+    wt.cleanup().await.unwrap();
+}

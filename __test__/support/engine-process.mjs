@@ -29,3 +29,52 @@ export async function engineProcess(h, params, engines) {
   });
   return { engine, log };
 }
+
+/**
+ * Runs an engine in a child Node process the way a restarted engine's previous process ran:
+ * an adapter from harness `h`'s config (its logger's entries are printed back), `sessions`
+ * started one after the other, each awaited to its result, then `adapter.shutdown()`. With
+ * `exit` (default) the process then exits on its own; else it stays alive (until killed) and
+ * the promise resolves once shutdown is done. Resolves with `{ engine, results, logs }`:
+ * each result `{ ok, code? }`, the child's log entries `{ level, message, data }`.
+ */
+export async function engineSessions(h, sessions, engines, { state, bodies = {}, exit = true } = {}) {
+  const engine = spawn(process.execPath, ['-e', `
+    const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
+    const logs = [];
+    const at = (level) => (message, data) => logs.push({ level, message, data });
+    const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
+      bashValidatorHook: async () => ({ decision: 'approve' }), logger: { debug: at('debug'), info: at('info'), error: at('error'), warn: at('warn') } };
+    const bodies = ${JSON.stringify(bodies)};
+    const adapter = createClaudeAdapter(config, {
+      workItemReader: { getWorkItemBody: async (id) => bodies[id] ?? 'x' }, revisionReader: { getRevisionFiles: async () => [] },
+      getState: () => (${JSON.stringify(state ?? { workItems: {}, revisions: {}, lastPlannedSHAs: {} })}),
+      getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
+    (async () => {
+      const results = [];
+      for (const params of ${JSON.stringify(sessions)}) {
+        try {
+          await (await adapter.startAgent(params)).result;
+          results.push({ ok: true });
+        } catch (e) {
+          results.push({ ok: false, code: e.code, message: e.message });
+        }
+      }
+      await adapter.shutdown();
+      console.log(JSON.stringify({ results, logs }));
+      if (${JSON.stringify(exit)}) process.exit(0);
+      setInterval(() => {}, 1000);
+    })();
+  `], { stdio: ['ignore', 'pipe', 'inherit'] });
+  engines.push(engine);
+  let out = '';
+  const done = await new Promise((resolve, reject) => {
+    engine.stdout.on('data', (d) => {
+      out += d.toString();
+      if (out.endsWith('\n')) resolve(JSON.parse(out));
+    });
+    engine.on('exit', (code) => reject(new Error(`engine exited ${code} before it said it was done`)));
+  });
+  if (exit) await new Promise((r) => (engine.exitCode !== null ? r() : engine.on('exit', r)));
+  return { engine, ...done };
+}

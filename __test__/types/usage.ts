@@ -252,6 +252,7 @@ class MiniEngine {
     for (const id of this.runs.keys()) this.adapter.cancelAgent(id);
     await this.adapter.shutdown({ graceMs: 5000 });
     await this.adapter.shutdown({});
+    await this.adapter.shutdown({ graceMs: 0, keepBases: false });
   }
 }
 

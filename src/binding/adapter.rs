@@ -261,15 +261,32 @@ fn parse_params(params: &Unknown) -> CoreResult<(StartParams, StartOptions)> {
     })
 }
 
-/// `shutdown({ graceMs })`: absent = 0 (immediate); else milliseconds in range. Read from the
-/// JS value itself so NaN and Infinity are refused by name.
-fn grace_period(env: &Env, options: Option<&Unknown>) -> Result<Duration> {
+/// `shutdown({ graceMs, keepBases })`: the grace period and whether the tip's bases stay for
+/// the next process (absent: true; else a boolean).
+fn shutdown_options(env: &Env, options: Option<&Unknown>) -> Result<(Duration, bool)> {
     let Some(options) = options.filter(|o| o.get_type().is_ok_and(|t| t == ValueType::Object))
     else {
-        return Ok(Duration::ZERO);
+        return Ok((Duration::ZERO, true));
     };
     // SAFETY: checked to be an object above.
     let obj = unsafe { options.cast::<Object>() }?;
+    let keep = match obj.get::<Unknown>("keepBases")? {
+        None => true,
+        Some(v) if v.get_type()? == ValueType::Undefined => true,
+        Some(v) if v.get_type()? == ValueType::Boolean => v.coerce_to_bool()?,
+        Some(_) => {
+            return Err(invalid(
+                env,
+                "options.keepBases must be a boolean".to_string(),
+            ))
+        }
+    };
+    Ok((grace_period(env, &obj)?, keep))
+}
+
+/// `graceMs`: absent = 0 (immediate); else milliseconds in range. Read from the JS value itself
+/// so NaN and Infinity are refused by name.
+fn grace_period(env: &Env, obj: &Object) -> Result<Duration> {
     let ms = match obj.get::<Unknown>("graceMs")? {
         None => return Ok(Duration::ZERO),
         Some(v) if v.get_type()? == ValueType::Undefined => return Ok(Duration::ZERO),
@@ -371,9 +388,12 @@ impl RuntimeAdapter {
     }
 
     /// Lets sessions finish for up to `graceMs` (default 0), cancels the rest; resolves when
-    /// each has settled and been cleaned up. Later starts reject `ERR_CANCELLED`.
+    /// each has settled and been cleaned up. Later starts reject `ERR_CANCELLED`. The checkouts
+    /// of the default branch's tip (one per kind) stay for the next adapter, which adopts them
+    /// instead of checking out again; `keepBases: false` removes them too (an engine going
+    /// away for good).
     #[napi(
-        ts_args_type = "options?: { graceMs?: number }",
+        ts_args_type = "options?: { graceMs?: number; keepBases?: boolean }",
         ts_return_type = "Promise<void>"
     )]
     pub fn shutdown<'env>(
@@ -382,12 +402,12 @@ impl RuntimeAdapter {
         options: Option<Unknown<'env>>,
     ) -> Result<PromiseRaw<'env, ()>> {
         guard(env, "shutdown", || {
-            let grace = grace_period(env, options.as_ref())?;
+            let (grace, keep_bases) = shutdown_options(env, options.as_ref())?;
             let inner = self.inner.clone();
             env.spawn_future_with_callback(
                 async move {
                     Ok(guarded("shutdown", async move {
-                        inner.shutdown(grace).await;
+                        inner.shutdown(grace, keep_bases).await;
                         Ok(())
                     })
                     .await)

@@ -17,10 +17,21 @@
 //! sessions that were waiting for that attempt (one failing `yarn install`, not sixteen in a
 //! row), later ones try again. A base is removed when its last session ends and it is no longer
 //! the default branch's tip (kept for the next session otherwise); a newer base of the same
-//! kind removes the unused older ones; `shutdown()` removes every unused one. Each carries this
-//! adapter's owner record like a clone ([`super::record`]), so the sweep of a dead engine
-//! removes it ([`super::sweep`]) — after the layers over it, whose work needs it to be read.
-//! A base is never removed while a layer's record names it.
+//! kind removes the unused older ones. Each carries this adapter's owner record like a clone
+//! ([`super::record`]), so the sweep of a dead engine removes it ([`super::sweep`]) — after
+//! the layers over it, whose work needs it to be read. A base is never removed while a layer's
+//! record names it.
+//!
+//! **Bases outlive the process.** Once complete, a base's record says what it is a checkout
+//! of (repository, default branch, commit, the digest of its setup, its snapshot). At
+//! `shutdown()` the unused bases whose commit is still the tip get the kept mark; the others
+//! go. A later process asked for a base of the same key adopts the kept one instead of checking
+//! out again, after checking it: record equal to the key, directory there, HEAD at the commit,
+//! the snapshot's tree readable, and its owner gone (a live process's kept base is its own).
+//! Adopting takes it under a lock of its record dir ([`claim_kept`]), so two processes never
+//! both take it. A base a process died making, or died using, has no kept mark and is swept;
+//! a kept one whose commit is no longer the tip is removed by the sweep or by the next base
+//! made on that default branch. Only records this adapter wrote are ever read for this.
 //!
 //! **A layer** is an Implementor's checkout: the overlay of the agent's writes on the base,
 //! with a git dir of its own (its parts, mounts and removal: [`super::layer`]), made here over
@@ -46,11 +57,12 @@ use super::confine::Confiner;
 use super::layer::Layer;
 use super::patch::Snapshot;
 use super::prepare::prepare_checkout;
-use super::record::{AdminRecord, SessionRecord};
+use super::record::{write_owner, AdminRecord, BaseRecord, SessionRecord, KEPT_FILE};
 use super::repo::{
     cancelled, lock_std, provision_error, LiveCheckout, ProvisionGuard, RepoGit, WORKTREES_DIR,
 };
 use crate::error::{ErrorCode, Result};
+use crate::process::Owner;
 
 /// The name every base directory starts with (a ref component cannot: no branch has it).
 pub const BASE_PREFIX: &str = ".base-";
@@ -67,9 +79,15 @@ pub(crate) struct Preparation {
 }
 
 impl Preparation {
-    /// Bases made with different setups (or environments) are different bases.
+    /// Bases made with different setups (or environments) are different bases. A digest: the
+    /// key is written in the base's record (the environment may hold secrets).
     fn key(&self) -> String {
-        serde_json::to_string(&(&self.setup, &self.env)).unwrap_or_default()
+        let json = serde_json::to_string(&(&self.setup, &self.env)).unwrap_or_default();
+        match git2::Oid::hash_object(git2::ObjectType::Blob, json.as_bytes()) {
+            Ok(oid) => oid.to_string(),
+            // Never seen; a key that matches nothing costs a base of its own, never a wrong one.
+            Err(_) => uuid::Uuid::new_v4().to_string(),
+        }
     }
 }
 
@@ -210,8 +228,13 @@ async fn release(base: Arc<Base>) -> Result<()> {
 /// because its work could not be read, or being swept): then it is left to the sweep, which
 /// removes it after that layer.
 async fn retire(base: Base) -> Result<()> {
-    if base.checkout.repo.layers_on(&base.path).await {
+    let repo = &base.checkout.repo;
+    if repo.layers_on(&base.path).await {
         return Ok(());
+    }
+    // Unmarked first: a removal cut short by a crash leaves a base no process adopts.
+    if let Ok(admin) = repo.record_dir(&base.path).await {
+        let _ = std::fs::remove_file(admin.join(KEPT_FILE));
     }
     base.checkout.remove().await
 }
@@ -262,16 +285,20 @@ impl RepoGit {
                 return Err(e.clone());
             }
         }
-        let made = self
-            .make_base(
-                default_branch,
-                commit,
-                prep,
-                Some(key.clone()),
-                session,
-                stop,
-            )
-            .await;
+        let made = match self.adopt(&key, prep.is_some()).await {
+            Some(base) => Ok(base),
+            None => {
+                self.make_base(
+                    default_branch,
+                    commit,
+                    prep,
+                    Some(key.clone()),
+                    session,
+                    stop,
+                )
+                .await
+            }
+        };
         let attempt = slot.attempts.fetch_add(1, Ordering::SeqCst) + 1;
         match made {
             Ok(base) => {
@@ -296,7 +323,8 @@ impl RepoGit {
     }
 
     /// Removes the unused bases of the same kind as `key` on other commits: a new tip has
-    /// its own now.
+    /// its own now. Likewise every base a gone process kept for a tip of this default branch
+    /// that is not this commit (any kind: none can be adopted any more).
     async fn retire_older_bases(&self, key: &BaseKey) {
         let older: Vec<Arc<Slot>> = lock_std(slots())
             .iter()
@@ -304,9 +332,170 @@ impl RepoGit {
             .map(|(_, s)| s.clone())
             .collect();
         self.retire_unused(older).await;
+        for (path, admin, record) in self.kept_bases().await {
+            let Some(b) = &record.base else { continue };
+            if b.default_branch != key.1 || record.base_commit == key.2 {
+                continue;
+            }
+            if claim_kept(&admin, &self.owner).await {
+                self.remove_claimed(&path).await;
+            }
+        }
     }
 
-    /// Removes every unused base of this repository (`shutdown()`).
+    /// At `shutdown()`: every unused base of this repository goes, but the tip's, which stay
+    /// marked kept (module docs) so the next process adopts them instead of checking out again;
+    /// in this process they stay shared.
+    pub async fn keep_tip_bases(&self) {
+        let mine: Vec<Arc<Slot>> = lock_std(slots())
+            .iter()
+            .filter(|(k, _)| k.0 == self.root)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut other = Vec::new();
+        for slot in mine {
+            let kept = {
+                let Ok(state) = slot.state.try_lock() else {
+                    continue;
+                };
+                match state.unused() {
+                    Some(b) => self.mark_kept(b).await,
+                    None => continue,
+                }
+            };
+            if !kept {
+                other.push(slot);
+            }
+        }
+        self.retire_unused(other).await;
+    }
+
+    /// Marks `base` kept when it is complete and its commit is the tip; whether it is.
+    async fn mark_kept(&self, base: &Base) -> bool {
+        let tip = self.resolve_commit(&base.default_branch).await.ok();
+        if tip.as_deref() != Some(base.commit.as_str()) {
+            return false;
+        }
+        let Ok(admin) = self.record_dir(&base.path).await else {
+            return false;
+        };
+        if AdminRecord::read(&admin).and_then(|r| r.base).is_none() {
+            return false;
+        }
+        match std::fs::write(admin.join(KEPT_FILE), b"") {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(base = %base.path.display(), error = %e, "could not mark the tip's base kept for the next process; removing it");
+                false
+            }
+        }
+    }
+
+    /// The bases of this repository marked kept, with their record dirs and records (the
+    /// owner may be gone or not: see [`claim_kept`]).
+    pub(crate) async fn kept_bases(&self) -> Vec<(PathBuf, PathBuf, AdminRecord)> {
+        let Ok(common) = self.common_dir().await else {
+            return Vec::new();
+        };
+        let root = self.root.to_str();
+        super::list::clones(&common)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| is_base(&c.path) && c.admin.join(KEPT_FILE).exists())
+            .filter_map(|c| {
+                let record = AdminRecord::read(&c.admin)?;
+                let ours = record
+                    .base
+                    .as_ref()
+                    .is_some_and(|b| Some(b.repository.as_str()) == root);
+                ours.then_some((c.path, c.admin, record))
+            })
+            .collect()
+    }
+
+    /// Whether a base a gone process kept is the checkout of its default branch's tip now (a
+    /// sweep leaves it for adoption).
+    pub(crate) async fn kept_for_tip(&self, admin: &Path) -> bool {
+        let Some(record) = AdminRecord::read(admin) else {
+            return false;
+        };
+        let Some(b) = record.base.filter(|_| admin.join(KEPT_FILE).exists()) else {
+            return false;
+        };
+        Some(b.repository.as_str()) == self.root.to_str()
+            && self.resolve_commit(&b.default_branch).await.ok() == Some(record.base_commit)
+    }
+
+    /// The base a gone process kept for `key` (module docs), now this process's; None when
+    /// there is none that checks out. One that matches but does not check out is removed.
+    async fn adopt(&self, key: &BaseKey, prepared: bool) -> Option<Base> {
+        for (path, admin, record) in self.kept_bases().await {
+            let Some(b) = &record.base else { continue };
+            let matches =
+                b.default_branch == key.1 && record.base_commit == key.2 && b.setup == key.3;
+            if !matches {
+                continue;
+            }
+            let snapshot = match (&b.snapshot_tree, b.snapshot_taken) {
+                (Some(tree), Some(taken)) => Some(Snapshot {
+                    tree: tree.clone(),
+                    taken,
+                }),
+                _ => None,
+            };
+            let sound = snapshot.is_some() == prepared
+                && self.checks_out(&path, &key.2, snapshot.as_ref()).await;
+            if !claim_kept(&admin, &self.owner).await {
+                continue;
+            }
+            if !sound {
+                tracing::info!(base = %path.display(), "a kept base does not hold what its record says; removed");
+                self.remove_claimed(&path).await;
+                continue;
+            }
+            lock_std(&self.live).insert(path.clone());
+            tracing::info!(base = %path.display(), commit = %key.2, "adopted the base a previous process kept for the tip");
+            return Some(Base {
+                path: path.clone(),
+                commit: key.2.clone(),
+                snapshot,
+                default_branch: key.1.clone(),
+                key: Some(key.clone()),
+                checkout: LiveCheckout::new(self.arc(), path),
+            });
+        }
+        None
+    }
+
+    /// Whether the base at `path` is what its record says: there with its index, its HEAD at
+    /// `commit`, and its snapshot's tree readable.
+    async fn checks_out(&self, path: &Path, commit: &str, snapshot: Option<&Snapshot>) -> bool {
+        if !path.join(".git/index").is_file() {
+            return false;
+        }
+        let head = run_git(path, &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"]).await;
+        if !head.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == commit) {
+            return false;
+        }
+        match snapshot {
+            Some(s) => run_git(path, &["cat-file", "-e", &format!("{}^{{tree}}", s.tree)])
+                .await
+                .is_ok(),
+            None => true,
+        }
+    }
+
+    /// Removes a base this process claimed from a gone one, unless a layer's record names it.
+    async fn remove_claimed(&self, path: &Path) {
+        if self.layers_on(path).await {
+            return;
+        }
+        if let Err(e) = self.remove_session(path).await {
+            tracing::warn!(base = %path.display(), error = %e, "could not remove a base a previous process kept");
+        }
+    }
+
+    /// Removes every unused base of this repository (`shutdown({ keepBases: false })`).
     pub async fn release_unused_bases(&self) {
         let mine: Vec<Arc<Slot>> = lock_std(slots())
             .iter()
@@ -401,6 +590,9 @@ impl RepoGit {
                 return Err(if stop.is_cancelled() { cancelled() } else { e });
             }
         };
+        if let Some(k) = &key {
+            self.note_complete(&path, k, snapshot.as_ref()).await;
+        }
         guard.disarm();
         Ok(Base {
             path: path.clone(),
@@ -410,6 +602,26 @@ impl RepoGit {
             key,
             checkout: LiveCheckout::new(self.arc(), path),
         })
+    }
+
+    /// Writes what the complete base at `path` is into its record (module docs): from now on
+    /// a later process may adopt it once it is kept. Unwritten, it is merely never adopted.
+    async fn note_complete(&self, path: &Path, key: &BaseKey, snapshot: Option<&Snapshot>) {
+        let noted = async {
+            let admin = self.record_dir(path).await.ok()?;
+            let mut record = AdminRecord::read(&admin)?;
+            record.base = Some(BaseRecord {
+                repository: key.0.to_str()?.to_string(),
+                default_branch: key.1.clone(),
+                setup: key.3.clone(),
+                snapshot_tree: snapshot.map(|s| s.tree.clone()),
+                snapshot_taken: snapshot.map(|s| s.taken),
+            });
+            record.write(&admin).ok()
+        };
+        if noted.await.is_none() {
+            tracing::warn!(base = %path.display(), "could not record what the base is; no later process will adopt it");
+        }
     }
 
     /// `rev` when it is a branch of the repository (the base then has that branch checked
@@ -520,5 +732,79 @@ pub(crate) async fn layers_work(root: &Path, sandbox: &dyn Confiner) -> bool {
     {
         let _ = (root, sandbox);
         false
+    }
+}
+
+/// Whether `path` is a base's directory (by its name).
+pub(crate) fn is_base(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(BASE_PREFIX))
+}
+
+/// Takes the kept base whose record dir is `admin` for `me`, when it is still kept and its
+/// owner is gone (or `me`): the owner record becomes `me`'s and the kept mark goes. Under an
+/// exclusive lock of the record dir (flock, released by the kernel if this process dies), so
+/// of processes adopting or sweeping it at once exactly one takes it; the others see it owned
+/// by a live process.
+pub(crate) async fn claim_kept(admin: &Path, me: &Owner) -> bool {
+    let (admin, me) = (admin.to_path_buf(), me.clone());
+    tokio::task::spawn_blocking(move || {
+        let Ok(dir) = std::fs::File::open(&admin) else {
+            return false;
+        };
+        if dir.lock().is_err() {
+            return false;
+        }
+        let kept = admin.join(KEPT_FILE);
+        let owner = std::fs::read_to_string(admin.join("locked"))
+            .ok()
+            .and_then(|r| Owner::parse(&r));
+        let free = kept.exists() && owner.is_some_and(|o| o == me || !o.is_alive());
+        free && write_owner(&me, &admin).is_ok() && std::fs::remove_file(&kept).is_ok()
+    })
+    .await
+    .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record dir whose base is kept (or not) by `owner`.
+    fn record_dir(owner: &Owner, kept: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        write_owner(owner, dir.path()).unwrap();
+        if kept {
+            std::fs::write(dir.path().join(KEPT_FILE), b"").unwrap();
+        }
+        dir
+    }
+
+    fn owner_of(dir: &Path) -> Option<Owner> {
+        Owner::parse(&std::fs::read_to_string(dir.join("locked")).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_kept_base_of_a_gone_process_is_claimed_once_and_becomes_the_claimers() {
+        let gone = Owner::on_this_host(std::process::id(), 1);
+        let dir = record_dir(&gone, true);
+        let me = Owner::current();
+        let (a, b) = tokio::join!(claim_kept(dir.path(), &me), claim_kept(dir.path(), &me));
+        assert!(a ^ b, "exactly one claim wins: {a} {b}");
+        assert_eq!(owner_of(dir.path()), Some(me));
+        assert!(!dir.path().join(KEPT_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_base_kept_by_a_live_process_or_not_kept_is_not_claimed() {
+        let me = Owner::current();
+        let live = Owner::of_pid(1).expect("pid 1 runs");
+        let kept_by_live = record_dir(&live, true);
+        assert!(!claim_kept(kept_by_live.path(), &me).await);
+        assert_eq!(owner_of(kept_by_live.path()), Some(live));
+        assert!(kept_by_live.path().join(KEPT_FILE).exists());
+
+        let unkept = record_dir(&Owner::on_this_host(std::process::id(), 1), false);
+        assert!(!claim_kept(unkept.path(), &me).await);
     }
 }

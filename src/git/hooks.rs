@@ -25,7 +25,7 @@ use super::setup::{run_bounded, RunError};
 const NULL_OID: &str = "0000000000000000000000000000000000000000";
 
 /// Runs the repository's `post-checkout` hook for a worktree just checked out at `head`; does
-/// nothing when there is none.
+/// nothing when there is none. Whether there was one (it may have changed the files).
 pub(crate) async fn post_checkout(
     root: &Path,
     common: &Path,
@@ -33,9 +33,9 @@ pub(crate) async fn post_checkout(
     head: &str,
     limit: Duration,
     stop: &CancellationToken,
-) -> Result<(), RunError> {
+) -> Result<bool, RunError> {
     let Some(hook) = find_hook(root, common, "post-checkout").await else {
-        return Ok(());
+        return Ok(false);
     };
     let args = [NULL_OID, head, "1"];
     let mut cmd = Command::new(&hook);
@@ -44,7 +44,7 @@ pub(crate) async fn post_checkout(
         cmd.env_remove(var);
     }
     let display = display_argv(&hook.to_string_lossy(), &args);
-    run_bounded(cmd, display, limit, stop).await
+    run_bounded(cmd, display, limit, stop).await.map(|()| true)
 }
 
 async fn find_hook(root: &Path, common: &Path, name: &str) -> Option<PathBuf> {

@@ -94,7 +94,7 @@ pub(crate) async fn snapshot(worktree: At<'_>) -> Result<Snapshot> {
     Ok(Snapshot { tree, taken })
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

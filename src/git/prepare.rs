@@ -42,10 +42,25 @@ pub(crate) async fn prepare_checkout(
         }
     }
     let common = repo.common_dir().await.map_err(checkout_failed)?;
-    hooks::post_checkout(&repo.root, &common, path, commit, timeout, stop)
+    let hooked = hooks::post_checkout(&repo.root, &common, path, commit, timeout, stop)
         .await
         .map_err(|e| bounded_error("post-checkout hook", path, timeout, e))?;
-    if let Some(argv) = setup.filter(|a| !a.is_empty()) {
+    let setup = setup.filter(|a| !a.is_empty());
+    if !hooked && setup.is_none() && files_are_commit(path, commit).await {
+        // Nothing but git wrote the files, and git wrote them unchanged: `git add -A` of them
+        // (a stat of every file, a hash of the racily clean ones) would give the commit's tree.
+        let tree = run_git(
+            path,
+            &["rev-parse", "--verify", &format!("{commit}^{{tree}}")],
+        )
+        .await
+        .map_err(checkout_failed)?;
+        return Ok(Snapshot {
+            tree: String::from_utf8_lossy(&tree.stdout).trim().to_string(),
+            taken: patch::unix_now(),
+        });
+    }
+    if let Some(argv) = setup {
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .current_dir(path)
@@ -61,6 +76,62 @@ pub(crate) async fn prepare_checkout(
         s = patch::snapshot(At { dir: path, jail: None }) => s.map_err(|e| provision_error(format!("cannot snapshot the worktree after setup: {}", e.message))),
         _ = stop.cancelled() => Err(cancelled()),
     }
+}
+
+/// Whether git checked out every file of `commit` at `path` byte for byte as the commit holds
+/// it, so the checkout's snapshot is the commit's tree: no attributes anywhere git reads them
+/// (no `.gitattributes` in the tree, none in the checkout's `info/`, no global or system
+/// attributes file) and no `core.autocrlf` (which converts without attributes). Without
+/// attributes there is no filter, `text`/`eol`, `ident` or `working-tree-encoding`.
+/// Anything unclear: false (the snapshot is then taken).
+async fn files_are_commit(path: &Path, commit: &str) -> bool {
+    let config = |key: &'static str| async move {
+        run_git(path, &["config", "--path", "--get", key])
+            .await
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if config("core.attributesFile").await.is_some()
+        || config("core.autocrlf")
+            .await
+            .is_some_and(|v| !matches!(v.as_str(), "false" | "0" | "no" | "off" | ""))
+    {
+        return false;
+    }
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| home.map(|h| h.join(".config")));
+    let global = xdg.map(|x| x.join("git/attributes"));
+    let files = [
+        Some(path.join(".git/info/attributes")),
+        global,
+        Some("/etc/gitattributes".into()),
+    ];
+    if files.iter().flatten().any(|f| f.exists()) {
+        return false;
+    }
+    let (path, commit) = (path.to_path_buf(), commit.to_string());
+    tokio::task::spawn_blocking(move || {
+        let Ok(repo) = git2::Repository::open(&path) else {
+            return false;
+        };
+        let tree = repo
+            .revparse_single(&format!("{commit}^{{tree}}"))
+            .and_then(|o| o.peel_to_tree());
+        let Ok(tree) = tree else { return false };
+        let mut attributes = false;
+        let walked = tree.walk(git2::TreeWalkMode::PreOrder, |_, entry| {
+            if entry.name_bytes() == b".gitattributes" {
+                attributes = true;
+                return git2::TreeWalkResult::Abort;
+            }
+            git2::TreeWalkResult::Ok
+        });
+        walked.is_ok() && !attributes
+    })
+    .await
+    .unwrap_or(false)
 }
 
 /// The provision error for a git step of making the checkout at `path` that failed.

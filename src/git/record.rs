@@ -18,7 +18,9 @@
 //!   "transcript": "/logs/….log" | null, "snapshotTree": "<hex>" | null,
 //!   "snapshotTaken": <unix seconds> | null, "path": "<clone>",
 //!   "layer": { "base": "<base dir>", "dir": "<layer dir>" } | absent,
-//!   "salvaged": "<patch file>" | absent }
+//!   "salvaged": "<patch file>" | absent,
+//!   "base": { "repository": "<root>", "defaultBranch": "main", "setup": "<digest>" | null,
+//!             "snapshotTree": "<hex>" | null, "snapshotTaken": <unix seconds> | null } | absent }
 //! ```
 //!
 //! Written when the path is claimed and before the owner record (so every clone that
@@ -26,6 +28,12 @@
 //! a record without a snapshot means the session died before its agent ran, so there is no
 //! agent work to save. A transcript path that is not UTF-8 is stored as null (the salvaged patch
 //! then goes to the git dir).
+//!
+//! A base's record ([`super::base`]) gets `base` once the base is complete (checked out, set
+//! up, snapshotted): what it is a checkout of, exactly as a later process asks for one. Its
+//! snapshot lives there, not in `snapshotTree`, which would tell a sweep to save agent work.
+//! **The kept mark** ([`KEPT_FILE`], empty) beside it says its process left it for the next
+//! one at `shutdown()`; a base without both is never adopted, only swept.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +42,9 @@ use serde::{Deserialize, Serialize};
 use crate::process::Owner;
 
 const FILE: &str = "claude-runtime-adapter.json";
+
+/// The kept mark of a base left for the next process (module docs), in its record dir.
+pub(crate) const KEPT_FILE: &str = "kept";
 
 /// Writes `owner` as the owner record in `admin` (write to a temporary file, then rename:
 /// readers see the old record or the new one).
@@ -79,6 +90,22 @@ pub(crate) struct AdminRecord {
     /// work again.
     #[serde(default)]
     pub salvaged: Option<String>,
+    /// For a complete base: what it is a checkout of (module docs).
+    #[serde(default)]
+    pub base: Option<BaseRecord>,
+}
+
+/// What a complete base is a checkout of (with `baseCommit`: its key, [`super::base`]), and
+/// the snapshot its layers' patches are measured from (an Implementor's base).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct BaseRecord {
+    pub repository: String,
+    pub default_branch: String,
+    /// The digest of the setup command and its environment; None: a view's base.
+    pub setup: Option<String>,
+    pub snapshot_tree: Option<String>,
+    pub snapshot_taken: Option<u64>,
 }
 
 /// Where a layered checkout's parts are (see [`super::base`]).
@@ -105,6 +132,7 @@ impl AdminRecord {
             path: None,
             layer: None,
             salvaged: None,
+            base: None,
         }
     }
 

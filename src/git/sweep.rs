@@ -39,12 +39,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::base::BASE_PREFIX;
+use super::base::{claim_kept, is_base};
 use super::command::{run_git, At};
 use super::confine::Confiner;
 use super::list::ListedWorktree;
 use super::patch;
-use super::record::AdminRecord;
+use super::record::{AdminRecord, KEPT_FILE};
 use super::repo::{provision_error, remove_clone, RepoGit, WORKTREES_DIR};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::process::Owner;
@@ -85,10 +85,14 @@ impl RepoGit {
             if !self.is_stale(&wt, &dir) {
                 continue;
             }
-            let is_base = wt
-                .path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(BASE_PREFIX));
+            let is_base = is_base(&wt.path);
+            if is_base && wt.admin.join(KEPT_FILE).exists() {
+                // Kept by a process that is gone for the next one (`super::base`): left while
+                // it is the tip's; else taken first, so no process adopts what this removes.
+                if self.kept_for_tip(&wt.admin).await || !claim_kept(&wt.admin, &self.owner).await {
+                    continue;
+                }
+            }
             if is_base && self.layers_on(&wt.path).await {
                 continue;
             }

@@ -931,7 +931,8 @@ impl Session {
         if let Some(e) = outcome.as_ref().err() {
             self.trace.record("error.type", e.code.as_str());
             self.trace.record("otel.status_code", "ERROR");
-            self.trace.record("otel.status_description", e.message.as_str());
+            self.trace
+                .record("otel.status_description", e.message.as_str());
         }
         if let Some(spend) = &stats.spend {
             self.trace.record("cra.cost.usd", spend.usd);
