@@ -36,7 +36,7 @@ export interface SessionStats {
   /**
    * what the model API's failures cost: requests the relay held and sent again (retries), CLI
    * runs that continued the conversation after the CLI ended on an API failure (resumes), and
-   * the time requests were held (waitedMs)
+   * the time requests were held, from the first failure of each outage to the answer that ended it (waitedMs)
    */
   api: { retries: number; resumes: number; waitedMs: number }
 }

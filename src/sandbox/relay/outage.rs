@@ -30,7 +30,9 @@ struct State {
     since: Option<Instant>,
     /// What the API last failed with.
     reason: String,
-    /// Time spent holding requests, over the session.
+    /// Time requests were held, over the session's ended outages: each from its first failure
+    /// to the answer that ended it (the failed attempts' round trips included, so the figure
+    /// does not shrink with a slow API or a loaded engine).
     waited: Duration,
     /// Requests sent again after a retryable failure, over the session.
     retries: u32,
@@ -93,19 +95,17 @@ impl ApiOutage {
 
     /// Waits until `until`; false when the session was stopped meanwhile.
     pub(crate) async fn wait(&self, until: Instant) -> bool {
-        let start = Instant::now();
-        let waited = tokio::select! {
+        tokio::select! {
             _ = tokio::time::sleep_until(until.into()) => true,
             _ = self.stop.cancelled() => false,
-        };
-        self.state().waited += start.elapsed();
-        waited
+        }
     }
 
     /// An answer came: the outage, if there was one, is over.
     pub(crate) fn answered(&self) {
         let mut s = self.state();
         if let Some(since) = s.since.take() {
+            s.waited += since.elapsed();
             let reason = std::mem::take(&mut s.reason);
             drop(s);
             (self.notice)(&format!(
@@ -136,12 +136,12 @@ impl ApiOutage {
         self.tolerance
     }
 
-    /// What the session's requests went through so far.
+    /// What the session's requests went through so far (an outage under way counts to now).
     pub fn counts(&self) -> OutageCounts {
         let s = self.state();
         OutageCounts {
             retries: s.retries,
-            waited: s.waited,
+            waited: s.waited + s.since.map_or(Duration::ZERO, |since| since.elapsed()),
         }
     }
 
