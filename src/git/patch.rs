@@ -94,7 +94,7 @@ pub(crate) async fn snapshot(worktree: At<'_>) -> Result<Snapshot> {
     Ok(Snapshot { tree, taken })
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -150,7 +150,7 @@ pub(crate) async fn patch_of_trees(
 /// command that reads an index runs the clone's `core.fsmonitor` (measured: `write-tree` does).
 /// First `update-index --really-refresh`: it clears the "assume unchanged" bits (`git add -A`
 /// skips such a file whatever its content) and, with `-q`, goes on past modified files.
-async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
+pub(crate) async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     git_with_index(
         worktree.git(&["update-index", "-q", "--really-refresh"]),
         index,
@@ -170,14 +170,14 @@ async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     write_tree(worktree, index).await
 }
 
-async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
+pub(crate) async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
     let out = git_with_index(worktree.git(&["write-tree"]), index, "git write-tree")
         .await
         .map_err(|e| AdapterError::extract("cannot write the staged tree").with_cause(e))?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
-async fn git_with_index(
+pub(crate) async fn git_with_index(
     mut cmd: tokio::process::Command,
     index: &Path,
     shown: &str,
@@ -287,7 +287,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
 /// The worktree's own index file (`<admin dir>/index` for a linked worktree), found from its
 /// `.git` file. A clone's `.git` must be a directory of its own: through a symlink the
 /// temporary index would be written wherever it points.
-fn index_path(worktree: At<'_>) -> Result<PathBuf> {
+pub(crate) fn index_path(worktree: At<'_>) -> Result<PathBuf> {
     let admin = admin_dir_of(&worktree).map_err(|e| {
         AdapterError::extract(format!("{} is not a git worktree", worktree.display())).with_cause(e)
     })?;
@@ -378,12 +378,12 @@ fn open_index(index: &Path) -> Result<Option<(std::fs::File, u64)>> {
 
 /// A temporary index next to the real one (same file system, and split-index shared files
 /// resolve), deleted on drop whatever happens.
-struct TempIndex {
-    path: PathBuf,
+pub(crate) struct TempIndex {
+    pub(crate) path: PathBuf,
 }
 
 impl TempIndex {
-    fn empty_beside(index: &Path) -> TempIndex {
+    pub(crate) fn empty_beside(index: &Path) -> TempIndex {
         let dir = index.parent().unwrap_or(Path::new("."));
         TempIndex {
             path: dir.join(format!("index.patch-{}", uuid::Uuid::new_v4())),
@@ -393,7 +393,7 @@ impl TempIndex {
     /// A copy of the index (see [`open_index`] for what is refused), at most the size it had
     /// when it was checked, with the original's mtime, or `not_after` (Unix seconds) when that
     /// is earlier: the timestamp git's racy-clean rule measures entries against (module docs).
-    fn copy_of(index: &Path, not_after: Option<u64>) -> Result<TempIndex> {
+    pub(crate) fn copy_of(index: &Path, not_after: Option<u64>) -> Result<TempIndex> {
         let temp = TempIndex::empty_beside(index);
         let Some((file, len)) = open_index(index)? else {
             // No index yet: git treats a missing index file as empty.

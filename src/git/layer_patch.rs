@@ -1,0 +1,718 @@
+//! The end of an Implementor on a layer reads only what changed (issue 37).
+//!
+//! [`super::patch`] stages the whole checkout: `update-index --really-refresh` and `git add -A`
+//! stat every file through the overlay (100,000 files: seconds), although the agent wrote a
+//! few. On a layer the candidates are known: every path the agent wrote, created or deleted
+//! is in the layer's `upper/` (a deletion as a whiteout), and every path whose index entry it
+//! changed differs from the base's index, which every layer starts from. Everywhere else the
+//! checkout is the base, and the full staging's answer there is what it would be for an agent
+//! that did nothing — which is verified once per base ([`verify`]): that staging, run as an
+//! extraction runs it (jailed, on a layer with nothing written, the same index and racy-clean
+//! limit) gives exactly the snapshot tree. So the final tree is the snapshot's outside the
+//! candidates, and, for them, what `git add -A` limited to them stages into a copy of the
+//! agent's index; the patch is then made from that tree by the same code as before
+//! ([`super::patch::patch_of_trees`]), so it is byte-identical whenever the tree is.
+//!
+//! Why the per-path answer is the same. `git add -A` decides each path by its index entry, its
+//! file and the rules that apply to it (attributes, ignores, config); limited by a pathspec it
+//! makes the same decision for the paths it covers and leaves the others alone. Outside the
+//! candidates the entry is the base's (compared field by field: stat data, flags, mode, oid,
+//! stage, from `git ls-files --stage --debug`), the file is the base's, and the rules are the
+//! base's, which is checked: the layer's git dir holds nothing that changes them (its config
+//! byte for byte the base's, no `info/` file, nothing git reads that the layer did not start
+//! with), no candidate is a `.gitignore`, `.gitattributes` or `.gitmodules` (their rules reach
+//! beyond the path), and the host's git config and version are those of the verification. The
+//! one input left is the racy-clean limit: the copy of the index gets the agent's index's
+//! mtime capped before the snapshot ([`super::patch::stat_trust_limit`]); a limit other than
+//! the verification's changes nothing when no entry is racy under one and not the other, or
+//! when every entry that could be is one whose content is its oid (checked at verification).
+//!
+//! Everything that is not proven so — a gitlink anywhere, an entry marked assume-unchanged,
+//! skip-worktree or intent-to-add or unmerged, a nested `.git`, a directory of the layer with
+//! extended attributes (overlayfs's opaque or redirect marks) or another mode than the base's,
+//! an index mtime set back before the verification's, a git that fails or complains — makes
+//! the extraction take the full path ([`super::patch::agent_patch`]), as it does while a base
+//! is not verified yet. The layer's git dir is the agent's: it is only listed and compared on
+//! the host (no symlink followed, nothing parsed); git reads it in the jail.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::command::{run_with_input, At};
+use super::layer::Layer;
+use super::patch::{
+    git_with_index, index_path, patch_of_trees, stage_all, unix_now, write_tree, Snapshot,
+    TempIndex,
+};
+use crate::error::Result;
+
+/// `ce_flags` bits (git's `cache.h`) that make `git add -A` treat an entry apart.
+const CE_VALID: u32 = 0x8000;
+const CE_INTENT_TO_ADD: u32 = 1 << 29;
+const CE_SKIP_WORKTREE: u32 = 1 << 30;
+const GITLINK: &str = "160000";
+
+/// What the verification of a base established (module docs).
+#[derive(Debug)]
+pub(crate) struct Verified {
+    /// The base's index, as every layer over it starts with it.
+    index: Vec<u8>,
+    /// Its entries: path → everything `ls-files --stage --debug` says of it but the path and
+    /// the device ([`Entry::stat`]).
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The mtime (seconds, nanoseconds) of the verification's copy of the index.
+    limit: (i64, i64),
+    /// Every entry at or after `limit`'s second holds its content's oid: a later limit
+    /// changes nothing.
+    later_limit_ok: bool,
+    /// The host's git as the verification saw it (system config and attributes, version).
+    host: Vec<u8>,
+    /// The base's config, which a layer's must still be.
+    config: Vec<u8>,
+}
+
+/// One entry of `git ls-files --stage --debug -z`.
+struct Entry {
+    path: Vec<u8>,
+    /// The line without its path, and the stat lines.
+    record: Vec<u8>,
+    mode: String,
+    oid: String,
+    stage: String,
+    mtime: i64,
+    flags: u32,
+    /// The stat data git compares with the file, but the device: it differs between two
+    /// mounts of one overlay (the agent's git rewrites racy entries with its mount's), and
+    /// leaving it out changes no answer — git does not compare it unless built with
+    /// `USE_STDEV`, and then it finds every entry changed in every mount and compares all by
+    /// content, whatever the entry says.
+    stat: String,
+}
+
+/// Parses `git ls-files --stage --debug -z`: `<mode> <oid> <stage>\t<path>\0` then five
+/// `\n`-ended lines of stat data (ctime, mtime, dev/ino, uid/gid, size/flags).
+fn parse_listing(out: &[u8]) -> Option<Vec<Entry>> {
+    let mut entries = Vec::new();
+    let mut chunks = out.split(|&b| b == 0);
+    let mut head = chunks.next()?.to_vec();
+    for chunk in chunks {
+        // The stat lines of the entry `head` names, then the next entry's head.
+        let mut at = 0;
+        for _ in 0..5 {
+            at += chunk.get(at..)?.iter().position(|&b| b == b'\n')? + 1;
+        }
+        let (stat, next) = chunk.split_at(at);
+        let tab = head.iter().position(|&b| b == b'\t')?;
+        let meta = std::str::from_utf8(&head[..tab]).ok()?;
+        let mut f = meta.split(' ');
+        let (mode, oid, stage) = (f.next()?, f.next()?, f.next()?);
+        let stat_text = std::str::from_utf8(stat).ok()?;
+        let mut lines = stat_text.lines();
+        let _ctime = lines.next()?;
+        let mtime = lines
+            .next()?
+            .trim()
+            .strip_prefix("mtime: ")?
+            .split(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let all: Vec<&str> = stat_text.lines().collect();
+        let [ctime, mtime_line, dev_ino, ids, size_flags] = all[..] else {
+            return None;
+        };
+        let (size, flags) = size_flags.split_once("\tflags: ")?;
+        let flags = u32::from_str_radix(flags.trim(), 16).ok()?;
+        let ino = dev_ino.split_once('\t')?.1;
+        let stat_key = format!("{ctime}\n{mtime_line}\n{ino}\n{ids}\n{size}");
+        // The entry as git judges it: the device aside (module docs of `Entry::stat`).
+        let mut record = head[..tab].to_vec();
+        record.extend_from_slice(format!("\n{stat_key}\n{flags:x}").as_bytes());
+        entries.push(Entry {
+            path: head[tab + 1..].to_vec(),
+            record,
+            mode: mode.to_string(),
+            oid: oid.to_string(),
+            stage: stage.to_string(),
+            mtime,
+            flags,
+            stat: stat_key,
+        });
+        head = next.to_vec();
+    }
+    head.is_empty().then_some(entries)
+}
+
+/// `git ls-files --stage --debug -z` of `index`, parsed; None: git failed or said something
+/// this does not read.
+async fn listing(at: At<'_>, index: &Path) -> Option<Vec<Entry>> {
+    let out = git_with_index(
+        at.git(&["ls-files", "--stage", "--debug", "-z"]),
+        index,
+        "git ls-files --stage --debug -z",
+    )
+    .await
+    .ok()?;
+    parse_listing(&out)
+}
+
+/// The mtime of a file as (seconds, nanoseconds).
+fn mtime_of(path: &Path) -> Option<(i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.mtime(), m.mtime_nsec()))
+}
+
+/// What of the host git reads in every jail: its system config and attributes, and which git
+/// it is.
+async fn host_git() -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in ["/etc/gitconfig", "/etc/gitattributes"] {
+        out.extend_from_slice(f.as_bytes());
+        match std::fs::read(f) {
+            Ok(b) => out.extend_from_slice(&b),
+            Err(e) => out.extend_from_slice(format!("({:?})", e.kind()).as_bytes()),
+        }
+        out.push(0);
+    }
+    if let Ok(v) = super::command::run_git(Path::new("/"), &["--version"]).await {
+        out.extend_from_slice(&v.stdout);
+    }
+    out
+}
+
+/// Verifies the base of `layer` (a layer with nothing written, made for this, its checkout at
+/// `at`): the extraction's staging there must give the snapshot's tree (module docs). None
+/// when it does not, or anything on the way is not as expected: the base's layers then take
+/// the full path.
+pub(crate) async fn verify(at: At<'_>, layer: &Layer, snapshot: &Snapshot) -> Option<Verified> {
+    let started = unix_now() as i64;
+    let host = host_git().await;
+    let git_dir = layer.git_dir();
+    let index = std::fs::read(git_dir.join("index")).ok()?;
+    let config = std::fs::read(git_dir.join("config")).ok()?;
+    let limit_secs = super::patch::stat_trust_limit(Some(snapshot.taken));
+    let temp = TempIndex::copy_of(&git_dir.join("index"), Some(limit_secs)).ok()?;
+    let limit = mtime_of(&temp.path)?;
+    let before = listing(at, &temp.path).await?;
+    let tree = stage_all(at, &temp.path).await.ok()?;
+    if tree != snapshot.tree {
+        tracing::debug!(base = %layer.base.display(), "the base's layers take the full extraction: an untouched layer does not stage to the snapshot");
+        return None;
+    }
+    let after = listing(at, &temp.path).await?;
+    let plain = |e: &Entry| {
+        e.stage == "0"
+            && e.mode != GITLINK
+            && e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) == 0
+    };
+    if !before.iter().chain(&after).all(plain) {
+        return None;
+    }
+    let staged: BTreeMap<&[u8], &Entry> = after.iter().map(|e| (e.path.as_slice(), e)).collect();
+    // Which entries a limit can decide: those whose stat data matches their file (staging
+    // left it as it was); the others are compared by content whatever the limit. Each one
+    // racy under the verification's limit was compared by content: whether its content is
+    // its oid is known, and when it is, no limit changes its answer.
+    let later_limit_ok = before.iter().filter(|e| e.mtime >= limit.0).all(|e| {
+        staged
+            .get(e.path.as_slice())
+            .is_some_and(|s| s.stat != e.stat || (s.mode == e.mode && s.oid == e.oid))
+    });
+    // An entry of the checkout's last second is racy here also when the staging reads the
+    // index it rewrote (stamped `started` or later), and may not be in a later extraction:
+    // the same answer only if its content is its oid.
+    if !later_limit_ok && before.iter().any(|e| e.mtime >= started) {
+        return None;
+    }
+    Some(Verified {
+        index,
+        entries: before.into_iter().map(|e| (e.path, e.record)).collect(),
+        limit,
+        later_limit_ok,
+        host,
+        config,
+    })
+}
+
+/// The candidates the layer's `upper/` names (module docs), or None when one of them is not
+/// provably handled by a limited `git add -A`.
+struct Candidates {
+    /// Path → whether it exists in the checkout (false: a whiteout).
+    paths: BTreeMap<Vec<u8>, bool>,
+}
+
+/// The names whose rules reach beyond their own path.
+fn reaches_beyond(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b".gitignore" | b".gitattributes" | b".gitmodules" | b".git"
+    )
+}
+
+/// Walks `upper` (no symlink followed): every non-directory is a candidate, a directory the
+/// base does not have as one is a candidate as a whole, a directory both have is walked.
+fn upper_candidates(upper: &Path, base: &Path, pointer: &[u8]) -> Option<Candidates> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Candidates {
+        paths: BTreeMap::new(),
+    };
+    // (directory in upper, its path in the checkout)
+    let mut dirs: Vec<(PathBuf, Vec<u8>)> = vec![(upper.to_path_buf(), Vec::new())];
+    while let Some((dir, rel)) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).ok()? {
+            let e = e.ok()?;
+            let name = e.file_name();
+            let name = name.as_bytes();
+            let mut path = rel.clone();
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(name);
+            let m = std::fs::symlink_metadata(e.path()).ok()?;
+            let t = m.file_type();
+            if rel.is_empty() && name == b".git" {
+                // The pointer the layer was made with, and nothing else.
+                if !t.is_file() || read_regular(&e.path()).as_deref() != Some(pointer) {
+                    return None;
+                }
+                continue;
+            }
+            if reaches_beyond(name) {
+                return None;
+            }
+            if !t.is_dir() {
+                let whiteout = t.is_char_device() && m.rdev() == 0;
+                out.paths.insert(path, !whiteout);
+                continue;
+            }
+            // overlayfs marks a directory opaque or redirected in an extended attribute; so
+            // may anything else that changes what is seen through it: not handled here.
+            match xattr_count(&e.path()) {
+                Some(0) => {}
+                _ => return None,
+            }
+            let lower = base.join(std::ffi::OsStr::from_bytes(&path));
+            match std::fs::symlink_metadata(&lower) {
+                Ok(l) if l.is_dir() => {
+                    if l.mode() != m.mode() {
+                        return None;
+                    }
+                    dirs.push((e.path(), path));
+                }
+                _ => {
+                    out.paths.insert(path, true);
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// How many extended attributes `path` has (not following a symlink); None: unknown.
+fn xattr_count(path: &Path) -> Option<usize> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid NUL-terminated path; a null buffer of size 0 asks for the size only.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    match n {
+        0 => Some(0),
+        n if n > 0 => Some(n as usize),
+        _ => {
+            let e = std::io::Error::last_os_error();
+            (e.raw_os_error() == Some(libc::ENOTSUP)).then_some(0)
+        }
+    }
+}
+
+/// Whether the layer's git dir holds nothing that changes how git stages (module docs): only
+/// files git writes for refs, history, objects and operations in progress, its config as the
+/// base's, `info/` empty, its alternates as made.
+fn git_dir_as_made(git_dir: &Path, layer: &Layer, config: &[u8]) -> bool {
+    const WRITTEN: &[&str] = &[
+        "index",
+        "HEAD",
+        "ORIG_HEAD",
+        "FETCH_HEAD",
+        "MERGE_HEAD",
+        "MERGE_MSG",
+        "MERGE_MODE",
+        "MERGE_RR",
+        "AUTO_MERGE",
+        "CHERRY_PICK_HEAD",
+        "REVERT_HEAD",
+        "REBASE_HEAD",
+        "BISECT_LOG",
+        "BISECT_START",
+        "BISECT_TERMS",
+        "BISECT_EXPECTED_REV",
+        "BISECT_ANCESTORS_OK",
+        "BISECT_NAMES",
+        "COMMIT_EDITMSG",
+        "SQUASH_MSG",
+        "TAG_EDITMSG",
+        "description",
+        "shallow",
+        "packed-refs",
+        "refs",
+        "logs",
+        "hooks",
+        "rebase-merge",
+        "rebase-apply",
+        "sequencer",
+        "rr-cache",
+        "gc.pid",
+        "gc.log",
+    ];
+    let Ok(entries) = std::fs::read_dir(git_dir) else {
+        return false;
+    };
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            return false;
+        };
+        if m.file_type().is_symlink() {
+            return false;
+        }
+        let ok = match name {
+            n if WRITTEN.contains(&n) => true,
+            // git's lock files and the extraction's own temporary indexes beside the index.
+            n if n.ends_with(".lock") || n.starts_with("index.patch-") => true,
+            n if n.starts_with("sharedindex.") => true,
+            "config" => m.is_file() && read_regular(&e.path()).as_deref() == Some(config),
+            "info" => {
+                m.is_dir() && std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_none())
+            }
+            "objects" => m.is_dir() && objects_as_made(&e.path(), layer),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// `objects/info/` holds the alternates the layer was made with, and nothing that changes
+/// which objects exist besides what git writes there itself.
+fn objects_as_made(objects: &Path, layer: &Layer) -> bool {
+    let info = objects.join("info");
+    match std::fs::symlink_metadata(&info) {
+        Ok(m) if m.is_dir() => {}
+        _ => return false,
+    }
+    let Ok(entries) = std::fs::read_dir(&info) else {
+        return false;
+    };
+    let mut expected = layer
+        .base
+        .join(".git/objects")
+        .into_os_string()
+        .into_encoded_bytes();
+    expected.push(b'\n');
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let ok = match e.file_name().to_str() {
+            Some("alternates") => read_regular(&e.path()).as_deref() == Some(expected.as_slice()),
+            Some("packs" | "commit-graph" | "commit-graphs" | "multi-pack-index") => true,
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// A regular file's bytes (opened without following a symlink or blocking on a FIFO), when it
+/// is one of at most 1 MiB.
+fn read_regular(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() > 1 << 20 {
+        return None;
+    }
+    let mut out = Vec::new();
+    f.take(1 << 20).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// Whether `path` is `prefix` or lies under it.
+fn under(path: &[u8], prefix: &[u8]) -> bool {
+    path.starts_with(prefix) && (path.len() == prefix.len() || path[prefix.len()] == b'/')
+}
+
+/// NUL-terminated paths, for `--pathspec-from-file=- --pathspec-file-nul` and `--stdin -z`.
+fn nul_list<'a>(paths: impl Iterator<Item = &'a Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in paths {
+        out.extend_from_slice(p);
+        out.push(0);
+    }
+    out
+}
+
+/// The agent's patch read from its layer (module docs); None: not provably the full
+/// staging's, the caller takes the full path. Errors only where the full path would fail the
+/// same way (the agent's index unreadable).
+pub(crate) async fn patch_from_layer(
+    at: At<'_>,
+    layer: &Layer,
+    verified: &Verified,
+    base: &str,
+    snapshot: &Snapshot,
+    trust_before: u64,
+) -> Result<Option<String>> {
+    let index = index_path(at)?;
+    let temp = TempIndex::copy_of(&index, Some(trust_before))?;
+    Ok(from_layer(at, layer, verified, base, snapshot, &index, &temp.path).await)
+}
+
+async fn from_layer(
+    at: At<'_>,
+    layer: &Layer,
+    v: &Verified,
+    base: &str,
+    snapshot: &Snapshot,
+    index: &Path,
+    temp: &Path,
+) -> Option<String> {
+    let git_dir = layer.git_dir();
+    if host_git().await != v.host || !git_dir_as_made(&git_dir, layer, &v.config) {
+        return None;
+    }
+    // The racy-clean limit (module docs).
+    let limit = mtime_of(temp)?;
+    if !(limit == v.limit || (limit > v.limit && v.later_limit_ok)) {
+        return None;
+    }
+    // What the agent's index changed.
+    let mut changed: Vec<Vec<u8>> = Vec::new();
+    let mut indexed: Option<Vec<Vec<u8>>> = None;
+    if std::fs::read(temp).ok()? != v.index {
+        let entries = listing(at, temp).await?;
+        let mut mine = BTreeMap::new();
+        for e in &entries {
+            if e.mode == GITLINK
+                || e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) != 0
+                || e.stage != "0"
+            {
+                return None;
+            }
+            mine.insert(e.path.as_slice(), e.record.as_slice());
+        }
+        for (p, r) in &mine {
+            if v.entries.get(*p).map(Vec::as_slice) != Some(*r) {
+                changed.push(p.to_vec());
+            }
+        }
+        for p in v.entries.keys() {
+            if !mine.contains_key(p.as_slice()) {
+                changed.push(p.clone());
+            }
+        }
+        indexed = Some(entries.into_iter().map(|e| e.path).collect());
+    }
+    let upper = layer.dir.join("upper");
+    let mut pointer = b"gitdir: ".to_vec();
+    pointer.extend_from_slice(git_dir.as_os_str().as_encoded_bytes());
+    pointer.push(b'\n');
+    let mut cands = upper_candidates(&upper, &layer.base, &pointer)?;
+    for p in changed {
+        let name = p.rsplit(|&b| b == b'/').next().unwrap_or(&p);
+        if reaches_beyond(name) {
+            return None;
+        }
+        if cands.paths.contains_key(&p) {
+            continue;
+        }
+        let exists = {
+            use std::os::unix::ffi::OsStrExt;
+            std::fs::symlink_metadata(layer.base.join(std::ffi::OsStr::from_bytes(&p))).is_ok()
+        };
+        cands.paths.insert(p, exists);
+    }
+    // A path under another candidate is covered by it (a pathspec names a whole subtree).
+    let covered = |p: &[u8]| {
+        p.iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'/' && cands.paths.contains_key(&p[..i]))
+    };
+    let paths: Vec<(Vec<u8>, bool)> = cands
+        .paths
+        .iter()
+        .filter(|(p, _)| !covered(p))
+        .map(|(p, e)| (p.clone(), *e))
+        .collect();
+    // Nothing changed: the snapshot's tree is the final one, as the full staging finds.
+    if paths.is_empty() {
+        return Some(String::new());
+    }
+    // Whether an index entry is `p` or lies under it (both lists are sorted by path).
+    let in_index = |p: &[u8]| {
+        let mut dir = p.to_vec();
+        dir.push(b'/');
+        let first_from = |from: &[u8]| -> Option<Vec<u8>> {
+            match &indexed {
+                Some(list) => list
+                    .get(list.partition_point(|q| q.as_slice() < from))
+                    .cloned(),
+                None => v
+                    .entries
+                    .range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
+                    .next()
+                    .map(|(q, _)| q.clone()),
+            }
+        };
+        first_from(p).is_some_and(|q| q == p)
+            || first_from(&dir).is_some_and(|q| q.starts_with(&dir))
+    };
+    // `git add` refuses a pathspec that matches nothing (a whiteout of a file no index
+    // holds) and one that is ignored: neither is staged by `git add -A` either.
+    let matching: Vec<Vec<u8>> = paths
+        .iter()
+        .filter(|(p, exists)| *exists || in_index(p))
+        .map(|(p, _)| p.clone())
+        .collect();
+    let ignored: Vec<Vec<u8>> = if matching.is_empty() {
+        Vec::new()
+    } else {
+        // (check-ignore takes no literal pathspecs: a name with glob characters may then be
+        // taken for tracked and not reported; `git add` below then refuses it, which falls
+        // back.)
+        let mut cmd = at.git(&["check-ignore", "-z", "--stdin"]);
+        cmd.env("GIT_INDEX_FILE", temp);
+        match run_with_input(cmd, "git check-ignore".into(), nul_list(matching.iter())).await {
+            Ok(out) => out
+                .stdout
+                .split(|&b| b == 0)
+                .filter(|p| !p.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect(),
+            // 1: none is ignored.
+            Err(e) if e.code == Some(1) => Vec::new(),
+            Err(_) => return None,
+        }
+    };
+    let ignored: std::collections::BTreeSet<Vec<u8>> = ignored.into_iter().collect();
+    let staged: Vec<&Vec<u8>> = matching.iter().filter(|p| !ignored.contains(*p)).collect();
+    if !staged.is_empty() {
+        let mut cmd = at.git(&[
+            "--literal-pathspecs",
+            "add",
+            "-A",
+            "--pathspec-from-file=-",
+            "--pathspec-file-nul",
+        ]);
+        cmd.env("GIT_INDEX_FILE", temp);
+        run_with_input(
+            cmd,
+            "git add -A (candidates)".into(),
+            nul_list(staged.into_iter()),
+        )
+        .await
+        .ok()?;
+    }
+    // The candidates' entries as staged.
+    let entries = listing(at, temp).await?;
+    let mut info = Vec::new();
+    for e in &entries {
+        if !paths.iter().any(|(p, _)| under(&e.path, p)) {
+            continue;
+        }
+        if e.mode == GITLINK
+            || e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) != 0
+            || e.stage != "0"
+        {
+            return None;
+        }
+        info.extend_from_slice(format!("{} {}\t", e.mode, e.oid).as_bytes());
+        info.extend_from_slice(&e.path);
+        info.push(0);
+    }
+    // The final tree: the snapshot's, the candidates' entries replaced.
+    let fin = TempIndex::empty_beside(index);
+    git_with_index(
+        at.git(&["read-tree", &snapshot.tree]),
+        &fin.path,
+        "git read-tree <snapshot>",
+    )
+    .await
+    .ok()?;
+    let mut rm = at.git(&[
+        "--literal-pathspecs",
+        "rm",
+        "--cached",
+        "-r",
+        "-f",
+        "-q",
+        "--ignore-unmatch",
+        "--pathspec-from-file=-",
+        "--pathspec-file-nul",
+    ]);
+    rm.env("GIT_INDEX_FILE", &fin.path);
+    run_with_input(
+        rm,
+        "git rm --cached (candidates)".into(),
+        nul_list(paths.iter().map(|(p, _)| p)),
+    )
+    .await
+    .ok()?;
+    if !info.is_empty() {
+        let mut add = at.git(&["update-index", "-z", "--add", "--replace", "--index-info"]);
+        add.env("GIT_INDEX_FILE", &fin.path);
+        run_with_input(add, "git update-index --index-info".into(), info)
+            .await
+            .ok()?;
+    }
+    let final_tree = write_tree(at, &fin.path).await.ok()?;
+    drop(fin);
+    patch_of_trees(at, index, base, Some(&snapshot.tree), &final_tree)
+        .await
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_with_newlines_in_names_is_read_entry_by_entry() {
+        // (`dev` and `ino` are separated by a tab, as are `size` and `flags`.)
+        let stat = "  ctime: 1:2\n  mtime: 3:4\n  dev: 5\tino: 6\n  uid: 7\tgid: 8\n  size: 9\tflags: 8000\n";
+        let mut out = Vec::new();
+        out.extend_from_slice(b"100644 e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0\ta\nb");
+        out.push(0);
+        out.extend_from_slice(stat.as_bytes());
+        out.extend_from_slice(b"120000 e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0\tc");
+        out.push(0);
+        out.extend_from_slice(stat.as_bytes());
+        let e = parse_listing(&out).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].path, b"a\nb");
+        assert_eq!(e[0].mtime, 3);
+        assert_eq!(e[0].flags, CE_VALID);
+        assert_eq!(e[1].mode, "120000");
+        assert_eq!(e[1].path, b"c");
+        assert!(parse_listing(b"garbage").is_none_or(|e| e.is_empty()));
+    }
+
+    #[test]
+    fn a_path_is_under_itself_and_its_directories_only() {
+        assert!(under(b"a/b", b"a"));
+        assert!(under(b"a", b"a"));
+        assert!(!under(b"ab", b"a"));
+    }
+}
