@@ -132,16 +132,29 @@ pub(crate) async fn patch_of_trees(
     final_tree: &str,
 ) -> Result<String> {
     let final_tree = final_tree.to_string();
-    let target = match since {
-        None => final_tree,
+    match since {
+        None => diff(worktree, base, &final_tree).await,
         Some(snapshot) => {
             let changes = changed_entries(worktree, snapshot, &final_tree).await?;
-            if changes.is_empty() {
-                return Ok(String::new());
-            }
-            overlay(worktree, index, base, changes).await?
+            patch_of_changes(worktree, index, base, changes).await
         }
-    };
+    }
+}
+
+/// The patch from `base` (a commit) for `changes`, the `update-index -z --index-info` records
+/// of the paths the agent changed (mode 0: removed); empty when there are none. The second
+/// half of [`patch_of_trees`], which [`super::layer_patch`] reaches with the records it made
+/// itself.
+pub(crate) async fn patch_of_changes(
+    worktree: At<'_>,
+    index: &Path,
+    base: &str,
+    changes: Vec<u8>,
+) -> Result<String> {
+    if changes.is_empty() {
+        return Ok(String::new());
+    }
+    let target = overlay(worktree, index, base, changes).await?;
     diff(worktree, base, &target).await
 }
 
