@@ -1,6 +1,6 @@
 //! The end of an Implementor on a copy-on-write layer: reading its work out.
 //!
-//! `cargo bench --bench layer_end` (env `BENCH_FILES`, default 100,000 generated files;
+//! `cargo bench --bench layer_end` (figures: docs/benchmarks.md; env `BENCH_FILES`, default 100,000 generated files;
 //! `BENCH_N`, default 5 rounds; `BENCH_TMP`, where the repository goes, default the system's
 //! temp dir). One layered checkout over the base of the repository's commit; the "agent" (a
 //! shell in the checkout's own jail) changes one file; then, alternating which goes first, the
