@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench layer_end` (figures: docs/benchmarks.md; env `BENCH_FILES`, default 100,000 generated files;
 //! `BENCH_N`, default 5 rounds; `BENCH_TMP`, where the repository goes, default the system's
-//! temp dir). One layered checkout over the base of the repository's commit; the "agent" (a
+//! temp dir; `BENCH_GIT_STATUS`, see below). One layered checkout over the base of the repository's commit; the "agent" (a
 //! shell in the checkout's own jail) changes one file; then, alternating which goes first, the
 //! extraction as the adapter does it now and the full walk it did before (every file staged
 //! through the overlay), measured in the same run. Both patches must be byte-identical.
@@ -142,7 +142,14 @@ fn main() {
         objects: vec![root.join(".git/objects")],
         layer: Some(layer.mounts(&wt.path)),
     });
-    let script = "printf '// changed by the agent\\n' >> src/m42/s7/f042.rs";
+    // `BENCH_GIT_STATUS=1`: the agent also runs `git status` first, as the CLI does when it
+    // starts, which rewrites the checkout's index (its racily clean entries refreshed): the
+    // extraction then compares that index with the base's.
+    let script = if std::env::var_os("BENCH_GIT_STATUS").is_some() {
+        "git status --short >/dev/null && printf '// changed by the agent\\n' >> src/m42/s7/f042.rs"
+    } else {
+        "printf '// changed by the agent\\n' >> src/m42/s7/f042.rs"
+    };
     let out = rt
         .block_on(async {
             jail.command("sh".as_ref(), &["-c".into(), script.into()])

@@ -46,6 +46,10 @@ fn repo() -> (tempfile::TempDir, PathBuf) {
         std::fs::write(root.join(p), c).unwrap();
     }
     git(&root, &["add", "-A"]);
+    // A tracked directory whose name an ignore rule matches.
+    std::fs::create_dir_all(root.join("trace.log")).unwrap();
+    std::fs::write(root.join("trace.log/kept.txt"), b"kept\n").unwrap();
+    git(&root, &["add", "-f", "trace.log/kept.txt"]);
     git(&root, &["commit", "-q", "-m", "base"]);
     let root = std::fs::canonicalize(root).unwrap();
     (tmp, root)
@@ -137,15 +141,25 @@ const CASES: &[(&str, bool)] = &[
          update-index --add --cacheinfo 100644,$(git hash-object -w o),c.txt && rm o",
         true,
     ),
-    // New directories, deep files, a file where a new directory was. (A directory where a
-    // file of the base was cannot be made on these layers: overlayfs mounted without extended
-    // attributes answers EIO, as it does to removing a directory of the base.)
+    // New directories, deep files, a file where a new directory was.
     (
         "mkdir -p newdir/sub && echo a > newdir/sub/f && echo b > src/deep/er/g.rs && rm \
          src/deep/er/f.rs && rm c.txt && mkdir -p n2/d && echo x > n2/d/f && rm -r n2/d && echo \
          f > n2/d",
         true,
     ),
+    // Directories of the base: removed (a whiteout), one whose name an ignore rule matches
+    // among them; made anew (opaque); moved (copied, then removed); a file where one was, one
+    // where a file was.
+    ("rm -r src/deep && rm -r trace.log", true),
+    (
+        "rm -r src/deep && mkdir -p src/deep/er && echo new > src/deep/er/f.rs && echo n > \
+         src/deep/n.rs",
+        true,
+    ),
+    ("mv src/deep src/moved", true),
+    ("rm -r src/deep && echo f > src/deep", true),
+    ("rm a.txt && mkdir a.txt && echo x > a.txt/f", true),
     // A same-size edit, and one back-dated.
     (
         "printf 'export const answer = 43;\\n' > src/index.js && m=$(stat -c %Y a.txt) && printf \
@@ -189,6 +203,10 @@ async fn every_patch_case_read_from_the_layer_is_byte_identical_to_the_full_stag
         // patch is empty either way.)
         if script.contains("new.bin") {
             assert!(full.contains("new.bin") && full.contains("e.txt"), "{full}");
+        }
+        if script.contains("rm -r trace.log") {
+            assert!(full.contains("deleted file mode 100644\nindex "), "{full}");
+            assert!(full.contains("trace.log/kept.txt"), "{full}");
         }
         wt.cleanup().await.unwrap();
     }

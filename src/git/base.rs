@@ -471,6 +471,7 @@ impl RepoGit {
         let Some(snapshot) = base.snapshot().cloned() else {
             return;
         };
+        let commit = base.commit.clone();
         if cell.initialized() || !sandbox.confines().await {
             return;
         }
@@ -497,7 +498,7 @@ impl RepoGit {
                     dir: &target,
                     jail: Some(jail.as_ref()),
                 };
-                super::layer_patch::verify(at, &layer, &snapshot)
+                super::layer_patch::verify(at, &layer, &commit, &snapshot)
                     .await
                     .map(Arc::new)
             })

@@ -41,27 +41,22 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::command::{run, run_with_input, At};
+use super::command::{neutral_git_sh, run, run_with_input, At};
+use super::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
 use super::layer::Layer;
 use super::patch::{
-    git_with_index, index_path, patch_of_changes, stage_all, unix_now, Snapshot, TempIndex,
+    diff, git_with_index, index_path, patch_of_changes, records_of_raw_diff, stage_all, unix_now,
+    Snapshot, TempIndex,
 };
 use crate::error::Result;
-
-/// `ce_flags` bits (git's `cache.h`) that make `git add -A` treat an entry apart.
-const CE_VALID: u32 = 0x8000;
-const CE_INTENT_TO_ADD: u32 = 1 << 29;
-const CE_SKIP_WORKTREE: u32 = 1 << 30;
-const GITLINK: &str = "160000";
-const NULL_OID: &str = "0000000000000000000000000000000000000000";
 
 /// What the verification of a base established (module docs).
 #[derive(Debug)]
 pub(crate) struct Verified {
     /// The base's index, as every layer over it starts with it.
     index: Vec<u8>,
-    /// Its entries: path → everything `ls-files --stage --debug` says of it but the path and
-    /// the device ([`Entry::stat`]).
+    /// Its entries: path → everything the index keeps of it but the path and the device
+    /// ([`index_file::Entry::record`]).
     entries: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The mtime (seconds, nanoseconds) of the verification's copy of the index.
     limit: (i64, i64),
@@ -72,13 +67,14 @@ pub(crate) struct Verified {
     host: Vec<u8>,
     /// The base's config, which a layer's must still be.
     config: Vec<u8>,
+    /// The base's commit and its tree (see [`from_layer`]'s use of them).
+    base_commit: String,
+    base_tree: String,
 }
 
 /// One entry of `git ls-files --stage --debug -z`.
 struct Entry {
     path: Vec<u8>,
-    /// The line without its path, and the stat lines.
-    record: Vec<u8>,
     mode: String,
     oid: String,
     stage: String,
@@ -128,12 +124,8 @@ fn parse_listing(out: &[u8]) -> Option<Vec<Entry>> {
         let flags = u32::from_str_radix(flags.trim(), 16).ok()?;
         let ino = dev_ino.split_once('\t')?.1;
         let stat_key = format!("{ctime}\n{mtime_line}\n{ino}\n{ids}\n{size}");
-        // The entry as git judges it: the device aside (module docs of `Entry::stat`).
-        let mut record = head[..tab].to_vec();
-        record.extend_from_slice(format!("\n{stat_key}\n{flags:x}").as_bytes());
         entries.push(Entry {
             path: head[tab + 1..].to_vec(),
-            record,
             mode: mode.to_string(),
             oid: oid.to_string(),
             stage: stage.to_string(),
@@ -188,8 +180,20 @@ async fn host_git() -> Vec<u8> {
 /// `at`): the extraction's staging there must give the snapshot's tree (module docs). None
 /// when it does not, or anything on the way is not as expected: the base's layers then take
 /// the full path.
-pub(crate) async fn verify(at: At<'_>, layer: &Layer, snapshot: &Snapshot) -> Option<Verified> {
+pub(crate) async fn verify(
+    at: At<'_>,
+    layer: &Layer,
+    commit: &str,
+    snapshot: &Snapshot,
+) -> Option<Verified> {
     let started = unix_now() as i64;
+    let base_tree = run(
+        at.git(&["rev-parse", "--verify", &format!("{commit}^{{tree}}")]),
+        "git rev-parse <base>^{tree}".into(),
+    )
+    .await
+    .ok()?;
+    let base_tree = String::from_utf8(base_tree.stdout).ok()?.trim().to_string();
     let host = host_git().await;
     let git_dir = layer.git_dir();
     let index = std::fs::read(git_dir.join("index")).ok()?;
@@ -203,10 +207,26 @@ pub(crate) async fn verify(at: At<'_>, layer: &Layer, snapshot: &Snapshot) -> Op
         tracing::debug!(base = %layer.base.display(), "the base's layers take the full extraction: an untouched layer does not stage to the snapshot");
         return None;
     }
+    // The base's index as this reads it, which must be what git lists.
+    let parsed = index_file::entries(&index)?;
+    let same = parsed.len() == before.len()
+        && parsed.iter().zip(&before).all(|(p, b)| {
+            p.path == b.path
+                && format!("{:o}", p.mode) == b.mode
+                && p.oid_hex() == b.oid
+                && p.stage().to_string() == b.stage
+        });
+    if !same {
+        return None;
+    }
+    let entries = parsed
+        .iter()
+        .map(|e| (e.path.clone(), e.record_bytes()))
+        .collect();
     let after = listing(at, &temp.path).await?;
     let plain = |e: &Entry| {
         e.stage == "0"
-            && e.mode != GITLINK
+            && e.mode != format!("{GITLINK_MODE:o}")
             && e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) == 0
     };
     if !before.iter().chain(&after).all(plain) {
@@ -230,11 +250,13 @@ pub(crate) async fn verify(at: At<'_>, layer: &Layer, snapshot: &Snapshot) -> Op
     }
     Some(Verified {
         index,
-        entries: before.into_iter().map(|e| (e.path, e.record)).collect(),
+        entries,
         limit,
         later_limit_ok,
         host,
         config,
+        base_commit: commit.to_string(),
+        base_tree,
     })
 }
 
@@ -285,16 +307,23 @@ fn upper_candidates(upper: &Path, base: &Path, pointer: &[u8]) -> Option<Candida
             if reaches_beyond(name) {
                 return None;
             }
+            // overlayfs marks in extended attributes a directory opaque (nothing below it is
+            // the base's: a candidate as a whole, as a new one is) or redirected, a whiteout or
+            // a file whose data is below: what is seen through those is not what their place
+            // in `upper/` says, and is not handled here.
+            let opaque = match overlay_marks(&e.path())? {
+                Marks::Bookkeeping => false,
+                Marks::Opaque if t.is_dir() => true,
+                Marks::Opaque | Marks::Other => return None,
+            };
             if !t.is_dir() {
                 let whiteout = t.is_char_device() && m.rdev() == 0;
                 out.paths.insert(path, !whiteout);
                 continue;
             }
-            // overlayfs marks a directory opaque or redirected in an extended attribute; so
-            // may anything else that changes what is seen through it: not handled here.
-            match xattr_count(&e.path()) {
-                Some(0) => {}
-                _ => return None,
+            if opaque {
+                out.paths.insert(path, true);
+                continue;
             }
             let lower = base.join(std::ffi::OsStr::from_bytes(&path));
             match std::fs::symlink_metadata(&lower) {
@@ -313,20 +342,64 @@ fn upper_candidates(upper: &Path, base: &Path, pointer: &[u8]) -> Option<Candida
     Some(out)
 }
 
-/// How many extended attributes `path` has (not following a symlink); None: unknown.
-fn xattr_count(path: &Path) -> Option<usize> {
+/// The extended attributes overlayfs (mounted with `userxattr`) sets on what it copies up,
+/// which say where an entry came from (inode numbers) and change nothing of what is seen.
+const BOOKKEEPING_MARKS: &[&[u8]] = &[
+    b"user.overlay.origin",
+    b"user.overlay.impure",
+    b"user.overlay.uuid",
+    b"user.overlay.nlink",
+];
+
+/// What the extended attributes of an entry of `upper/` say (see [`overlay_marks`]).
+enum Marks {
+    /// None, or [`BOOKKEEPING_MARKS`] only.
+    Bookkeeping,
+    /// Those and `user.overlay.opaque=y`: a directory that hides the base's below it.
+    Opaque,
+    /// Anything else.
+    Other,
+}
+
+/// The extended attributes of `path` (not followed if a symlink); None: unreadable.
+fn overlay_marks(path: &Path) -> Option<Marks> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid NUL-terminated path; a null buffer of size 0 asks for the size only.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-    match n {
-        0 => Some(0),
-        n if n > 0 => Some(n as usize),
-        _ => {
-            let e = std::io::Error::last_os_error();
-            (e.raw_os_error() == Some(libc::ENOTSUP)).then_some(0)
-        }
+    let mut names = vec![0u8; 1024];
+    // SAFETY: a valid NUL-terminated path and a buffer of the length given.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        // No extended attributes on this file system; anything else (a list longer than
+        // the buffer: ERANGE) is not what overlayfs leaves.
+        let e = std::io::Error::last_os_error();
+        return (e.raw_os_error() == Some(libc::ENOTSUP)).then_some(Marks::Bookkeeping);
     }
+    names.truncate(n as usize);
+    let mut marks = Marks::Bookkeeping;
+    for name in names.split(|&b| b == 0).filter(|name| !name.is_empty()) {
+        if BOOKKEEPING_MARKS.contains(&name) {
+            continue;
+        }
+        if name != b"user.overlay.opaque" {
+            return Some(Marks::Other);
+        }
+        let mut value = [0u8; 2];
+        // SAFETY: as above; `name` is NUL-terminated in `names` (llistxattr's format).
+        let len = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                name.as_ptr().cast(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        // "y": opaque; "x" (a directory holding whiteouts as files) and anything else: other.
+        if len != 1 || value[0] != b'y' {
+            return Some(Marks::Other);
+        }
+        marks = Marks::Opaque;
+    }
+    Some(marks)
 }
 
 /// Whether the layer's git dir holds nothing that changes how git stages (module docs): only
@@ -452,11 +525,6 @@ fn read_regular(path: &Path) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Whether `path` is `prefix` or lies under it.
-fn under(path: &[u8], prefix: &[u8]) -> bool {
-    path.starts_with(prefix) && (path.len() == prefix.len() || path[prefix.len()] == b'/')
-}
-
 /// NUL-terminated paths, for `--pathspec-from-file=- --pathspec-file-nul` and `--stdin -z`.
 fn nul_list<'a>(paths: impl Iterator<Item = &'a Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -504,25 +572,26 @@ async fn from_layer(
     // What the agent's index changed.
     let mut changed: Vec<Vec<u8>> = Vec::new();
     let mut indexed: Option<Vec<Vec<u8>>> = None;
-    if std::fs::read(temp).ok()? != v.index {
-        let entries = listing(at, temp).await?;
-        let mut mine = BTreeMap::new();
+    let mine = std::fs::read(temp).ok()?;
+    if mine != v.index {
+        let entries = index_file::entries(&mine)?;
+        let mut records = BTreeMap::new();
         for e in &entries {
-            if e.mode == GITLINK
+            if e.mode == GITLINK_MODE
                 || e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) != 0
-                || e.stage != "0"
+                || e.stage() != 0
             {
                 return None;
             }
-            mine.insert(e.path.as_slice(), e.record.as_slice());
+            records.insert(e.path.as_slice(), e.record_bytes());
         }
-        for (p, r) in &mine {
-            if v.entries.get(*p).map(Vec::as_slice) != Some(*r) {
+        for (p, r) in &records {
+            if v.entries.get(*p) != Some(r) {
                 changed.push(p.to_vec());
             }
         }
         for p in v.entries.keys() {
-            if !mine.contains_key(p.as_slice()) {
+            if !records.contains_key(p.as_slice()) {
                 changed.push(p.clone());
             }
         }
@@ -582,22 +651,22 @@ async fn from_layer(
         first_from(p).is_some_and(|q| q == p)
             || first_from(&dir).is_some_and(|q| q.starts_with(&dir))
     };
-    // `git add` refuses a pathspec that matches nothing (a whiteout of a file no index
-    // holds) and one that is ignored: neither is staged by `git add -A` either.
-    let matching: Vec<Vec<u8>> = paths
+    // `git add` refuses a pathspec that matches nothing (a whiteout where no index entry is)
+    // and one naming an ignored untracked path: neither is staged by `git add -A` either.
+    // Only a path with nothing tracked at or under it can be left out so; one that has (a
+    // deleted directory whose name a rule ignores) is staged, and should `git add` then
+    // refuse it, the extraction falls back.
+    let (tracked, untracked): (Vec<_>, Vec<_>) = paths
         .iter()
         .filter(|(p, exists)| *exists || in_index(p))
-        .map(|(p, _)| p.clone())
-        .collect();
-    let ignored: Vec<Vec<u8>> = if matching.is_empty() {
-        Vec::new()
+        .partition(|(p, _)| in_index(p));
+    let ignored = if untracked.is_empty() {
+        std::collections::BTreeSet::new()
     } else {
-        // (check-ignore takes no literal pathspecs: a name with glob characters may then be
-        // taken for tracked and not reported; `git add` below then refuses it, which falls
-        // back.)
-        let mut cmd = at.git(&["check-ignore", "-z", "--stdin"]);
-        cmd.env("GIT_INDEX_FILE", temp);
-        match run_with_input(cmd, "git check-ignore".into(), nul_list(matching.iter())).await {
+        // Nothing of these is in the index, so it need not be read (100,000 entries: 8 MiB).
+        let cmd = at.git(&["check-ignore", "--no-index", "-z", "--stdin"]);
+        let names = nul_list(untracked.iter().map(|(p, _)| p));
+        match run_with_input(cmd, "git check-ignore --no-index".into(), names).await {
             Ok(out) => out
                 .stdout
                 .split(|&b| b == 0)
@@ -605,104 +674,63 @@ async fn from_layer(
                 .map(<[u8]>::to_vec)
                 .collect(),
             // 1: none is ignored.
-            Err(e) if e.code == Some(1) => Vec::new(),
+            Err(e) if e.code == Some(1) => std::collections::BTreeSet::new(),
             Err(_) => return None,
         }
     };
-    let ignored: std::collections::BTreeSet<Vec<u8>> = ignored.into_iter().collect();
-    let staged: Vec<&Vec<u8>> = matching.iter().filter(|p| !ignored.contains(*p)).collect();
-    if !staged.is_empty() {
-        let mut cmd = at.git(&[
-            "--literal-pathspecs",
-            "add",
-            "-A",
-            "--pathspec-from-file=-",
-            "--pathspec-file-nul",
-        ]);
-        cmd.env("GIT_INDEX_FILE", temp);
-        run_with_input(
-            cmd,
-            "git add -A (candidates)".into(),
-            nul_list(staged.into_iter()),
-        )
-        .await
-        .ok()?;
-    }
-    // The candidates' entries as staged (named on the command line when they are few).
-    let named: usize = paths.iter().map(|(p, _)| p.len() + 1).sum();
-    let entries = if named <= 64 << 10 && paths.iter().all(|(p, _)| !p.contains(&0)) {
-        let mut args: Vec<std::ffi::OsString> = [
-            "--literal-pathspecs",
-            "ls-files",
-            "--stage",
-            "--debug",
-            "-z",
-            "--",
-        ]
+    let staged: Vec<&Vec<u8>> = tracked
         .iter()
-        .map(Into::into)
+        .chain(untracked.iter().filter(|(p, _)| !ignored.contains(p)))
+        .map(|(p, _)| p)
         .collect();
-        args.extend(paths.iter().map(|(p, _)| {
-            use std::os::unix::ffi::OsStrExt;
-            std::ffi::OsStr::from_bytes(p).to_os_string()
-        }));
-        let out = git_with_index(at.git(&args), temp, "git ls-files (candidates)")
-            .await
-            .ok()?;
-        parse_listing(&out)?
-    } else {
-        listing(at, temp).await?
-    };
-    let mut staged: BTreeMap<Vec<u8>, (String, String)> = BTreeMap::new();
-    for e in entries {
-        if !paths.iter().any(|(p, _)| under(&e.path, p)) {
-            continue;
-        }
-        if e.mode == GITLINK
-            || e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) != 0
-            || e.stage != "0"
-        {
-            return None;
-        }
-        staged.insert(e.path, (e.mode, e.oid));
+    let (tree, changes) = stage_candidates(at, temp, &snapshot.tree, &staged).await?;
+    if changes.is_empty() {
+        return Some(String::new());
     }
-    // The snapshot's entries there.
-    let out = run(
-        at.git(&["ls-tree", "-r", "-z", "--full-tree", &snapshot.tree]),
-        "git ls-tree -r <snapshot>".into(),
+    // With no tracked change of the setup's (the snapshot is the base commit's tree), the
+    // base's tree with the agent's changes applied — what `patch_of_changes` builds in an
+    // index of the whole tree — is the final tree itself: every entry outside the changes is
+    // the snapshot's, that is the base's, and both trees were written by `write-tree`.
+    if v.base_commit == base && v.base_tree == snapshot.tree {
+        return diff(at, base, &tree).await.ok();
+    }
+    patch_of_changes(at, index, base, changes).await.ok()
+}
+
+/// Stages `paths` (none: the index is taken as it is) into the copy of the agent's index at
+/// `temp`, writes the final tree and lists how it differs from `snapshot`, in one jail (one
+/// bubblewrap, one overlay mount; the paths on stdin): the final tree and the records
+/// [`patch_of_changes`] takes. `index.skipHash`: the copy is written twice and read by
+/// nothing else, so its checksum over 8 MiB (100,000 entries) is not worth computing.
+async fn stage_candidates(
+    at: At<'_>,
+    temp: &Path,
+    snapshot: &str,
+    paths: &[&Vec<u8>],
+) -> Option<(String, Vec<u8>)> {
+    let g = neutral_git_sh();
+    let script = format!(
+        "set -e; if [ \"$1\" = add ]; then {g} -c index.skipHash=true --literal-pathspecs add \
+         -A --pathspec-from-file=- --pathspec-file-nul; fi; t=$({g} -c index.skipHash=true \
+         write-tree); echo \"$t\"; {g} diff-tree -r -z --no-renames \"$2\" \"$t\""
+    );
+    let add = if paths.is_empty() { "-" } else { "add" };
+    let mut cmd = at.sh(&script, &[add.into(), snapshot.into()]);
+    cmd.env("GIT_INDEX_FILE", temp);
+    let out = run_with_input(
+        cmd,
+        "git add -A (candidates); git write-tree; git diff-tree (snapshot..final)".into(),
+        nul_list(paths.iter().copied()),
     )
     .await
     .ok()?;
-    let mut before: BTreeMap<Vec<u8>, (String, String)> = BTreeMap::new();
-    for rec in out.stdout.split(|&b| b == 0).filter(|r| !r.is_empty()) {
-        // "<mode> <type> <oid>\t<path>"
-        let tab = rec.iter().position(|&b| b == b'\t')?;
-        let path = &rec[tab + 1..];
-        if !paths.iter().any(|(p, _)| under(path, p)) {
-            continue;
-        }
-        let meta = std::str::from_utf8(&rec[..tab]).ok()?;
-        let mut f = meta.split(' ');
-        let (mode, _kind, oid) = (f.next()?, f.next()?, f.next()?);
-        before.insert(path.to_vec(), (mode.to_string(), oid.to_string()));
+    let newline = out.stdout.iter().position(|&b| b == b'\n')?;
+    let tree = std::str::from_utf8(&out.stdout[..newline]).ok()?;
+    if tree.is_empty() || !tree.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
     }
-    // What `git diff-tree -r --no-renames <snapshot> <final>` gives `patch_of_trees`: the
-    // final tree is the snapshot's with the candidates' entries replaced, so the paths that
-    // differ are theirs.
-    let mut changes = Vec::new();
-    let all: std::collections::BTreeSet<&Vec<u8>> = before.keys().chain(staged.keys()).collect();
-    for path in all {
-        let record = match (before.get(path), staged.get(path)) {
-            (Some(b), Some(a)) if a == b => continue,
-            (_, Some((mode, oid))) => format!("{mode} {oid}\t"),
-            (Some(_), None) => format!("0 {NULL_OID}\t"),
-            (None, None) => continue,
-        };
-        changes.extend_from_slice(record.as_bytes());
-        changes.extend_from_slice(path);
-        changes.push(0);
-    }
-    patch_of_changes(at, index, base, changes).await.ok()
+    let changes = records_of_raw_diff(&out.stdout[newline + 1..]).ok()?;
+    Some((tree.to_string(), changes))
 }
 
 #[cfg(test)]
@@ -728,12 +756,5 @@ mod tests {
         assert_eq!(e[1].mode, "120000");
         assert_eq!(e[1].path, b"c");
         assert!(parse_listing(b"garbage").is_none_or(|e| e.is_empty()));
-    }
-
-    #[test]
-    fn a_path_is_under_itself_and_its_directories_only() {
-        assert!(under(b"a/b", b"a"));
-        assert!(under(b"a", b"a"));
-        assert!(!under(b"ab", b"a"));
     }
 }

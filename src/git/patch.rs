@@ -218,8 +218,14 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
     .map_err(|e| {
         AdapterError::extract("cannot compare the worktree with its snapshot").with_cause(e)
     })?;
+    records_of_raw_diff(&out.stdout)
+}
+
+/// The `update-index -z --index-info` records of `git diff-tree -r -z --no-renames`'s output
+/// (see [`changed_entries`]).
+pub(crate) fn records_of_raw_diff(raw: &[u8]) -> Result<Vec<u8>> {
     let mut records = Vec::new();
-    let mut fields = out.stdout.split(|&b| b == 0).filter(|f| !f.is_empty());
+    let mut fields = raw.split(|&b| b == 0).filter(|f| !f.is_empty());
     while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
         // ":<old mode> <new mode> <old oid> <new oid> <status>"
         let meta = String::from_utf8_lossy(meta);
@@ -269,7 +275,7 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
 }
 
 /// `git diff-tree --binary -M <base tree> <target tree>`, made UTF-8.
-async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
+pub(crate) async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
     let base_tree = format!("{base}^{{tree}}");
     let args = [
         "-c",
