@@ -34,6 +34,8 @@ pub(crate) struct Entry<'a> {
     pub record: [&'a [u8]; 2],
     pub mode: u32,
     pub flags: u32,
+    /// Where it starts in the file.
+    pub offset: usize,
 }
 
 impl Entry<'_> {
@@ -48,6 +50,15 @@ impl Entry<'_> {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+
+    /// Its mtime as stored: seconds, nanoseconds.
+    pub(crate) fn mtime(&self) -> (u32, u32) {
+        let b = self.record[0];
+        (
+            u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
+            u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+        )
     }
 
     /// [`Entry::record`] as one byte string.
@@ -134,6 +145,7 @@ pub(crate) fn entries(data: &[u8]) -> Option<Vec<Entry<'_>>> {
             record: [&entry[..DEV.start], &entry[DEV.end..]],
             mode: be32(entry, 24)?,
             flags,
+            offset: start,
             path: path.clone(),
         });
         previous = path;
@@ -150,6 +162,11 @@ pub(crate) fn entries(data: &[u8]) -> Option<Vec<Entry<'_>>> {
     }
     (at == end).then_some(out)
 }
+
+/// Where an entry's file size is (from its start): git's own "smudge" of an entry it cannot
+/// trust sets it to 0, after which the entry never matches its file by stat data (an entry of
+/// size 0 matches only an empty file, and then only if it names the empty blob).
+pub(crate) const SIZE: std::ops::Range<usize> = 36..40;
 
 /// git's offset varint (`varint.c`): 7 bits a byte, high bit: more, each continuation adds 1.
 fn varint(b: &[u8]) -> Option<(usize, usize)> {

@@ -10,17 +10,23 @@
 //! extraction runs it (jailed, on a layer with nothing written, the same index and racy-clean
 //! limit) gives exactly the snapshot tree. So the final tree is the snapshot's outside the
 //! candidates, and, for them, what `git add -A` limited to them stages into a copy of the
-//! agent's index. The paths where that tree differs from the snapshot are therefore among the
-//! candidates: their records (what `git diff-tree` of the two trees lists on the full path)
-//! are made from the candidates' entries on both sides, and go through the same code as
-//! before ([`super::patch::patch_of_changes`]), so the patch is byte-identical whenever the
-//! tree is — without writing that tree (two indexes of 100,000 entries).
+//! agent's index; written by `write-tree` and compared with the snapshot by `git diff-tree`,
+//! as on the full path, its records go through the same code as before
+//! ([`super::patch::patch_of_changes`]), so the patch is byte-identical whenever the tree is.
+//!
+//! What it costs at 100,000 files is the index (8 MiB), not the tree: the three git steps run
+//! by one fixed script in one jail (one bubblewrap, one overlay mount; [`stage_candidates`]);
+//! the agent's index is read in place, not listed by git ([`super::index_file`]); git's
+//! re-reading of every racily clean file each time it writes an index is avoided where it
+//! changes no answer ([`keep_racy_answers`]); and when the setup changed no tracked file the
+//! final tree is the patch's target itself, where the full path builds it again in an index
+//! of the whole base tree.
 //!
 //! Why the per-path answer is the same. `git add -A` decides each path by its index entry, its
 //! file and the rules that apply to it (attributes, ignores, config); limited by a pathspec it
 //! makes the same decision for the paths it covers and leaves the others alone. Outside the
 //! candidates the entry is the base's (compared field by field: stat data, flags, mode, oid,
-//! stage, from `git ls-files --stage --debug`), the file is the base's, and the rules are the
+//! stage, as the index file stores them), the file is the base's, and the rules are the
 //! base's, which is checked: the layer's git dir holds nothing that changes them (its config
 //! byte for byte the base's, no `info/` file, nothing git reads that the layer did not start
 //! with), no candidate is a `.gitignore`, `.gitattributes` or `.gitmodules` (their rules reach
@@ -30,13 +36,22 @@
 //! the verification's changes nothing when no entry is racy under one and not the other, or
 //! when every entry that could be is one whose content is its oid (checked at verification).
 //!
+//! A directory of the base the agent removed is a whiteout in `upper/`, one it made anew is
+//! marked opaque (`user.overlay.opaque`, the overlay being mounted with `userxattr`): either is
+//! a candidate as a whole, as a new directory is.
+//!
 //! Everything that is not proven so — a gitlink anywhere, an entry marked assume-unchanged,
-//! skip-worktree or intent-to-add or unmerged, a nested `.git`, a directory of the layer with
-//! extended attributes (overlayfs's opaque or redirect marks) or another mode than the base's,
-//! an index mtime set back before the verification's, a git that fails or complains — makes
+//! skip-worktree or intent-to-add or unmerged, a nested `.git`, an entry of `upper/` with
+//! extended attributes other than overlayfs's bookkeeping and a directory's opaque mark, a
+//! directory of the base with another mode, an index git would read otherwise than
+//! [`super::index_file`] does, an index mtime set back before the verification's, a git that
+//! fails or complains — makes
 //! the extraction take the full path ([`super::patch::agent_patch`]), as it does while a base
-//! is not verified yet. The layer's git dir is the agent's: it is only listed and compared on
-//! the host (no symlink followed, nothing parsed); git reads it in the jail.
+//! is not verified yet. The layer's git dir is the agent's: on the host it is only listed and
+//! compared (no symlink followed) and its index read as bytes (every length checked); git
+//! reads it in the jail, with the hardening of every extraction ([`super::command`]'s
+//! `NEUTRALISED`: no fsmonitor, hooks or transport, stat data trusted no further than git's
+//! racy-clean rule), the agent's paths passed on stdin, never in the script's text.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -571,10 +586,9 @@ async fn from_layer(
     }
     // What the agent's index changed.
     let mut changed: Vec<Vec<u8>> = Vec::new();
-    let mut indexed: Option<Vec<Vec<u8>>> = None;
     let mine = std::fs::read(temp).ok()?;
+    let entries = index_file::entries(&mine)?;
     if mine != v.index {
-        let entries = index_file::entries(&mine)?;
         let mut records = BTreeMap::new();
         for e in &entries {
             if e.mode == GITLINK_MODE
@@ -595,7 +609,6 @@ async fn from_layer(
                 changed.push(p.clone());
             }
         }
-        indexed = Some(entries.into_iter().map(|e| e.path).collect());
     }
     let upper = layer.dir.join("upper");
     let mut pointer = b"gitdir: ".to_vec();
@@ -632,25 +645,8 @@ async fn from_layer(
     if paths.is_empty() {
         return Some(String::new());
     }
-    // Whether an index entry is `p` or lies under it (both lists are sorted by path).
-    let in_index = |p: &[u8]| {
-        let mut dir = p.to_vec();
-        dir.push(b'/');
-        let first_from = |from: &[u8]| -> Option<Vec<u8>> {
-            match &indexed {
-                Some(list) => list
-                    .get(list.partition_point(|q| q.as_slice() < from))
-                    .cloned(),
-                None => v
-                    .entries
-                    .range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
-                    .next()
-                    .map(|(q, _)| q.clone()),
-            }
-        };
-        first_from(p).is_some_and(|q| q == p)
-            || first_from(&dir).is_some_and(|q| q.starts_with(&dir))
-    };
+    // Whether an index entry is `p` or lies under it.
+    let in_index = |p: &[u8]| !under(&entries, p).is_empty();
     // `git add` refuses a pathspec that matches nothing (a whiteout where no index entry is)
     // and one naming an ignored untracked path: neither is staged by `git add -A` either.
     // Only a path with nothing tracked at or under it can be left out so; one that has (a
@@ -683,6 +679,7 @@ async fn from_layer(
         .chain(untracked.iter().filter(|(p, _)| !ignored.contains(p)))
         .map(|(p, _)| p)
         .collect();
+    keep_racy_answers(temp, &mine, &entries, &staged, limit)?;
     let (tree, changes) = stage_candidates(at, temp, &snapshot.tree, &staged).await?;
     if changes.is_empty() {
         return Some(String::new());
@@ -695,6 +692,75 @@ async fn from_layer(
         return diff(at, base, &tree).await.ok();
     }
     patch_of_changes(at, index, base, changes).await.ok()
+}
+
+const EMPTY_BLOB: &str = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391";
+
+/// The entries (sorted as git sorts them) that are `p` or lie under it: one run of them.
+fn under<'e, 'd>(entries: &'e [index_file::Entry<'d>], p: &[u8]) -> &'e [index_file::Entry<'d>] {
+    let mut dir = p.to_vec();
+    dir.push(b'/');
+    let from = entries.partition_point(|e| e.path.as_slice() < p);
+    let exact = entries.get(from).is_some_and(|e| e.path == p);
+    let dirs = from + usize::from(exact);
+    let to = dirs + entries[dirs..].partition_point(|e| e.path.starts_with(&dir));
+    if exact || to > dirs {
+        &entries[from..to]
+    } else {
+        &[]
+    }
+}
+
+/// Rewrites the copy of the agent's index at `temp` (read as `data`) so that writing it is
+/// cheap and staging `paths` decides as under `limit`. Under `limit` (the racy-clean limit the
+/// full staging uses) git compares by content every entry of that second or later and, each
+/// time it writes the index, re-reads every such file it did not stage (its "smudge"): on a
+/// checkout made in the seconds before the snapshot, that is most of 100,000 files read through
+/// the overlay. Only the staged paths' answers matter here (the others are not staged, and a
+/// smudge changes stat data, never the tree), so the copy is stamped now, and the entries
+/// under the staged paths that are racy under `limit` are smudged as git would (size 0): git
+/// then compares them by content, as under `limit`. None where which entries are racy depends
+/// on how git was built (nanoseconds of the limit's second).
+fn keep_racy_answers(
+    temp: &Path,
+    data: &[u8],
+    entries: &[index_file::Entry<'_>],
+    paths: &[&Vec<u8>],
+    limit: (i64, i64),
+) -> Option<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut out = data.to_vec();
+    for p in paths {
+        for e in under(entries, p) {
+            let (sec, nsec) = e.mtime();
+            let (sec, nsec) = (i64::from(sec), i64::from(nsec));
+            // Racy as git built with `USE_NSEC` says, and as without it (seconds only).
+            let racy_nsec = sec > limit.0 || (sec == limit.0 && nsec >= limit.1);
+            if racy_nsec != (sec >= limit.0) {
+                return None;
+            }
+            // An entry of size 0 naming the empty blob still matches an empty file by stat
+            // data, where under `limit` its content (through a clean filter) was compared.
+            if racy_nsec && e.oid_hex() == EMPTY_BLOB {
+                return None;
+            }
+            if racy_nsec {
+                out[e.offset + index_file::SIZE.start..e.offset + index_file::SIZE.end].fill(0);
+            }
+        }
+    }
+    // The checksum no longer matches: a null one says "not computed" (`index.skipHash`).
+    let trailer = out.len().checked_sub(20)?;
+    out[trailer..].fill(0);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(temp)
+        .ok()?;
+    f.write_all(&out).ok()?;
+    f.set_modified(std::time::SystemTime::now()).ok()
 }
 
 /// Stages `paths` (none: the index is taken as it is) into the copy of the agent's index at
