@@ -207,7 +207,14 @@ let seq = 0;
 async function session(a, root, role) {
   checkAborted();
   const tag = `s${++seq}`;
-  api.setScript((body) => (assistantTurns(body) === 0 && role === 'implementor' ? reply(bash(`echo ${tag} > bench-${tag}.txt`)) : reply(DONE[role])));
+  // When the model's last answer went out: the end of the session (checkout read out, result
+  // settled) is measured from there.
+  let lastAnswer = 0;
+  api.setScript((body) => {
+    if (assistantTurns(body) === 0 && role === 'implementor') return reply(bash(`echo ${tag} > bench-${tag}.txt`));
+    lastAnswer = performance.now();
+    return reply(DONE[role]);
+  });
   const params = role === 'implementor' ? { role, workItemID: '1', branchName: `bench-${tag}` } : { role, specPaths: [] };
   const basesBefore = entries(root, '.base-');
   const t0 = performance.now();
@@ -217,8 +224,9 @@ async function session(a, root, role) {
   const layered = role === 'implementor' ? entries(root, '.layer-').length > 0 : null;
   const result = await handle.result;
   const resultMs = since(t0);
+  const endMs = since(lastAnswer);
   if (role === 'implementor' && result.outcome !== 'completed') throw new Error(`session failed: ${JSON.stringify(result).slice(0, 300)}`);
-  return { handleMs, resultMs, layered, basesRemoved: basesBefore.filter((b) => !basesAfter.includes(b)).length };
+  return { handleMs, resultMs, endMs, layered, basesRemoved: basesBefore.filter((b) => !basesAfter.includes(b)).length };
 }
 
 const newCommit = (root, what) => git(root, 'commit', '-q', '--allow-empty', '-m', `bench: ${what}`);
@@ -623,6 +631,8 @@ if (rows.length) {
     console.log(`   ${name}: Implementors not on a layer: ${notLayered}/${r.implFirst.length + r.implLater.length}; first Implementors that removed the previous commit's base before their handle: ${removedInStart}/${r.implFirst.length}; full clones on a layer (should be 0): ${r.fullClone.filter((x) => x.layered).length}; left in .worktrees after shutdown: ${r.leftAfterShutdown.length ? r.leftAfterShutdown.join(', ') : 'nothing'}`);
     const rs = (xs) => fmtMs(med(xs.map((x) => x.resultMs)));
     console.log(`   ${name}: start → result medians: Implementor first ${rs(r.implFirst)}, later ${rs(r.implLater)}; Planner first ${rs(r.planFirst)}, later ${rs(r.planLater)}; sharedBase: false ${rs(r.fullClone)}`);
+    const ends = (xs) => fmtMs(med(xs.map((x) => x.endMs)));
+    console.log(`   ${name}: Implementor end (last model answer → result settled) medians: first ${ends(r.implFirst)}, later ${ends(r.implLater)}; sharedBase: false ${ends(r.fullClone)}`);
     const w = [...new Set([...(r.warnings ?? []), ...(r.warningsFullClone ?? [])])];
     if (w.length) console.log(`   ${name}: adapter warnings: ${w.join(' | ')}`);
   }

@@ -52,9 +52,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::command::{run_git, CommandError};
-use super::confine::Confiner;
-use super::layer::Layer;
+use super::command::{run_git, At, CommandError};
+use super::confine::{CloneMounts, Confiner};
+use super::layer::{remove_tree, Layer};
+use super::layer_patch::Verified;
+use super::list::object_dirs;
 use super::patch::Snapshot;
 use super::prepare::prepare_checkout;
 use super::record::{write_owner, AdminRecord, BaseRecord, SessionRecord, KEPT_FILE};
@@ -105,7 +107,13 @@ pub(crate) struct Base {
     /// None: a private base (an unsandboxed Planner's), never shared.
     key: Option<BaseKey>,
     checkout: LiveCheckout,
+    /// Its verification for extractions that read only what a layer changed
+    /// ([`super::layer_patch`]): unset until done, then whether it holds.
+    verified: Verification,
 }
+
+/// A base's verification (see [`Base`]).
+pub(crate) type Verification = Arc<tokio::sync::OnceCell<Option<Arc<Verified>>>>;
 
 #[derive(Default)]
 struct SlotState {
@@ -140,6 +148,7 @@ pub struct BaseShare {
     path: PathBuf,
     commit: String,
     snapshot: Option<Snapshot>,
+    verified: Verification,
 }
 
 impl std::fmt::Debug for BaseShare {
@@ -157,6 +166,7 @@ impl BaseShare {
             path: base.path.clone(),
             commit: base.commit.clone(),
             snapshot: base.snapshot.clone(),
+            verified: base.verified.clone(),
             base: Some(base),
         }
     }
@@ -171,6 +181,11 @@ impl BaseShare {
 
     pub(crate) fn snapshot(&self) -> Option<&Snapshot> {
         self.snapshot.as_ref()
+    }
+
+    /// Its verification for extractions from layers ([`Base`]).
+    pub(crate) fn verification(&self) -> &Verification {
+        &self.verified
     }
 
     /// Gives up this hold; the base goes if nobody else holds it and it is not kept (module
@@ -462,6 +477,8 @@ impl RepoGit {
                 default_branch: key.1.clone(),
                 key: Some(key.clone()),
                 checkout: LiveCheckout::new(self.arc(), path),
+                // Verified again by this process, as a base it made would be.
+                verified: Verification::default(),
             });
         }
         None
@@ -601,6 +618,7 @@ impl RepoGit {
             default_branch: default_branch.to_string(),
             key,
             checkout: LiveCheckout::new(self.arc(), path),
+            verified: Verification::default(),
         })
     }
 
@@ -656,6 +674,53 @@ impl RepoGit {
         )
         .await?;
         Ok(())
+    }
+
+    /// Verifies `base` once, in the background, for the extractions of the layers over it
+    /// ([`super::layer_patch::verify`]): on a layer with nothing written, made for this in a
+    /// temp directory of this process, in the jail an extraction runs in. Until it is done,
+    /// and where it does not hold, extractions take the full path.
+    pub(crate) async fn verify_in_background(&self, base: &BaseShare, sandbox: &dyn Confiner) {
+        let cell = base.verification().clone();
+        let Some(snapshot) = base.snapshot().cloned() else {
+            return;
+        };
+        let commit = base.commit.clone();
+        if cell.initialized() || !sandbox.confines().await {
+            return;
+        }
+        let Ok(common) = self.git_dir().await else {
+            return;
+        };
+        let Ok(scratch) = crate::scratch::ScratchDir::create("verify") else {
+            return;
+        };
+        let layer = Layer {
+            base: base.path().to_path_buf(),
+            dir: scratch.path().join("layer"),
+        };
+        let target = scratch.path().join("checkout");
+        let jail = sandbox.confine(&CloneMounts {
+            clone: target.clone(),
+            objects: object_dirs(&common),
+            layer: Some(layer.mounts(&target)),
+        });
+        tokio::spawn(async move {
+            cell.get_or_init(|| async {
+                layer.create(&target).ok()?;
+                let at = At {
+                    dir: &target,
+                    jail: Some(jail.as_ref()),
+                };
+                super::layer_patch::verify(at, &layer, &commit, &snapshot)
+                    .await
+                    .map(Arc::new)
+            })
+            .await;
+            // overlayfs leaves its work directory unreadable; `remove_tree` copes.
+            let _ = remove_tree(scratch.path());
+            drop(scratch);
+        });
     }
 
     /// Makes the layer of an Implementor's checkout at `target` over `base` (module docs),

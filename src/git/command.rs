@@ -183,14 +183,31 @@ impl At<'_> {
             .chain(args.iter().map(AsRef::as_ref))
             .map(Into::into)
             .collect();
+        self.program("git", &args)
+    }
+
+    /// `sh -c script sh args…` where [`At::git`] would run git: for several git steps in one
+    /// jail (one bubblewrap, one overlay mount). `script` is the adapter's fixed text, which
+    /// calls git as [`neutral_git_sh`] does; whatever the agent controls (paths) goes in `args`
+    /// or on stdin, never into the text.
+    #[cfg(unix)]
+    pub(crate) fn sh(&self, script: &str, args: &[std::ffi::OsString]) -> Command {
+        let mut argv: Vec<std::ffi::OsString> = vec!["-c".into(), script.into(), "sh".into()];
+        argv.extend_from_slice(args);
+        self.program("sh", &argv)
+    }
+
+    fn program(&self, program: &str, args: &[std::ffi::OsString]) -> Command {
         let Some(jail) = self.jail else {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
             #[cfg_attr(not(unix), allow(unused_mut))]
-            let mut cmd = git_command(self.dir, &args);
+            let mut cmd = hygiene(cmd, self.dir);
             #[cfg(unix)]
             cmd.process_group(0);
             return cmd;
         };
-        hygiene(jail.command(OsStr::new("git"), &args), self.dir)
+        hygiene(jail.command(OsStr::new(program), args), self.dir)
     }
 }
 

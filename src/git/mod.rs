@@ -18,6 +18,8 @@
 //!   killable as a process tree;
 //! - [`patch`] (+ [`binary`] for non-UTF-8 content): the agent's work as a patch, measured from
 //!   the post-setup snapshot (spec "Patch Extraction");
+//! - [`layer_patch`]: the patch of a layered checkout read from what its layer changed, the
+//!   base verified once for it (+ [`index_file`]: an index's entries, read in place);
 //! - [`prepare`]: a fresh checkout made ready for an agent (identity, hook, setup, snapshot);
 //! - [`base`]: the shared per-commit base (checked out once, setup run once, refcounted,
 //!   swept) and the layers made over it, where the overlay can be mounted (else the full clone
@@ -40,7 +42,9 @@ pub(crate) mod binary;
 pub mod command;
 pub mod confine;
 pub(crate) mod hooks;
+pub(crate) mod index_file;
 pub mod layer;
+pub(crate) mod layer_patch;
 pub(crate) mod list;
 pub(crate) mod patch;
 pub(crate) mod prepare;

@@ -132,16 +132,29 @@ pub(crate) async fn patch_of_trees(
     final_tree: &str,
 ) -> Result<String> {
     let final_tree = final_tree.to_string();
-    let target = match since {
-        None => final_tree,
+    match since {
+        None => diff(worktree, base, &final_tree).await,
         Some(snapshot) => {
             let changes = changed_entries(worktree, snapshot, &final_tree).await?;
-            if changes.is_empty() {
-                return Ok(String::new());
-            }
-            overlay(worktree, index, base, changes).await?
+            patch_of_changes(worktree, index, base, changes).await
         }
-    };
+    }
+}
+
+/// The patch from `base` (a commit) for `changes`, the `update-index -z --index-info` records
+/// of the paths the agent changed (mode 0: removed); empty when there are none. The second
+/// half of [`patch_of_trees`], which [`super::layer_patch`] reaches with the records it made
+/// itself.
+pub(crate) async fn patch_of_changes(
+    worktree: At<'_>,
+    index: &Path,
+    base: &str,
+    changes: Vec<u8>,
+) -> Result<String> {
+    if changes.is_empty() {
+        return Ok(String::new());
+    }
+    let target = overlay(worktree, index, base, changes).await?;
     diff(worktree, base, &target).await
 }
 
@@ -150,7 +163,7 @@ pub(crate) async fn patch_of_trees(
 /// command that reads an index runs the clone's `core.fsmonitor` (measured: `write-tree` does).
 /// First `update-index --really-refresh`: it clears the "assume unchanged" bits (`git add -A`
 /// skips such a file whatever its content) and, with `-q`, goes on past modified files.
-async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
+pub(crate) async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     git_with_index(
         worktree.git(&["update-index", "-q", "--really-refresh"]),
         index,
@@ -170,14 +183,14 @@ async fn stage_all(worktree: At<'_>, index: &Path) -> Result<String> {
     write_tree(worktree, index).await
 }
 
-async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
+pub(crate) async fn write_tree(worktree: At<'_>, index: &Path) -> Result<String> {
     let out = git_with_index(worktree.git(&["write-tree"]), index, "git write-tree")
         .await
         .map_err(|e| AdapterError::extract("cannot write the staged tree").with_cause(e))?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
-async fn git_with_index(
+pub(crate) async fn git_with_index(
     mut cmd: tokio::process::Command,
     index: &Path,
     shown: &str,
@@ -205,8 +218,14 @@ async fn changed_entries(worktree: At<'_>, snapshot: &str, final_tree: &str) -> 
     .map_err(|e| {
         AdapterError::extract("cannot compare the worktree with its snapshot").with_cause(e)
     })?;
+    records_of_raw_diff(&out.stdout)
+}
+
+/// The `update-index -z --index-info` records of `git diff-tree -r -z --no-renames`'s output
+/// (see [`changed_entries`]).
+pub(crate) fn records_of_raw_diff(raw: &[u8]) -> Result<Vec<u8>> {
     let mut records = Vec::new();
-    let mut fields = out.stdout.split(|&b| b == 0).filter(|f| !f.is_empty());
+    let mut fields = raw.split(|&b| b == 0).filter(|f| !f.is_empty());
     while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
         // ":<old mode> <new mode> <old oid> <new oid> <status>"
         let meta = String::from_utf8_lossy(meta);
@@ -256,7 +275,7 @@ async fn overlay(worktree: At<'_>, index: &Path, base: &str, changes: Vec<u8>) -
 }
 
 /// `git diff-tree --binary -M <base tree> <target tree>`, made UTF-8.
-async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
+pub(crate) async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
     let base_tree = format!("{base}^{{tree}}");
     let args = [
         "-c",
@@ -287,7 +306,7 @@ async fn diff(worktree: At<'_>, base: &str, target: &str) -> Result<String> {
 /// The worktree's own index file (`<admin dir>/index` for a linked worktree), found from its
 /// `.git` file. A clone's `.git` must be a directory of its own: through a symlink the
 /// temporary index would be written wherever it points.
-fn index_path(worktree: At<'_>) -> Result<PathBuf> {
+pub(crate) fn index_path(worktree: At<'_>) -> Result<PathBuf> {
     let admin = admin_dir_of(&worktree).map_err(|e| {
         AdapterError::extract(format!("{} is not a git worktree", worktree.display())).with_cause(e)
     })?;
@@ -378,12 +397,12 @@ fn open_index(index: &Path) -> Result<Option<(std::fs::File, u64)>> {
 
 /// A temporary index next to the real one (same file system, and split-index shared files
 /// resolve), deleted on drop whatever happens.
-struct TempIndex {
-    path: PathBuf,
+pub(crate) struct TempIndex {
+    pub(crate) path: PathBuf,
 }
 
 impl TempIndex {
-    fn empty_beside(index: &Path) -> TempIndex {
+    pub(crate) fn empty_beside(index: &Path) -> TempIndex {
         let dir = index.parent().unwrap_or(Path::new("."));
         TempIndex {
             path: dir.join(format!("index.patch-{}", uuid::Uuid::new_v4())),
@@ -393,7 +412,7 @@ impl TempIndex {
     /// A copy of the index (see [`open_index`] for what is refused), at most the size it had
     /// when it was checked, with the original's mtime, or `not_after` (Unix seconds) when that
     /// is earlier: the timestamp git's racy-clean rule measures entries against (module docs).
-    fn copy_of(index: &Path, not_after: Option<u64>) -> Result<TempIndex> {
+    pub(crate) fn copy_of(index: &Path, not_after: Option<u64>) -> Result<TempIndex> {
         let temp = TempIndex::empty_beside(index);
         let Some((file, len)) = open_index(index)? else {
             // No index yet: git treats a missing index file as empty.

@@ -129,6 +129,7 @@ impl RepoGit {
                 stop,
             )
             .await?;
+        self.verify_in_background(&base, sandbox).await;
         let path = self.worktree_path(&req.branch);
         if let Err(e) = self.claim(req, &path, Some(&commit), sandbox, stop).await {
             let _ = base.release().await;

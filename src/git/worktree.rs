@@ -58,6 +58,71 @@ impl Worktree {
     /// nothing. Failures carry `ERR_AGENT_FAILED` with git's error as cause. See
     /// [`super::patch`].
     pub async fn extract_patch(&self) -> Result<String> {
+        // On a layer over a verified base, only what the layer changed is read
+        // ([`super::layer_patch`]); anything it cannot prove the same takes the full path.
+        if let Ok(Some(p)) = self.extract_patch_from_layer().await {
+            return Ok(p);
+        }
+        self.extract_patch_walking_the_tree().await
+    }
+
+    /// The patch read from the layer alone ([`super::layer_patch`]); None where that is not
+    /// provably the full path's (a full clone, a base not verified yet or not verifiable,
+    /// anything the layer changed that it does not handle). For tests and benches, which
+    /// compare it with [`Worktree::extract_patch_walking_the_tree`].
+    #[doc(hidden)]
+    pub async fn extract_patch_from_layer(&self) -> Result<Option<String>> {
+        let (Some(layer), Some(jail)) = (&self.layer, self.jail.as_deref()) else {
+            return Ok(None);
+        };
+        let verified = {
+            let base = self.state.base.lock().await;
+            base.as_ref()
+                .and_then(|b| b.verification().get().cloned().flatten())
+        };
+        let Some(verified) = verified else {
+            return Ok(None);
+        };
+        let at = At {
+            dir: &self.path,
+            jail: Some(jail),
+        };
+        super::layer_patch::patch_from_layer(
+            at,
+            layer,
+            &verified,
+            &self.base_commit,
+            &self.snapshot,
+            patch::stat_trust_limit(Some(self.snapshot.taken)),
+        )
+        .await
+    }
+
+    /// Waits (up to `limit`) until the base of a layered checkout is verified for extraction
+    /// from its layer, and says whether it holds. For tests and benches.
+    #[doc(hidden)]
+    pub async fn layer_verified(&self, limit: std::time::Duration) -> bool {
+        let Some(cell) = self
+            .state
+            .base
+            .lock()
+            .await
+            .as_ref()
+            .map(|b| b.verification().clone())
+        else {
+            return false;
+        };
+        let until = std::time::Instant::now() + limit;
+        while !cell.initialized() && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        cell.get().is_some_and(Option::is_some)
+    }
+
+    /// The patch as the full staging of the checkout makes it ([`super::patch`]): every file
+    /// read. What [`Worktree::extract_patch`] falls back to.
+    #[doc(hidden)]
+    pub async fn extract_patch_walking_the_tree(&self) -> Result<String> {
         let at = At {
             dir: &self.path,
             jail: self.jail.as_deref(),
