@@ -189,8 +189,8 @@ impl At<'_> {
     /// `sh -c script sh args…` where [`At::git`] would run git: for several git steps in one
     /// jail (one bubblewrap, one overlay mount). `script` is the adapter's fixed text, which
     /// calls git as [`neutral_git_sh`] does; whatever the agent controls (paths) goes in `args`
-    /// or on stdin, never into the text.
-    #[cfg(unix)]
+    /// or on stdin, never into the text. Only layers use it, which exist on Linux alone.
+    #[cfg(target_os = "linux")]
     pub(crate) fn sh(&self, script: &str, args: &[std::ffi::OsString]) -> Command {
         let mut argv: Vec<std::ffi::OsString> = vec!["-c".into(), script.into(), "sh".into()];
         argv.extend_from_slice(args);

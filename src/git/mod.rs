@@ -42,8 +42,13 @@ pub(crate) mod binary;
 pub mod command;
 pub mod confine;
 pub(crate) mod hooks;
+#[cfg(target_os = "linux")]
 pub(crate) mod index_file;
 pub mod layer;
+#[cfg(target_os = "linux")]
+pub(crate) mod layer_patch;
+#[cfg(not(target_os = "linux"))]
+#[path = "layer_patch_off.rs"]
 pub(crate) mod layer_patch;
 pub(crate) mod list;
 pub(crate) mod patch;
