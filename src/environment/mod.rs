@@ -59,6 +59,16 @@ pub enum Workspace {
     View(ViewRequest),
 }
 
+impl Workspace {
+    /// The branch whose commit the checkout or view holds.
+    pub fn default_branch(&self) -> &str {
+        match self {
+            Workspace::Checkout(p) => &p.default_branch,
+            Workspace::View(v) => &v.default_branch,
+        }
+    }
+}
+
 /// A process to run in the environment.
 pub struct ExecCommand {
     pub program: PathBuf,

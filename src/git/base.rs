@@ -362,11 +362,7 @@ impl RepoGit {
     /// marked kept (module docs) so the next process adopts them instead of checking out again;
     /// in this process they stay shared.
     pub async fn keep_tip_bases(&self) {
-        let mine: Vec<Arc<Slot>> = lock_std(slots())
-            .iter()
-            .filter(|(k, _)| k.0 == self.root)
-            .map(|(_, s)| s.clone())
-            .collect();
+        let mine = self.slots_of_repository();
         let mut other = Vec::new();
         for slot in mine {
             let kept = {
@@ -514,12 +510,17 @@ impl RepoGit {
 
     /// Removes every unused base of this repository (`shutdown({ keepBases: false })`).
     pub async fn release_unused_bases(&self) {
-        let mine: Vec<Arc<Slot>> = lock_std(slots())
+        let mine = self.slots_of_repository();
+        self.retire_unused(mine).await;
+    }
+
+    /// This process's base slots of this repository, every kind and commit.
+    fn slots_of_repository(&self) -> Vec<Arc<Slot>> {
+        lock_std(slots())
             .iter()
             .filter(|(k, _)| k.0 == self.root)
             .map(|(_, s)| s.clone())
-            .collect();
-        self.retire_unused(mine).await;
+            .collect()
     }
 
     async fn retire_unused(&self, slots: Vec<Arc<Slot>>) {

@@ -111,12 +111,10 @@ impl Backend for KubernetesBackend {
             let cluster = self.cluster().await?;
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
             request.active_deadline = self.deadline;
+            let default_branch = req.workspace.default_branch().to_string();
             if self.config.image.is_none() {
-                let default_branch = match &req.workspace {
-                    Workspace::Checkout(p) => &p.default_branch,
-                    Workspace::View(v) => &v.default_branch,
-                };
-                if let Some(image) = devcontainer::image_at(&req.repo_root, default_branch).await? {
+                if let Some(image) = devcontainer::image_at(&req.repo_root, &default_branch).await?
+                {
                     tracing::info!(
                         session = %req.session_id,
                         image = %image,
@@ -128,10 +126,6 @@ impl Backend for KubernetesBackend {
             }
             // What needs no pod is made while the pod starts: the repository's pack and the
             // session's gateway (relay, proxy, forwarder).
-            let default_branch = match &req.workspace {
-                Workspace::Checkout(p) => p.default_branch.clone(),
-                Workspace::View(v) => v.default_branch.clone(),
-            };
             let early = async {
                 tokio::select! {
                     r = async {
@@ -287,13 +281,14 @@ async fn prepare(
             .await?;
         }
     }
-    let (default_branch, checkout) = match &req.workspace {
-        Workspace::Checkout(p) => (p.default_branch.clone(), Some(p)),
-        Workspace::View(v) => (v.default_branch.clone(), None),
+    let checkout = match &req.workspace {
+        Workspace::Checkout(p) => Some(p),
+        Workspace::View(_) => None,
     };
-    let base = send_repository(&step, &packed, &default_branch).await?;
+    let default_branch = req.workspace.default_branch();
+    let base = send_repository(&step, &packed, default_branch).await?;
     drop(packed);
-    let history = history::HistoryServer::start(&req.repo_root, &default_branch, &base).await?;
+    let history = history::HistoryServer::start(&req.repo_root, default_branch, &base).await?;
     shell
         .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
         .await?;

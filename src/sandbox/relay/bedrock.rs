@@ -22,8 +22,8 @@ use super::provider_spec::{
     required, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec, StaticCredential,
 };
 use super::route::Route;
-use super::upstream::sources;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::https::sources;
 use crate::sandbox::credentials::env_value;
 
 /// The routes the CLI uses (2.1.330): the inference-profile listing on the control plane

@@ -16,8 +16,9 @@ use super::provider_spec::{
     StaticCredential,
 };
 use super::route::Route;
-use super::upstream::{extra_roots, Upstream};
+use super::upstream::Upstream;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::https::extra_roots;
 use crate::sandbox::credentials::env_value;
 use crate::sandbox::server::full;
 

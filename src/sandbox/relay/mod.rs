@@ -51,10 +51,11 @@ use self::pacing::Pace;
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
 use self::trace::Exchange;
-use self::upstream::{extra_roots, sources, BoxError, Upstream};
+use self::upstream::Upstream;
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
+use crate::https::{extra_roots, sources, BoxError};
 use crate::spend::SpendMeter;
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).

@@ -703,7 +703,7 @@ mod tests {
         // A response the CLI stopped reading after message_start still counts its input.
         let cut = &STREAM[..STREAM.find("event: content_block_delta").unwrap()];
         let (tx, rx) = futures::channel::mpsc::unbounded::<
-            Result<hyper::body::Frame<bytes::Bytes>, super::super::upstream::BoxError>,
+            Result<hyper::body::Frame<bytes::Bytes>, crate::https::BoxError>,
         >();
         tx.unbounded_send(Ok(hyper::body::Frame::data(bytes::Bytes::from(cut))))
             .unwrap();

@@ -10,7 +10,6 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::error::{AdapterError, Result};
 use crate::https::Connector;
-pub(in crate::sandbox) use crate::https::{extra_roots, sources, BoxError};
 use crate::sandbox::server::{Body, STEP_TIMEOUT};
 
 /// How long an idle upstream connection stays in the pool (the model API closes its own).
