@@ -151,6 +151,14 @@ export interface KubernetesBackend {
    * (which must then be the session image)
    */
   runtimeImage?: string
+  /**
+   * an absolute directory on every node (a hostPath volume, writable by uid 1000) where pods of
+   * another image than `runtimeImage` keep one copy of the runtime per node and runtime version,
+   * instead of a ~400 MB copy in each pod. The cluster must allow hostPath volumes (the
+   * `baseline` and `restricted` Pod Security Standards do not). Where a node's directory is not
+   * usable the pod copies as without it, and the engine's log says why (docs/kubernetes.md)
+   */
+  nodeCache?: string
   /** default 'IfNotPresent' */
   imagePullPolicy?: 'Always' | 'IfNotPresent' | 'Never'
   /** path of a kubeconfig; default: KUBECONFIG, then ~/.kube/config, then the in-cluster service account */

@@ -5,7 +5,8 @@
 // a bundle of the whole history, so the history's length should not show in its start.
 //
 //   node bench/pod-start.mjs [--n=3] [--cargo=<git dir>] [--only=cargo,cargo10x]
-//                            [--modes=local,local-new,session,user] [--scale=10] [--tmp=<dir>]
+//                            [--modes=local,local-new,session,user,user-cache] [--scale=10]
+//                            [--tmp=<dir>] [--node-cache=<dir>]
 //
 // Needs KUBECONFIG (a cluster up) for the pod modes; the images come from CRA_KUBE_IMAGE (else
 // target/session-image/ref) and CRA_KUBE_MINIMAL_IMAGE (else the `minimal` line of
@@ -29,13 +30,17 @@
 //   session    one pod per session in the session image (`image` = CRA_KUBE_IMAGE)
 //   user       one pod per session in a user image (`image` = CRA_KUBE_MINIMAL_IMAGE, git and a
 //              shell only; `runtimeImage` = CRA_KUBE_IMAGE copied in by an init container)
+//   user-cache the same with `nodeCache` = --node-cache= (default /var/tmp/cra-bench-node-cache,
+//              made here owned by uid 1000: the local cluster's nodes share this machine's disk;
+//              on another cluster give a directory prepared on its nodes): the runtime kept once
+//              per node, each pod linking to it; its size on disk is printed
 // n runs of each mode, interleaved (the order rotates each round), after one warm-up each.
 // Figures: median and min–max of start → handle per repository × mode; on cargo, pod − local in
 // seconds against the target (≤ 1.5 s); per mode, cargo10x / cargo against ≤ 1.10; per
 // repository, user / session image. Also what a pod receives, by size: the pack of one commit's
 // tree (now) against `git bundle create - main` (before). Raw data goes to bench/results/.
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { chownSync, existsSync, readdirSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -53,13 +58,14 @@ const MIRROR = '/work/.mirror/rust-lang+cargo/repo';
 const N = Number(arg('n', 3));
 const CARGO = arg('cargo', process.env.CRA_BENCH_CARGO ?? (existsSync(MIRROR) ? MIRROR : ''));
 const ONLY = arg('only', 'cargo,cargo10x').split(',');
-const MODES = arg('modes', 'local,local-new,session,user').split(',');
+const MODES = arg('modes', 'local,local-new,session,user,user-cache').split(',');
+const NODE_CACHE = arg('node-cache', '/var/tmp/cra-bench-node-cache');
 const SCALE = Number(arg('scale', 10));
 const WORK = arg('tmp', tmpdir());
 const POD_TARGET_MS = 1500;
 const HISTORY_TARGET = 1.1;
 const RESULT_TIMEOUT_MS = 300_000;
-const KNOWN_MODES = ['local', 'local-new', 'session', 'user'];
+const KNOWN_MODES = ['local', 'local-new', 'session', 'user', 'user-cache'];
 for (const m of MODES) if (!KNOWN_MODES.includes(m)) throw new Error(`unknown mode ${m} (known: ${KNOWN_MODES.join(', ')})`);
 for (const r of ONLY) if (!['cargo', 'cargo10x'].includes(r)) throw new Error(`unknown repository ${r} (known: cargo, cargo10x)`);
 if (!CARGO) throw new Error('no cargo history: give --cargo=<git dir> (or CRA_BENCH_CARGO)');
@@ -77,18 +83,23 @@ const SESSION_IMAGE = process.env.CRA_KUBE_IMAGE ?? readRef('target/session-imag
 const USER_IMAGE = process.env.CRA_KUBE_MINIMAL_IMAGE ?? readRef('target/test-images/refs', (s) => /^minimal (\S+)/m.exec(s)?.[1]);
 const NAMESPACE = process.env.CRA_KUBE_NAMESPACE ?? 'default';
 const PULL = process.env.CRA_KUBE_PULL_POLICY ?? 'IfNotPresent';
-const podModes = MODES.filter((m) => m === 'session' || m === 'user');
+const podModes = MODES.filter((m) => ['session', 'user', 'user-cache'].includes(m));
 if (podModes.length && !process.env.KUBECONFIG) throw new Error('the pod modes need KUBECONFIG (or give --modes=local,local-new)');
 if (podModes.length && !SESSION_IMAGE) throw new Error('no session image: set CRA_KUBE_IMAGE (or build target/session-image/ref)');
-if (MODES.includes('user') && !USER_IMAGE) throw new Error('no user image: set CRA_KUBE_MINIMAL_IMAGE (or build target/test-images/refs)');
+if ((MODES.includes('user') || MODES.includes('user-cache')) && !USER_IMAGE) throw new Error('no user image: set CRA_KUBE_MINIMAL_IMAGE (or build target/test-images/refs)');
 const kubeBackend = (extra) => ({ kubernetes: { namespace: NAMESPACE, imagePullPolicy: PULL, kubeconfig: process.env.KUBECONFIG, ...extra } });
 const BACKENDS = {
   local: {},
   'local-new': {},
   session: { backend: kubeBackend({ image: SESSION_IMAGE }) },
   user: { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE }) },
+  'user-cache': { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE, nodeCache: NODE_CACHE }) },
 };
-const IMAGE_OF = { session: SESSION_IMAGE, user: USER_IMAGE };
+const IMAGE_OF = { session: SESSION_IMAGE, user: USER_IMAGE, 'user-cache': USER_IMAGE };
+if (MODES.includes('user-cache')) {
+  mkdirSync(NODE_CACHE, { recursive: true });
+  chownSync(NODE_CACHE, 1000, 1000);
+}
 /** The adapter's pods left in the namespace (none once every session has settled). */
 function adapterPods() {
   const out = execFileSync('kubectl', ['-n', NAMESPACE, 'get', 'pods', '-l', 'app.kubernetes.io/managed-by=claude-runtime-adapter', '-o', 'name'], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 30_000 });
@@ -456,6 +467,8 @@ if (c && x) {
 }
 for (const [name, r] of Object.entries(R)) {
   if (r.runs?.user && r.runs?.session) cmp.push([`${name}: user / session image`, ratio(med(r.runs.user), med(r.runs.session)), '', `(${fmtS(med(r.runs.user) - med(r.runs.session))} more)`]);
+  if (r.runs?.['user-cache'] && r.runs?.user) cmp.push([`${name}: user-cache / user`, ratio(med(r.runs['user-cache']), med(r.runs.user)), '', `(${fmtS(med(r.runs.user) - med(r.runs['user-cache']))} less)`]);
+  if (r.runs?.['user-cache'] && r.runs?.session) cmp.push([`${name}: user-cache − session`, fmtS(med(r.runs['user-cache']) - med(r.runs.session)), '', '(info)']);
 }
 if (cmp.length) {
   console.log('\nagainst the targets (medians)');
@@ -480,7 +493,20 @@ for (const [name, r] of Object.entries(R)) {
   if (r.podsLeft.length) console.log(`${name}: adapter pods left after shutdown: ${r.podsLeft.join(', ')}`);
   if (r.warnings.length) console.log(`${name}: adapter warnings: ${r.warnings.join(' | ')}`);
 }
+if (MODES.includes('user-cache') && existsSync(NODE_CACHE)) {
+  const du = (dir) => Number(execFileSync('du', ['-sk', dir]).toString().split('\t')[0]) * 1024;
+  results.nodeCache = { dir: NODE_CACHE, bytes: du(NODE_CACHE), copies: readdirSafe(join(NODE_CACHE, 'runtime')) };
+  console.log(`\nnode cache ${NODE_CACHE}: ${(results.nodeCache.bytes / MiB).toFixed(0)} MiB on disk for every user-cache pod of the run (${results.nodeCache.copies.length} runtime cop${results.nodeCache.copies.length === 1 ? 'y' : 'ies'}); each \`user\` pod copies one such runtime (${(du(join(NODE_CACHE, 'runtime', results.nodeCache.copies[0] ?? '.')) / MiB).toFixed(0)} MiB) into its own emptyDir`);
+}
 const errs = Object.entries(results.errors);
 for (const [name, e] of errs) console.log(`\n${name} FAILED: ${e.split('\n')[0]}`);
 console.log(`\ntotal ${(results.totalMs / 1000).toFixed(0)} s; raw results: ${saveResults('pod-start', results)}`);
 process.exit(errs.length ? 1 : 0);
+
+function readdirSafe(dir) {
+  try {
+    return readdirSync(dir).filter((e) => !e.startsWith('.'));
+  } catch {
+    return [];
+  }
+}

@@ -48,6 +48,7 @@ fn config(case: &str) -> KubernetesConfig {
         namespace: namespace(),
         image: Some(image.clone()),
         runtime_image: image,
+        node_cache: None,
         image_pull_policy: PullPolicy::IfNotPresent,
         kubeconfig: None,
         context: None,

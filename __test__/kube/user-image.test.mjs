@@ -5,9 +5,9 @@
 // CRA_KUBE_TOOLCHAIN_IMAGE, CRA_KUBE_MINIMAL_IMAGE, CRA_KUBE_NOGIT_IMAGE, CRA_KUBE_MUSL_IMAGE.
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { rejection, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
@@ -229,5 +229,93 @@ describe('the runtime in an image without glibc', () => {
     } finally {
       kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
     }
+  });
+});
+
+/**
+ * Runs `script` as root on `node` in a pod of the session image, with the node's `dir`'s parent
+ * at /host (the test's own set-up and clean-up of a node directory; the adapter's pods never
+ * run as root). Resolves once it succeeded.
+ */
+function onNode(node, dir, script) {
+  const name = `cra-node-test-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
+  const parent = dirname(dir);
+  const pod = {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { name },
+    spec: {
+      nodeName: node,
+      restartPolicy: 'Never',
+      terminationGracePeriodSeconds: 1,
+      automountServiceAccountToken: false,
+      volumes: [{ name: 'host', hostPath: { path: parent, type: 'Directory' } }],
+      containers: [{ name: 'c', image: IMAGE, imagePullPolicy: 'IfNotPresent', command: ['sh', '-c', script], securityContext: { runAsUser: 0 }, volumeMounts: [{ name: 'host', mountPath: '/host' }] }],
+    },
+  };
+  execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
+  try {
+    kubectl('wait', '--for=jsonpath={.status.phase}=Succeeded', `pod/${name}`, '--timeout=60s');
+  } finally {
+    kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
+  }
+}
+
+describe('the runtime kept once per node (backend.kubernetes.nodeCache)', () => {
+  const node = JSON.parse(kubectl('get', 'nodes', '-o', 'json')).items[0].metadata.name;
+  const pinned = { nodeSelector: { 'kubernetes.io/hostname': node } };
+  const dirs = [];
+  const cacheDir = (name) => {
+    const dir = `/var/tmp/cra-node-cache-${name}-${process.pid}`;
+    dirs.push(dir);
+    return dir;
+  };
+  afterAll(() => {
+    for (const dir of dirs) onNode(node, dir, `rm -rf /host/${basename(dir)}`);
+  }, 120_000);
+
+  it('pods of a user\'s image get the runtime as links into one copy on the node, made by the first, reused by the next, read-only to the agent', { timeout: 300_000 }, async () => {
+    const dir = cacheDir('rw');
+    onNode(node, dir, `mkdir -p /host/${basename(dir)} && chown 1000:1000 /host/${basename(dir)}`);
+    const work = [
+      'readlink /opt/claude-runtime-adapter/bin; du -sk /opt/claude-runtime-adapter/ | cut -f1; ls /opt/claude-runtime-adapter-node/runtime; touch /opt/claude-runtime-adapter-node/runtime/planted 2>&1; mkdir /opt/claude-runtime-adapter-node/runtime/$(cat /opt/claude-runtime-adapter/.runtime-id 2>/dev/null || echo x)2 2>&1',
+      'echo new > new.txt && git add -A && git commit -qm edit && git log --oneline | wc -l',
+    ];
+    const runs = [];
+    for (let i = 0; i < 2; i++) {
+      await imageSetup({ image: IMAGES.minimal, kube: { nodeCache: dir, ...pinned } });
+      runs.push({ ...(await agentRuns(h, 'implementor', work)), logs: h.logger.entries.map((e) => e.message) });
+      await h.cleanup();
+      h = undefined;
+    }
+    const said = runs.map((r) => r.logs.find((m) => m.includes('the runtime from the node cache')) ?? r.logs.join('\n'));
+    const [, id] = said[0].match(/: filled ([0-9a-f]{32})$/) ?? [];
+    expect(id, said[0]).toBeDefined();
+    expect(said[1]).toMatch(new RegExp(`: reused ${id}$`));
+    for (const r of runs) {
+      const [link, kib, ls, ...denied] = r.out[0].trim().split('\n');
+      // No copy in the pod: links into the node's copy, a few KiB.
+      expect(link).toBe(`/opt/claude-runtime-adapter-node/runtime/${id}/bin`);
+      expect(Number(kib)).toBeLessThan(64);
+      // One copy on the node, and the agent can plant nothing in it.
+      expect(ls).toBe(id);
+      expect(denied.join('\n')).toMatch(/planted.*Read-only file system[^]*Read-only file system/);
+      expect(r.out[1].trim()).toBe('2');
+      expect(r.result.patch).toContain('+++ b/new.txt');
+      expect(r.logs.some((m) => m.includes('not kept once on node'))).toBe(false);
+    }
+  });
+
+  it('a node directory the pod\'s user cannot write is no failure: the pod copies the runtime as without a cache, and the log says why, once', { timeout: 300_000 }, async () => {
+    // Not made beforehand: the kubelet makes it, root's, as on a node nobody prepared.
+    const dir = cacheDir('ro');
+    await imageSetup({ image: IMAGES.minimal, kube: { nodeCache: dir, ...pinned } });
+    const adapter = h.adapter();
+    const outs = [];
+    for (let i = 0; i < 2; i++) outs.push((await agentRuns(h, 'planner', ['test -L /opt/claude-runtime-adapter/bin && echo links || echo copy; claude --version'], { adapter })).out[0]);
+    for (const out of outs) expect(out).toMatch(/^copy\n.*\(Claude Code\)/);
+    const warned = h.logger.entries.filter((e) => e.level === 'warn' && e.message.includes('backend.kubernetes.nodeCache'));
+    expect(warned.length).toBe(1);
+    expect(warned[0].message).toContain(`the node cache ${dir} (backend.kubernetes.nodeCache) cannot be used there: the node cache is not writable by uid 1000 (owner 0:0`);
   });
 });

@@ -33,6 +33,10 @@ pub struct KubernetesConfig {
     /// that an init container copies into a pod of any other image. Given as
     /// `runtimeImage`, or `image` when that is not given (then `image` is the session image).
     pub runtime_image: String,
+    /// `nodeCache`: an absolute directory on every node (a `hostPath`) where pods of another
+    /// image than the runtime's keep one copy of the runtime per node and runtime version,
+    /// instead of a copy in each pod. `None`: each such pod copies it (today's default).
+    pub node_cache: Option<String>,
     pub image_pull_policy: PullPolicy,
     /// `None` = the usual sources: `KUBECONFIG`, `~/.kube/config`, the in-cluster service
     /// account.
@@ -89,6 +93,7 @@ const FIELDS: &[&str] = &[
     "namespace",
     "image",
     "runtimeImage",
+    "nodeCache",
     "imagePullPolicy",
     "kubeconfig",
     "context",
@@ -235,6 +240,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
             String::new()
         }
     };
+    let node_cache = node_path(&mut r, "nodeCache");
     let image_pull_policy = match r.opt_string("imagePullPolicy").as_deref() {
         None | Some("IfNotPresent") => PullPolicy::IfNotPresent,
         Some("Always") => PullPolicy::Always,
@@ -289,6 +295,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         namespace,
         image,
         runtime_image,
+        node_cache,
         image_pull_policy,
         kubeconfig,
         context,
@@ -325,6 +332,29 @@ fn image_ref(r: &mut Reader<'_>, key: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// A directory on the nodes when given: absolute, normalised (no `.`, `..` or empty component,
+/// no trailing `/`), not `/` itself, printable: the path the kubelet mounts as it is written.
+fn node_path(r: &mut Reader<'_>, key: &str) -> Option<String> {
+    let s = r.opt_string(key)?;
+    let normal = s.len() > 1
+        && s.starts_with('/')
+        && s[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+        && !s.chars().any(char::is_control);
+    if normal {
+        return Some(s);
+    }
+    r.add(
+        key,
+        format!(
+            "must be an absolute, normalised directory path on the nodes other than / \
+             (no '.', '..', '//' or trailing '/'; got {s:?})"
+        ),
+    );
+    None
 }
 
 /// A misspelt field is a problem, not a setting silently ignored (a `nodeselector` that pins
@@ -625,6 +655,32 @@ mod tests {
             msg.contains("config.backend.kubernetes.image must be given, or runtimeImage"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn node_cache_is_an_absolute_normalised_directory() {
+        assert_eq!(kube(json!({})).0.unwrap().node_cache, None);
+        let (c, _) = kube(json!({ "nodeCache": "/var/lib/claude-runtime-adapter" }));
+        assert_eq!(
+            c.unwrap().node_cache.as_deref(),
+            Some("/var/lib/claude-runtime-adapter")
+        );
+        for bad in [
+            "relative/dir",
+            "/",
+            "/a/../b",
+            "/a//b",
+            "/a/",
+            "/a/./b",
+            "/a\nb",
+        ] {
+            let msg = problem(json!({ "nodeCache": bad }));
+            assert!(
+                msg.contains("config.backend.kubernetes.nodeCache must be an absolute, normalised directory path"),
+                "{bad:?}: {msg}"
+            );
+        }
+        assert!(problem(json!({ "nodeCache": 7 })).contains("nodeCache must be a string"));
     }
 
     #[test]

@@ -12,11 +12,13 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerStateTerminated, Namespace, Pod as KubePod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
+    Capabilities, Container, ContainerStateTerminated, HostPathVolumeSource, Namespace,
+    Pod as KubePod, PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
     Toleration as KubeToleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -56,6 +58,15 @@ pub const RUNTIME_CONTAINER: &str = "runtime";
 /// Where the init container sees the runtime volume it fills, and the copy's directory there.
 const RUNTIME_COPY: &str = "/cra-runtime-copy";
 const RUNTIME_SUBDIR: &str = "runtime";
+/// `nodeCache`'s volume, where the init container sees it (writable), and where the session
+/// container does (read-only, under `/opt`, which the sandbox shows: the runtime's symlinks
+/// lead there).
+const NODE_CACHE: &str = "node-cache";
+const NODE_CACHE_INIT: &str = "/cra-node-cache";
+const NODE_CACHE_SEEN: &str = "/opt/claude-runtime-adapter-node";
+/// The init container's script with a node cache: one copy of the runtime per node and
+/// version, symlinks into it per pod, its own copy where the cache cannot be used.
+const RUNTIME_INIT: &str = include_str!("../../../image/runtime-init");
 /// The pod's own directories, each an `emptyDir` (a user's image has none of them, and its
 /// root may not be writable by the session's user): the checkout, the adapter's state and
 /// sockets, the agent's home.
@@ -115,6 +126,8 @@ pub struct Cluster {
     /// The API server's URL, for messages.
     url: String,
     config: KubernetesConfig,
+    /// Set once a pod could not use `nodeCache`: the warning is the operator's to act on, once.
+    cache_warned: Arc<AtomicBool>,
 }
 
 /// What a session's pod is made for.
@@ -299,6 +312,7 @@ impl Cluster {
             namespace: config.namespace.clone(),
             url,
             config: config.clone(),
+            cache_warned: Arc::default(),
         })
     }
 
@@ -406,20 +420,45 @@ impl Cluster {
                 sub_path: Some(RUNTIME_SUBDIR.into()),
                 ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
             });
-            vec![Container {
-                name: RUNTIME_CONTAINER.into(),
-                image: Some(c.runtime_image.clone()),
-                image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+            let mut init_mounts = vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)];
+            let command = match &c.node_cache {
                 // Not `-a`: the session's user cannot give the copies the image's owner (root),
                 // nor change the volume's own root: the copy is a new directory in it.
-                command: Some(vec![
+                None => vec![
                     "cp".into(),
                     "-dR".into(),
                     "--preserve=mode".into(),
                     RUNTIME_DIR.into(),
                     format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
-                ]),
-                volume_mounts: Some(vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)]),
+                ],
+                Some(path) => {
+                    // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and
+                    // the script then says the cache is not writable and copies as without one.
+                    volumes.push(Volume {
+                        name: NODE_CACHE.into(),
+                        host_path: Some(HostPathVolumeSource {
+                            path: path.clone(),
+                            type_: Some("DirectoryOrCreate".into()),
+                        }),
+                        ..Default::default()
+                    });
+                    mounts.push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
+                    init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
+                    vec![
+                        "/bin/sh".into(),
+                        "-c".into(),
+                        RUNTIME_INIT.into(),
+                        "runtime-init".into(),
+                        NODE_CACHE_SEEN.into(),
+                    ]
+                }
+            };
+            vec![Container {
+                name: RUNTIME_CONTAINER.into(),
+                image: Some(c.runtime_image.clone()),
+                image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+                command: Some(command),
+                volume_mounts: Some(init_mounts),
                 // Its output is the failure's message.
                 termination_message_policy: Some("FallbackToLogsOnError".into()),
                 security_context: Some(security()),
@@ -552,7 +591,10 @@ impl Cluster {
             let last;
             match bounded(api.get(name)).await {
                 Ok(pod) => match start_state(&pod, image, &self.config.runtime_image) {
-                    Start::Running(node) => return Ok(node),
+                    Start::Running(node) => {
+                        self.log_runtime(&pod, name, &node);
+                        return Ok(node);
+                    }
                     Start::Failed(why) => {
                         return Err(provision(format!("pod {name} cannot start: {why}")))
                     }
@@ -574,6 +616,37 @@ impl Cluster {
                 )));
             }
             tokio::time::sleep(POLL.min(deadline - now)).await;
+        }
+    }
+
+    /// What the init container did with `nodeCache` (its termination message, image/runtime-init):
+    /// reused or filled the node's copy, or copied the runtime into the pod, with why, warned
+    /// once per adapter since only the operator can fix the node's directory.
+    fn log_runtime(&self, pod: &KubePod, name: &str, node: &str) {
+        let Some(cache) = &self.config.node_cache else {
+            return;
+        };
+        let message = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == RUNTIME_CONTAINER))
+            .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+            .unwrap_or_default();
+        let message = message.lines().next().unwrap_or_default().trim();
+        match message.strip_prefix("copied: ") {
+            Some(why) if !self.cache_warned.swap(true, Ordering::Relaxed) => tracing::warn!(
+                pod = %name,
+                node = %node,
+                "the runtime was copied into the pod, not kept once on node {node}: the node \
+                 cache {cache} (backend.kubernetes.nodeCache) cannot be used there: {why}"
+            ),
+            Some(why) => {
+                tracing::debug!(pod = %name, node = %node, "the runtime copied into the pod: {why}")
+            }
+            None => {
+                tracing::debug!(pod = %name, node = %node, "the runtime from the node cache {cache}: {message}")
+            }
         }
     }
 
