@@ -9,6 +9,7 @@ import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
+import { scenario } from '../support/fake-api.mjs';
 import { rejection, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
@@ -235,7 +236,7 @@ describe('the runtime in an image without glibc', () => {
 /**
  * Runs `script` as root on `node` in a pod of the session image, with the node's `dir`'s parent
  * at /host (the test's own set-up and clean-up of a node directory; the adapter's pods never
- * run as root). Resolves once it succeeded.
+ * run as root). Returns its output once it succeeded.
  */
 function onNode(node, dir, script) {
   const name = `cra-node-test-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
@@ -256,6 +257,7 @@ function onNode(node, dir, script) {
   execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
   try {
     kubectl('wait', '--for=jsonpath={.status.phase}=Succeeded', `pod/${name}`, '--timeout=60s');
+    return kubectl('logs', name);
   } finally {
     kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
   }
@@ -278,7 +280,7 @@ describe('the runtime kept once per node (backend.kubernetes.nodeCache)', () => 
     const dir = cacheDir('rw');
     onNode(node, dir, `mkdir -p /host/${basename(dir)} && chown 1000:1000 /host/${basename(dir)}`);
     const work = [
-      'readlink /opt/claude-runtime-adapter/bin; du -sk /opt/claude-runtime-adapter/ | cut -f1; ls /opt/claude-runtime-adapter-node/runtime; touch /opt/claude-runtime-adapter-node/runtime/planted 2>&1; mkdir /opt/claude-runtime-adapter-node/runtime/$(cat /opt/claude-runtime-adapter/.runtime-id 2>/dev/null || echo x)2 2>&1',
+      'readlink /opt/claude-runtime-adapter/bin; du -sk /opt/claude-runtime-adapter/ | cut -f1; ls /opt/claude-runtime-adapter-node/runtime; touch /opt/claude-runtime-adapter-node/runtime/planted 2>&1; mkdir /opt/claude-runtime-adapter-node/runtime/planted 2>&1; true',
       'echo new > new.txt && git add -A && git commit -qm edit && git log --oneline | wc -l',
     ];
     const runs = [];
@@ -304,6 +306,25 @@ describe('the runtime kept once per node (backend.kubernetes.nodeCache)', () => 
       expect(r.result.patch).toContain('+++ b/new.txt');
       expect(r.logs.some((m) => m.includes('not kept once on node'))).toBe(false);
     }
+  });
+
+  it('8 pods starting at once on a cold node make one copy: one fills it, the others wait and reuse it, nothing half-made is left', { timeout: 300_000 }, async () => {
+    const dir = cacheDir('race');
+    onNode(node, dir, `mkdir -p /host/${basename(dir)} && chown 1000:1000 /host/${basename(dir)}`);
+    await imageSetup({ image: IMAGES.minimal, kube: { nodeCache: dir, ...pinned } });
+    h.api.setScript(scenario.steps([ROLES.planner.done]));
+    const adapter = h.adapter();
+    const handles = await Promise.all(Array.from({ length: 8 }, () => adapter.startAgent(ROLES.planner.params())));
+    const results = await Promise.allSettled(handles.map((x) => x.result));
+    expect(results.filter((r) => r.status === 'rejected').map((r) => r.reason.message)).toEqual([]);
+    const notes = h.logger.entries.map((e) => e.message).filter((m) => m.includes('the runtime from the node cache'));
+    const ids = new Set(notes.map((m) => m.match(/: (?:filled|reused) ([0-9a-f]{32})$/)?.[1]));
+    expect(notes.filter((m) => / filled /.test(m)), notes.join('\n')).toHaveLength(1);
+    expect(notes.filter((m) => / reused /.test(m))).toHaveLength(7);
+    expect(ids.size).toBe(1);
+    // On the node: the one copy and the lock, no temporary copy left.
+    const listed = onNode(node, dir, `ls -A /host/${basename(dir)}/runtime`).trim().split('\n');
+    expect(listed.sort()).toEqual(['.lock', [...ids][0]].sort());
   });
 
   it('a node directory the pod\'s user cannot write is no failure: the pod copies the runtime as without a cache, and the log says why, once', { timeout: 300_000 }, async () => {
