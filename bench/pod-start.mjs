@@ -96,6 +96,7 @@ const BACKENDS = {
   'user-cache': { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE, nodeCache: NODE_CACHE }) },
 };
 const IMAGE_OF = { session: SESSION_IMAGE, user: USER_IMAGE, 'user-cache': USER_IMAGE };
+const madeNodeCache = MODES.includes('user-cache') && !existsSync(NODE_CACHE);
 if (MODES.includes('user-cache')) {
   mkdirSync(NODE_CACHE, { recursive: true });
   chownSync(NODE_CACHE, 1000, 1000);
@@ -145,7 +146,8 @@ function pipeBytes(cwd, script) {
 mkdirSync(WORK, { recursive: true });
 const scratch = mkdtempSync(join(tmpdir(), 'cra-pod-start-'));
 const work = mkdtempSync(join(WORK, 'cra-pod-start-work-'));
-const temps = [scratch, work];
+// A node cache this run made goes with its other temporary directories.
+const temps = [scratch, work, ...(madeNodeCache ? [NODE_CACHE] : [])];
 let aborted = false;
 const checkAborted = () => {
   if (aborted) throw new Error('aborted');
@@ -417,6 +419,11 @@ try {
   }
 } finally {
   results.totalMs = since(T0);
+  if (MODES.includes('user-cache') && existsSync(NODE_CACHE)) {
+    const du = (dir) => Number(execFileSync('du', ['-sk', dir]).toString().split('\t')[0]) * 1024;
+    const copies = readdirSafe(join(NODE_CACHE, 'runtime'));
+    results.nodeCache = { dir: NODE_CACHE, bytes: du(NODE_CACHE), copies, runtimeBytes: copies.length ? du(join(NODE_CACHE, 'runtime', copies[0])) : null };
+  }
   await cleanup();
 }
 
@@ -493,10 +500,9 @@ for (const [name, r] of Object.entries(R)) {
   if (r.podsLeft.length) console.log(`${name}: adapter pods left after shutdown: ${r.podsLeft.join(', ')}`);
   if (r.warnings.length) console.log(`${name}: adapter warnings: ${r.warnings.join(' | ')}`);
 }
-if (MODES.includes('user-cache') && existsSync(NODE_CACHE)) {
-  const du = (dir) => Number(execFileSync('du', ['-sk', dir]).toString().split('\t')[0]) * 1024;
-  results.nodeCache = { dir: NODE_CACHE, bytes: du(NODE_CACHE), copies: readdirSafe(join(NODE_CACHE, 'runtime')) };
-  console.log(`\nnode cache ${NODE_CACHE}: ${(results.nodeCache.bytes / MiB).toFixed(0)} MiB on disk for every user-cache pod of the run (${results.nodeCache.copies.length} runtime cop${results.nodeCache.copies.length === 1 ? 'y' : 'ies'}); each \`user\` pod copies one such runtime (${(du(join(NODE_CACHE, 'runtime', results.nodeCache.copies[0] ?? '.')) / MiB).toFixed(0)} MiB) into its own emptyDir`);
+if (results.nodeCache) {
+  const { dir, bytes, copies, runtimeBytes } = results.nodeCache;
+  console.log(`\nnode cache ${dir}: ${(bytes / MiB).toFixed(0)} MiB on disk for every user-cache pod of the run (${copies.length} runtime cop${copies.length === 1 ? 'y' : 'ies'}); each \`user\` pod copies one such runtime (${(runtimeBytes / MiB).toFixed(0)} MiB) into its own emptyDir`);
 }
 const errs = Object.entries(results.errors);
 for (const [name, e] of errs) console.log(`\n${name} FAILED: ${e.split('\n')[0]}`);

@@ -107,7 +107,8 @@ describe('a pod that goes under the agent', () => {
 
   it('evicted past its ephemeral-storage limit: ERR_RESOURCE_LIMIT naming that limit, and no pod is left', { timeout: 180_000 }, async () => {
     // The checkout is the pod's disk (an emptyDir), so what the agent writes there counts, as
-    // does the runtime's copy (~400 MB) in a user's image; the kubelet checks every ~10 s.
+    // does the runtime's copy (~400 MB) in a user's image without nodeCache; the kubelet
+    // checks every ~10 s.
     await kubeSetup({ resources: { limits: { 'ephemeral-storage': '1Gi' } } });
     h.api.setScript(scenario.steps([bash('head -c 1500M /dev/zero > big.bin; sleep 100; echo survived'), ROLES.implementor.done]));
     const { err, ms } = await failed();

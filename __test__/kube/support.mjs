@@ -15,13 +15,16 @@ if (!process.env.KUBECONFIG || !IMAGE) {
 // CRA_KUBE_SESSION_IMAGE: run the sessions in that image instead (a user's image, the runtime
 // copied in from CRA_KUBE_IMAGE): kube-ci.sh runs the boundary and lifecycle cases again so.
 const SESSION_IMAGE = process.env.CRA_KUBE_SESSION_IMAGE;
+// CRA_KUBE_NODE_CACHE (with CRA_KUBE_SESSION_IMAGE): those sessions' runtime kept once per node
+// there (`nodeCache`, a directory on the nodes writable by uid 1000) instead of copied per pod.
+const NODE_CACHE = process.env.CRA_KUBE_NODE_CACHE;
 
 /** `backend` of an adapter config for the cluster under test, with `extra` fields merged in. */
 export const kubeBackend = (extra = {}) => ({
   kubernetes: {
     namespace: NAMESPACE,
     image: SESSION_IMAGE ?? IMAGE,
-    ...(SESSION_IMAGE ? { runtimeImage: IMAGE } : {}),
+    ...(SESSION_IMAGE ? { runtimeImage: IMAGE, ...(NODE_CACHE ? { nodeCache: NODE_CACHE } : {}) } : {}),
     imagePullPolicy: PULL,
     kubeconfig: process.env.KUBECONFIG,
     ...extra,
