@@ -206,6 +206,7 @@ async function session(a, root, mode) {
   checkAborted();
   const tag = `s${++seq}`;
   if (mode === 'local-new') git(root, 'commit', '-q', '--allow-empty', '-m', `bench: new commit for ${tag}`);
+  const preparedBefore = prepared(a).length;
   const t0 = performance.now();
   const handle = await a.adapter.startAgent({ role: 'implementor', workItemID: '1', branchName: `bench-${tag}` });
   const handleMs = since(t0);
@@ -234,8 +235,13 @@ async function session(a, root, mode) {
   }
   const node = pod ? /on node (\S+?);/.exec(pod)?.[1] ?? null : null;
   const imageSeen = pod == null || pod.includes('[REDACTED]') ? null : pod.includes(`of image ${IMAGE_OF[mode]}`);
-  return { handleMs, resultMs, pod, node, imageSeen };
+  // The adapter's own account of the pod's preparation (a debug line): phase → ms.
+  const phases = Object.fromEntries([...(prepared(a)[preparedBefore] ?? '').matchAll(/ ([^:;]+?) (\d+) ms;/g)].map((m) => [m[1].replace(/ \(\d+ KiB packed\)/, ''), Number(m[2])]));
+  return { handleMs, resultMs, pod, node, imageSeen, phases };
 }
+
+/** The adapter's "the pod was prepared in …" lines so far. */
+const prepared = (a) => a.logger.entries.map((e) => e.message).filter((m) => m.startsWith('the pod was prepared in '));
 
 // ---------------------------------------------------------------- repositories
 
@@ -503,6 +509,13 @@ for (const [name, r] of Object.entries(R)) {
 if (results.nodeCache) {
   const { dir, bytes, copies, runtimeBytes } = results.nodeCache;
   console.log(`\nnode cache ${dir}: ${(bytes / MiB).toFixed(0)} MiB on disk for every user-cache pod of the run (${copies.length} runtime cop${copies.length === 1 ? 'y' : 'ies'}); each \`user\` pod copies one such runtime (${(runtimeBytes / MiB).toFixed(0)} MiB) into its own emptyDir`);
+}
+for (const [name, r] of Object.entries(R)) {
+  const modes = podModes.filter((m) => r.runs?.[m]?.some((x) => Object.keys(x.phases).length));
+  if (!modes.length) continue;
+  const names = [...new Set(modes.flatMap((m) => r.runs[m].flatMap((x) => Object.keys(x.phases))))];
+  console.log(`\n${name}: where a pod's start goes after it runs (the adapter's debug line; medians, ms)`);
+  printTable(['phase', ...modes], names.map((p) => [p, ...modes.map((m) => String(Math.round(summary(r.runs[m].map((x) => x.phases[p]).filter((v) => v != null)).median ?? NaN)))]));
 }
 const errs = Object.entries(results.errors);
 for (const [name, e] of errs) console.log(`\n${name} FAILED: ${e.split('\n')[0]}`);

@@ -275,7 +275,10 @@ export async function engineIssue11(): Promise<void> {
 // the image the repository's devcontainer.json names (only runtimeImage given).
 const ciImage: KubernetesBackend = { namespace: 'agents', image: 'ghcr.io/acme/ci:1', runtimeImage: 'ghcr.io/acme/cra-session:1' };
 const devcontainerImage: KubernetesBackend = { namespace: 'agents', runtimeImage: 'ghcr.io/acme/cra-session:1' };
+// The runtime kept once per node instead of copied into each pod.
+const cachedRuntime: KubernetesBackend = { ...ciImage, nodeCache: '/var/lib/claude-runtime-adapter' };
 export function onACluster(): void {
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: ciImage } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: devcontainerImage } }, deps);
+  createClaudeAdapter({ ...fullConfig, backend: { kubernetes: cachedRuntime } }, deps);
 }

@@ -184,6 +184,8 @@ async fn prepare(
     packed: Packed,
     gateway: Gateway,
 ) -> Result<KubernetesEnvironment> {
+    // Where a pod's start goes, for the log (a slow start is otherwise one number).
+    let mut phases = Phases::default();
     let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
     let exec = pod.exec(&mux).await?;
     // The stream lives as long as its status future: held by a task that also drains the pod
@@ -201,6 +203,7 @@ async fn prepare(
     });
     let shell = RemoteShell::start(exec.stdout, exec.stdin).await?;
     let image = inspect_image(&shell, &pod.image).await?;
+    phases.mark("stream and image probe");
     // The pod's directories are empty volumes (cluster.rs): the socket directory, private to
     // the session's user, is made here.
     let bare = [("PATH".to_string(), image.path.clone())];
@@ -286,7 +289,12 @@ async fn prepare(
         Workspace::View(_) => None,
     };
     let default_branch = req.workspace.default_branch();
+    phases.mark("sockets and files");
     let base = send_repository(&step, &packed, default_branch).await?;
+    phases.mark(&format!(
+        "repository ({} KiB packed)",
+        packed.bytes() / 1024
+    ));
     drop(packed);
     let history = history::HistoryServer::start(&req.repo_root, default_branch, &base).await?;
     shell
@@ -296,6 +304,7 @@ async fn prepare(
     if sandboxed {
         step.jail_works().await?;
     }
+    phases.mark("history server and jail probe");
     let mut snapshot = None;
     if let Some(p) = checkout {
         step.run_sh(
@@ -304,11 +313,15 @@ async fn prepare(
             STEP_TIMEOUT,
         )
         .await?;
+        phases.mark("branch");
         if let Some(setup) = p.setup.as_ref().filter(|s| !s.is_empty()) {
             step.setup(setup, sandboxed, p.setup_timeout).await?;
+            phases.mark("setup");
         }
         snapshot = Some(step.snapshot(&base, sandboxed).await?);
+        phases.mark("snapshot");
     }
+    tracing::debug!(pod = %pod.name, "the pod was prepared in {phases}");
     Ok(KubernetesEnvironment {
         pod,
         shell: Some(shell),
@@ -321,6 +334,40 @@ async fn prepare(
         sandboxed,
         _history: history,
     })
+}
+
+/// The durations of a pod's preparation, phase by phase, from the first mark's start.
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(String, Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+}
+
+impl Phases {
+    fn mark(&mut self, what: &str) {
+        let now = std::time::Instant::now();
+        self.done.push((what.to_string(), now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: Duration = self.done.iter().map(|(_, d)| *d).sum();
+        write!(f, "{} ms:", total.as_millis())?;
+        for (what, d) in &self.done {
+            write!(f, " {what} {} ms;", d.as_millis())?;
+        }
+        Ok(())
+    }
 }
 
 /// The session's git config with an identity: where the repository's configuration names no

@@ -51,6 +51,13 @@ pub(super) struct Packed {
     _dir: ScratchDir,
 }
 
+impl Packed {
+    /// The pack's size (0 where it cannot be read: only the log reports it).
+    pub fn bytes(&self) -> u64 {
+        std::fs::metadata(&self.file).map_or(0, |m| m.len())
+    }
+}
+
 pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> Result<Packed> {
     let base = run_git(
         repo_root,
