@@ -3,7 +3,7 @@
 // is named (through a symlink). The real CLI runs a sandboxed session configured for the
 // provider (support/fake-providers.mjs), and the agent's own Bash commands read and overwrite
 // the file; the host's copy is then compared, and ordinary work in the same directory checked.
-import { mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -63,6 +63,7 @@ function expectNoSecret(out, secrets) {
 describe('key files inside the directories a session may write or read', () => {
   it('a key file in an allowWrite directory can be neither read nor overwritten, and the rest of the directory is writable', async () => {
     const dir = mkdtempSync(join(process.env.TMPDIR, 'keys-rw-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
     await providerHarness({ allowWrite: [dir] });
     const { vertex, keyFile, secrets } = await vertexWithKeyIn(dir);
     const before = readFileSync(keyFile, 'utf8');
@@ -79,8 +80,11 @@ describe('key files inside the directories a session may write or read', () => {
 
   it('a key file named through a symlink outside is covered where it really is, in an allowRead or an allowWrite directory', async () => {
     const read = mkdtempSync(join(process.env.TMPDIR, 'keys-ro-'));
+    after.push(() => rmSync(read, { recursive: true, force: true }));
     const write = mkdtempSync(join(process.env.TMPDIR, 'keys-rw-'));
+    after.push(() => rmSync(write, { recursive: true, force: true }));
     const links = mkdtempSync(join(process.env.TMPDIR, 'keys-link-'));
+    after.push(() => rmSync(links, { recursive: true, force: true }));
     await providerHarness({ allowRead: [read], allowWrite: [write] });
     const { keyFile, secrets } = await vertexWithKeyIn(read, { via: join(links, 'key.json') });
     // A second key, for the AWS side, in the writable directory, also named through a link.
@@ -100,6 +104,7 @@ describe('key files inside the directories a session may write or read', () => {
   it('a credential store under a writable tree (a home directory made writable) stays covered', async () => {
     // `HOME` of the CLI holds `.aws/credentials`; allowWrite names a directory above it.
     const top = mkdtempSync(join(process.env.TMPDIR, 'keys-home-'));
+    after.push(() => rmSync(top, { recursive: true, force: true }));
     const home = join(top, 'home');
     mkdirSync(join(home, '.aws'), { recursive: true });
     const store = join(home, '.aws', 'credentials');

@@ -5,7 +5,7 @@
 // on 127.0.0.1 that check the authentication with code that is not the adapter's
 // (support/fake-providers.mjs). The agent's own commands then look for the credential inside:
 // its environment, every process's environ, the key file itself.
-import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -130,6 +130,7 @@ describe('Amazon Bedrock through the relay', () => {
 
   it('credentials from a shared credentials file and profile (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE) sign too, and the file is not readable inside even under an allowRead directory', async () => {
     const dir = mkdtempSync(join(process.env.TMPDIR, 'aws-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
     const file = join(dir, 'credentials');
     writeFileSync(join(dir, 'config'), '[profile agents]\nregion = eu-west-1\n');
     writeFileSync(file, `[default]\naws_access_key_id = AKIAWRONGDEFAULT0000\naws_secret_access_key = wrong\n\n[agents]\naws_access_key_id = ${AWS.accessKeyId}\naws_secret_access_key = ${AWS.secretAccessKey}\n`);
@@ -159,6 +160,7 @@ describe('Amazon Bedrock through the relay', () => {
     expect(e.code).toBe('ERR_INVALID_PARAMS');
     expect(e.message).toContain('AWS_REGION');
     const empty = mkdtempSync(join(process.env.TMPDIR, 'aws-empty-'));
+    after.push(() => rmSync(empty, { recursive: true, force: true }));
     Object.assign(h.config.env, {
       AWS_REGION: 'eu-west-1',
       AWS_SHARED_CREDENTIALS_FILE: join(empty, 'none'),
@@ -185,6 +187,7 @@ describe('Amazon Bedrock through the relay', () => {
 describe('Google Vertex AI through the relay', () => {
   it('a sandboxed session gets a Google access token outside from a service account key (the JWT checked by the fake token endpoint), the key file is not readable inside', async () => {
     const dir = mkdtempSync(join(process.env.TMPDIR, 'gcp-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
     await providerHarness({}, { allowRead: [dir] });
     const vertex = await startFakeVertex({ api: h.api });
     after.push(() => vertex.close());
@@ -210,6 +213,7 @@ describe('Google Vertex AI through the relay', () => {
 
   it('a token that expires mid-session is refreshed without the session noticing', async () => {
     const dir = mkdtempSync(join(process.env.TMPDIR, 'gcp-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
     await providerHarness({});
     // gcp_auth renews a token 20 s before it expires: a 24 s token is renewed after ~4 s.
     const vertex = await startFakeVertex({ api: h.api, tokenLifetimeSec: 24 });
@@ -237,6 +241,7 @@ describe('Google Vertex AI through the relay', () => {
     expect(e.code).toBe('ERR_INVALID_PARAMS');
     expect(e.message).toContain('ANTHROPIC_VERTEX_PROJECT_ID');
     const dir = mkdtempSync(join(process.env.TMPDIR, 'gcp-'));
+    after.push(() => rmSync(dir, { recursive: true, force: true }));
     writeFileSync(join(dir, 'bad.json'), '{"type":"nonsense"}');
     Object.assign(h.config.env, { ANTHROPIC_VERTEX_PROJECT_ID: 'p', GOOGLE_APPLICATION_CREDENTIALS: join(dir, 'bad.json') });
     e = await rejection(h.adapter().startAgent(ROLES.planner.params()));
