@@ -236,7 +236,7 @@ async function session(a, root, mode) {
   const node = pod ? /on node (\S+?);/.exec(pod)?.[1] ?? null : null;
   const imageSeen = pod == null || pod.includes('[REDACTED]') ? null : pod.includes(`of image ${IMAGE_OF[mode]}`);
   // The adapter's own account of the pod's preparation (a debug line): phase → ms.
-  const phases = Object.fromEntries([...(prepared(a)[preparedBefore] ?? '').matchAll(/ ([^:;]+?) (\d+) ms;/g)].map((m) => [m[1].replace(/ \(\d+ KiB packed\)/, ''), Number(m[2])]));
+  const phases = Object.fromEntries([...(prepared(a)[preparedBefore] ?? '').matchAll(/ ([^:;]+?) (\d+) ms;/g)].map((m) => [m[1], Number(m[2])]));
   return { handleMs, resultMs, pod, node, imageSeen, phases };
 }
 

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerStateTerminated, HostPathVolumeSource, Namespace,
-    Pod as KubePod, PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
+    Capabilities, Container, ContainerState, ContainerStateTerminated, HostPathVolumeSource,
+    Namespace, Pod as KubePod, PodSecurityContext, PodSpec, ResourceRequirements, SecurityContext,
     Toleration as KubeToleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -626,12 +626,8 @@ impl Cluster {
         let Some(cache) = &self.config.node_cache else {
             return;
         };
-        let message = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.init_container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == RUNTIME_CONTAINER))
-            .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        let message = runtime_init_state(pod)
+            .and_then(|s| s.terminated.as_ref()?.message.clone())
             .unwrap_or_default();
         let message = message.lines().next().unwrap_or_default().trim();
         match message.strip_prefix("copied: ") {
@@ -767,6 +763,18 @@ enum Start {
     Failed(String),
 }
 
+/// The state of the init container that brings the runtime into a pod of another image.
+fn runtime_init_state(pod: &KubePod) -> Option<&ContainerState> {
+    pod.status
+        .as_ref()?
+        .init_container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == RUNTIME_CONTAINER)?
+        .state
+        .as_ref()
+}
+
 /// Where a starting pod is: running, still on its way (why), or never going to run (why).
 fn start_state(pod: &KubePod, image: &str, runtime_image: &str) -> Start {
     let status = pod.status.clone().unwrap_or_default();
@@ -776,12 +784,7 @@ fn start_state(pod: &KubePod, image: &str, runtime_image: &str) -> Start {
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
     // The runtime's copy comes first: its failure is the runtime image's, named as such.
-    let init = status
-        .init_container_statuses
-        .as_ref()
-        .and_then(|cs| cs.iter().find(|c| c.name == RUNTIME_CONTAINER))
-        .and_then(|c| c.state.clone())
-        .unwrap_or_default();
+    let init = runtime_init_state(pod).cloned().unwrap_or_default();
     if let Some(t) = init.terminated.as_ref().filter(|t| t.exit_code != 0) {
         return Start::Failed(format!(
             "copying the adapter's runtime from {runtime_image} (backend.kubernetes.runtimeImage) \

@@ -291,10 +291,8 @@ async fn prepare(
     let default_branch = req.workspace.default_branch();
     phases.mark("sockets and files");
     let base = send_repository(&step, &packed, default_branch).await?;
-    phases.mark(&format!(
-        "repository ({} KiB packed)",
-        packed.bytes() / 1024
-    ));
+    phases.mark("repository");
+    let pack_kib = packed.bytes() / 1024;
     drop(packed);
     let history = history::HistoryServer::start(&req.repo_root, default_branch, &base).await?;
     shell
@@ -321,7 +319,7 @@ async fn prepare(
         snapshot = Some(step.snapshot(&base, sandboxed).await?);
         phases.mark("snapshot");
     }
-    tracing::debug!(pod = %pod.name, "the pod was prepared in {phases}");
+    tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
     Ok(KubernetesEnvironment {
         pod,
         shell: Some(shell),
