@@ -1,7 +1,9 @@
 // Sessions on a real Kubernetes cluster (issue 21), through the addon from Node: the real CLI
 // in the session image's pods, against the fake Messages API on the engine's 127.0.0.1 (which
 // no pod can reach: the model API goes over the pod's exec stream), real git.
-import { readdirSync, readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from '../support/fake-api.mjs';
@@ -146,6 +148,35 @@ describe("the Implementor's patch", () => {
     for (const part of ['rename to renamed.txt', 'new mode 100755', 'new file mode 120000', 'GIT binary patch', 'deleted file mode', '+committed', '+more', 'new/dir/file.txt']) {
       expect(local.result.patch).toContain(part);
     }
+    expect(remote.result.patch).toBe(local.result.patch);
+  });
+});
+
+// Issue 37: with no setup, a pod takes the commit's tree as its snapshot where git applies no
+// attribute and no core.autocrlf. Here the tree holds CRLF text that its later .gitattributes
+// marks `text`: staging the checkout renormalises it, so the commit's tree is not the
+// snapshot, and a pod that took it would return that renormalisation as the agent's work.
+describe("the Implementor's patch over a tree that staging renormalises", () => {
+  it('holds only the agent\'s change, byte for byte the local backend\'s', { timeout: 240_000 }, async () => {
+    const renormalised = (root) => {
+      const git = (...args) => execFileSync('git', args, { cwd: root, stdio: 'pipe' });
+      writeFileSync(join(root, 'crlf.txt'), 'one\r\ntwo\r\n');
+      git('add', 'crlf.txt');
+      git('-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'CRLF text');
+      writeFileSync(join(root, '.gitattributes'), '*.txt text\n');
+      git('add', '.gitattributes');
+      git('-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'attributes');
+    };
+    const work = ['echo work > work.txt && echo done'];
+    await kubeSetup({ local: true });
+    renormalised(h.repo.root);
+    const local = await agentRuns(h, 'implementor', work);
+    await h.cleanup();
+    await kubeSetup({});
+    renormalised(h.repo.root);
+    const remote = await agentRuns(h, 'implementor', work);
+    expect(local.result.patch).toContain('+++ b/work.txt');
+    expect(local.result.patch).not.toContain('crlf.txt');
     expect(remote.result.patch).toBe(local.result.patch);
   });
 });

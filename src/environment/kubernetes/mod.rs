@@ -3,10 +3,12 @@
 //! - **provision**: a pod of the session image ([`cluster`]), one exec stream into it running
 //!   `cra-pod mux`, over which [`RemoteShell`] multiplexes everything else: processes with their
 //!   stdio, and the pod's unix sockets tunnelled to the session's [`Gateway`] (model relay,
-//!   egress proxy, and the telemetry forwarder when the CLI's telemetry is on) on the engine. The pod needs no network, and the key and the allowlist stay
-//!   here. The repository goes in as a `git bundle` of `defaultBranch` streamed into the pod and
-//!   cloned there (no remote, no URL, no engine path); the Implementor's branch is made, the
-//!   setup command runs, and the checkout is snapshotted as locally.
+//!   egress proxy, and the telemetry forwarder when the CLI's telemetry is on) on the engine.
+//!   The pod needs no network, and the key and the allowlist stay here. The repository goes in
+//!   as a pack of `defaultBranch`'s commit alone, streamed into the pod while its sockets and
+//!   scripts are set up, and checked out there on the Implementor's branch (no remote, no URL,
+//!   no engine path); the setup command runs, and the checkout is snapshotted as locally (with
+//!   no setup and no attributes, the commit's tree is the snapshot: [`work`]).
 //! - **exec**: the CLI runs in the pod under `cra-jail` (bubblewrap: its own network namespace,
 //!   the checkout read-write or read-only, nothing else of the pod), behind the same socat
 //!   bridges as the local sandbox.
@@ -40,7 +42,7 @@ use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
 use self::work::{
-    pack_repository, send_repository, Packed, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
+    pack_repository, send_repository, CheckoutAs, Packed, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
 };
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
@@ -221,11 +223,6 @@ async fn prepare(
         "/",
     )
     .await?;
-    for (name, engine_side) in gateway.sockets() {
-        shell
-            .listen(&format!("{SOCKETS}/{name}"), engine_side)
-            .await?;
-    }
     let engine_dirs: Vec<String> = [
         env_value(&req.env, "HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
@@ -257,41 +254,32 @@ async fn prepare(
         shell: &shell,
         env: &env,
     };
+    // Git reads it (core.autocrlf, core.eol) when the repository is checked out.
     step.write_file(
         &format!("{STATE}/gitconfig"),
         with_identity(gateway.git_config()).as_bytes(),
         "0644",
     )
     .await?;
-    if req.sandbox.is_some() {
-        let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
-        step.write_file(&script, commands_prefix_script().as_bytes(), "0755")
-            .await?;
-        step.run(
-            "making the tools' wrappers' directory",
-            vec!["mkdir".into(), "-p".into(), format!("{SOCKETS}/bin")],
-            &[],
-            STEP_TIMEOUT,
-            "/",
-        )
-        .await?;
-        for name in WRAPPED_TOOLS {
-            step.write_file(
-                &format!("{SOCKETS}/bin/{name}"),
-                tool_wrapper_script().as_bytes(),
-                "0755",
-            )
-            .await?;
-        }
-    }
     let checkout = match &req.workspace {
         Workspace::Checkout(p) => Some(p),
         Workspace::View(_) => None,
     };
+    let setup = checkout.and_then(|p| p.setup.as_ref().filter(|s| !s.is_empty()));
     let default_branch = req.workspace.default_branch();
-    phases.mark("sockets and files");
-    let base = send_repository(&step, &packed, default_branch).await?;
-    phases.mark("repository");
+    phases.mark("git config");
+    // The repository travels while the sockets and the agent's scripts are set up: every step
+    // is a round trip through the API server, and the pack is the longest.
+    let checkout_as = checkout.map(|p| CheckoutAs {
+        branch: &p.branch,
+        snapshot_if_plain: setup.is_none(),
+    });
+    let (received, ()) = tokio::try_join!(
+        send_repository(&step, &packed, default_branch, checkout_as),
+        sockets_and_files(&step, &gateway, req.sandbox.is_some()),
+    )?;
+    phases.mark("repository, sockets and files");
+    let base = received.base;
     let pack_kib = packed.bytes() / 1024;
     drop(packed);
     let history = history::HistoryServer::start(&req.repo_root, default_branch, &base).await?;
@@ -303,16 +291,9 @@ async fn prepare(
         step.jail_works().await?;
     }
     phases.mark("history server and jail probe");
-    let mut snapshot = None;
-    if let Some(p) = checkout {
-        step.run_sh(
-            "branch",
-            &format!("git checkout -q -b {}", sh_quote(&p.branch)),
-            STEP_TIMEOUT,
-        )
-        .await?;
-        phases.mark("branch");
-        if let Some(setup) = p.setup.as_ref().filter(|s| !s.is_empty()) {
+    let mut snapshot = received.snapshot;
+    if let Some(p) = checkout.filter(|_| snapshot.is_none()) {
+        if let Some(setup) = setup {
             step.setup(setup, sandboxed, p.setup_timeout).await?;
             phases.mark("setup");
         }
@@ -332,6 +313,39 @@ async fn prepare(
         sandboxed,
         _history: history,
     })
+}
+
+/// The session's sockets in the pod (the gateway's, tunnelled to the engine) and, when the
+/// session is sandboxed, the agent's commands' prefix and the tools' wrappers beside them.
+async fn sockets_and_files(step: &Steps<'_>, gateway: &Gateway, sandboxed: bool) -> Result<()> {
+    for (name, engine_side) in gateway.sockets() {
+        step.shell
+            .listen(&format!("{SOCKETS}/{name}"), engine_side)
+            .await?;
+    }
+    if !sandboxed {
+        return Ok(());
+    }
+    let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
+    step.write_file(&script, commands_prefix_script().as_bytes(), "0755")
+        .await?;
+    step.run(
+        "making the tools' wrappers' directory",
+        vec!["mkdir".into(), "-p".into(), format!("{SOCKETS}/bin")],
+        &[],
+        STEP_TIMEOUT,
+        "/",
+    )
+    .await?;
+    for name in WRAPPED_TOOLS {
+        step.write_file(
+            &format!("{SOCKETS}/bin/{name}"),
+            tool_wrapper_script().as_bytes(),
+            "0755",
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// The durations of a pod's preparation, phase by phase, from the first mark's start.

@@ -45,18 +45,6 @@ pub(super) struct Steps<'a> {
 }
 
 impl Steps<'_> {
-    /// `sh -c script` in the checkout (or `/` before it exists), bounded; its stdout.
-    /// `sh -c script` in the checkout, bounded; its stdout.
-    pub(super) async fn run_sh(
-        &self,
-        what: &str,
-        script: &str,
-        limit: Duration,
-    ) -> Result<Vec<u8>> {
-        let argv = vec!["sh".into(), "-c".into(), script.into()];
-        self.run(what, argv, &[], limit, WORKDIR).await
-    }
-
     /// `argv` in `cwd` with `input`, bounded; its stdout, or the error naming `what`.
     pub(super) async fn run(
         &self,
@@ -157,17 +145,12 @@ impl Steps<'_> {
             .run("snapshot", argv, &[], STEP_TIMEOUT, WORKDIR)
             .await?;
         let out = String::from_utf8_lossy(&out);
-        let mut words = out.split_whitespace();
-        match (words.next(), words.next().map(str::parse::<u64>)) {
-            (Some(commit), Some(Ok(limit))) => Ok(PodSnapshot {
-                commit: commit.to_string(),
-                trust_before: limit.max(1),
-            }),
-            _ => Err(provision_error(format!(
+        PodSnapshot::read(&out).ok_or_else(|| {
+            provision_error(format!(
                 "the snapshot step in the pod answered {:?}, not a commit and a time",
                 out.trim()
-            ))),
-        }
+            ))
+        })
     }
 }
 
@@ -176,6 +159,24 @@ impl Steps<'_> {
 pub(super) struct PodSnapshot {
     pub commit: String,
     pub trust_before: u64,
+}
+
+impl PodSnapshot {
+    /// `COMMIT LIMIT`, as the snapshot's scripts print it.
+    pub(super) fn read(text: &str) -> Option<PodSnapshot> {
+        let mut words = text.split_whitespace();
+        match (
+            words.next(),
+            words.next().map(str::parse::<u64>),
+            words.next(),
+        ) {
+            (Some(commit), Some(Ok(limit)), None) => Some(PodSnapshot {
+                commit: commit.to_string(),
+                trust_before: limit.max(1),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `commit-tree` with a fixed identity and date: only the commit's tree is ever used.

@@ -10,11 +10,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::history;
 use super::layout::WORKDIR;
-use super::steps::{provision_error, sh_quote, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
+use super::steps::{
+    provision_error, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
+};
 use crate::environment::remote::RemoteCommand;
 use crate::error::{AdapterError, Result};
 use crate::git::command::{git_command, run_git, At};
-use crate::git::patch::patch_of_trees;
+use crate::git::patch::{patch_of_trees, STAT_TRUST_MARGIN_SECS};
 use crate::git::RepoGit;
 use crate::scratch::ScratchDir;
 
@@ -118,25 +120,52 @@ pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> R
     }
 }
 
+/// What the Implementor's checkout is made as, in the same step as the repository.
+pub(super) struct CheckoutAs<'a> {
+    /// Its branch, made at the commit and checked out.
+    pub branch: &'a str,
+    /// No setup command runs: where the checked-out files are the commit's own (no attributes,
+    /// no `core.autocrlf`), the commit's tree is the snapshot, taken here.
+    pub snapshot_if_plain: bool,
+}
+
+/// The repository in the pod: its commit, and the Implementor's snapshot when it was taken
+/// with it.
+pub(super) struct Received {
+    pub base: String,
+    pub snapshot: Option<PodSnapshot>,
+}
+
 /// The repository goes in: `packed` streamed into the pod and checked out at [`WORKDIR`],
-/// shallow at its commit, with `origin` the session's history server. Returns the commit.
+/// shallow at its commit, with `origin` the session's history server; on the Implementor's
+/// branch when `checkout` says so (one step less: each is a round trip through the API server).
 pub(super) async fn send_repository(
     step: &Steps<'_>,
     packed: &Packed,
     default_branch: &str,
-) -> Result<String> {
+    checkout: Option<CheckoutAs<'_>>,
+) -> Result<Received> {
     let base = &packed.base;
     let mut pack = tokio::fs::File::open(&packed.file)
         .await
         .map_err(|e| provision_error("cannot read the pack").with_cause(e))?;
-    let branch = sh_quote(default_branch);
+    let head = sh_quote(checkout.as_ref().map_or(default_branch, |c| c.branch));
+    let session_branch = match &checkout {
+        Some(c) => format!("git update-ref refs/heads/{} {base}; ", sh_quote(c.branch)),
+        None => String::new(),
+    };
+    let snapshot = match &checkout {
+        Some(c) if c.snapshot_if_plain => plain_snapshot(base),
+        _ => String::new(),
+    };
     // The pack goes straight into index-pack; the checkout is shallow at the commit, and the
     // marker says its history can be fetched ([`history`]; image/git-history).
     let receive = format!(
         "set -e; mkdir -p {WORKDIR}; cd {WORKDIR}; git init -q; git index-pack --stdin >/dev/null; \
-         echo {base} > .git/shallow; git update-ref refs/heads/{branch} {base}; \
-         git symbolic-ref HEAD refs/heads/{branch}; git config remote.origin.url {url}; \
-         : > .git/cra-history; git reset -q --hard",
+         echo {base} > .git/shallow; git update-ref refs/heads/{branch} {base}; {session_branch}\
+         git symbolic-ref HEAD refs/heads/{head}; git config remote.origin.url {url}; \
+         : > .git/cra-history; git reset -q --hard{snapshot}",
+        branch = sh_quote(default_branch),
         url = sh_quote(history::REMOTE_URL),
     );
     let receiver = step
@@ -148,25 +177,33 @@ pub(super) async fn send_repository(
         })
         .await?;
     let (mut stdin, mut control) = (receiver.stdin, receiver.control);
-    let mut stderr = receiver.stderr;
+    let (mut stdout, mut stderr) = (receiver.stdout, receiver.stderr);
     let limit = STEP_TIMEOUT * 10;
     let sent = tokio::time::timeout(limit, async {
         let copy = async {
             tokio::io::copy(&mut pack, &mut stdin).await?;
             stdin.shutdown().await
         };
-        let mut said = Vec::new();
+        let (mut said, mut out) = (Vec::new(), Vec::new());
         let mut diagnostics = (&mut stderr).take(MAX_STEP_OUTPUT as u64);
-        let (c, _) = tokio::join!(copy, diagnostics.read_to_end(&mut said));
-        (c, said)
+        let mut answer = (&mut stdout).take(MAX_STEP_OUTPUT as u64);
+        let (c, _, _) = tokio::join!(
+            copy,
+            diagnostics.read_to_end(&mut said),
+            answer.read_to_end(&mut out)
+        );
+        (c, said, out)
     })
     .await;
     let received = tokio::time::timeout(STEP_TIMEOUT, control.wait()).await;
     match (sent, received) {
-        (Ok((Ok(()), _)), Ok(Some(r))) if r.success() => Ok(base.clone()),
+        (Ok((Ok(()), _, out)), Ok(Some(r))) if r.success() => Ok(Received {
+            base: base.clone(),
+            snapshot: read_plain_snapshot(&out)?,
+        }),
         (sent, r) => {
             let said = match &sent {
-                Ok((_, said)) => String::from_utf8_lossy(said).trim().to_string(),
+                Ok((_, said, _)) => String::from_utf8_lossy(said).trim().to_string(),
                 Err(_) => format!("not within {}s", limit.as_secs()),
             };
             Err(provision_error(format!(
@@ -174,6 +211,41 @@ pub(super) async fn send_repository(
             )))
         }
     }
+}
+
+/// The end of the receiving script where no setup runs: if git applies no attribute to any
+/// file and `core.autocrlf` is off, every file is checked out byte for byte as the commit has
+/// it (as `git::prepare`'s `files_are_commit` reasons locally; here `check-attr` asks git
+/// itself, whatever file the attributes would come from), so the snapshot is the commit's
+/// tree and `git add -A` of every file is skipped. Prints `snapshot COMMIT LIMIT` then; the
+/// limit is taken after the checkout, before the agent can change anything (see
+/// [`Steps::snapshot`]).
+fn plain_snapshot(base: &str) -> String {
+    format!(
+        "; a=$(git config --get core.autocrlf || :); \
+         case \"$a\" in ''|[Ff][Aa][Ll][Ss][Ee]|0|[Nn][Oo]|[Oo][Ff][Ff]) ;; *) exit 0;; esac; \
+         [ -z \"$(git ls-files -z | git check-attr -z --stdin -a | head -c 1)\" ] || exit 0; \
+         l=$(( $(date +%s) - {STAT_TRUST_MARGIN_SECS} )); \
+         c=$({COMMIT_ENV} git commit-tree {base}^{{tree}} -p {base} -m snapshot); \
+         git update-ref refs/cra/snapshot \"$c\"; echo \"snapshot $c $l\""
+    )
+}
+
+fn read_plain_snapshot(out: &[u8]) -> Result<Option<PodSnapshot>> {
+    let out = String::from_utf8_lossy(out);
+    if out.trim().is_empty() {
+        return Ok(None);
+    }
+    out.trim()
+        .strip_prefix("snapshot ")
+        .and_then(PodSnapshot::read)
+        .map(Some)
+        .ok_or_else(|| {
+            provision_error(format!(
+                "the repository's step in the session's pod answered {:?}, not a snapshot",
+                out.trim()
+            ))
+        })
 }
 
 /// A scratch repository on the engine borrowing the repository's objects, where the work's
@@ -245,5 +317,117 @@ impl Scratch {
             final_tree,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A repository of one commit holding `files`, checked out as the pod's receive does
+    /// (`reset --hard`, `core.autocrlf` as given), then the plain snapshot's script run in it:
+    /// its answer read as the engine reads it, and the checkout's own `git add -A` tree.
+    fn received(files: &[(&str, &[u8])], autocrlf: Option<&str>) -> (Option<PodSnapshot>, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir.path())
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        git(&["init", "-q"]);
+        // Stored as they are, as a repository that gained its attributes later holds them.
+        for (name, content) in files {
+            std::fs::write(dir.path().join(name), content).unwrap();
+            let blob = git(&["hash-object", "-w", "--no-filters", name]);
+            let entry = format!("100644,{blob},{name}");
+            git(&["update-index", "--add", "--cacheinfo", &entry]);
+        }
+        git(&[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "c",
+        ]);
+        let base = git(&["rev-parse", "HEAD"]);
+        if let Some(v) = autocrlf {
+            git(&["config", "core.autocrlf", v]);
+        }
+        for (name, _) in files {
+            std::fs::remove_file(dir.path().join(name)).unwrap();
+        }
+        let script = format!("set -e; git reset -q --hard{}", plain_snapshot(&base));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .current_dir(dir.path())
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let snapshot = read_plain_snapshot(&out.stdout).unwrap();
+        if let Some(s) = &snapshot {
+            assert_eq!(
+                git(&["rev-parse", "refs/cra/snapshot"]),
+                s.commit,
+                "kept under its ref"
+            );
+            assert_eq!(git(&["rev-parse", &format!("{}^", s.commit)]), base);
+        }
+        // Every file staged afresh (not only those git's stat data calls changed, which in a
+        // real checkout depends on its timing): what the file would be as the agent's work.
+        git(&["add", "--renormalize", "-A", "."]);
+        let staged = git(&["write-tree"]);
+        let snapshot_tree = snapshot
+            .as_ref()
+            .map(|s| git(&["rev-parse", &format!("{}^{{tree}}", s.commit)]));
+        if let Some(tree) = snapshot_tree {
+            assert_eq!(
+                tree, staged,
+                "the snapshot is what staging every file gives"
+            );
+        }
+        let same = staged == git(&["rev-parse", &format!("{base}^{{tree}}")]);
+        (snapshot, same)
+    }
+
+    #[test]
+    fn a_checkout_without_attributes_or_autocrlf_is_its_commits_tree_and_the_snapshot_is_taken_with_it(
+    ) {
+        let (snapshot, same) = received(&[("a.txt", b"one\r\ntwo\n"), ("b.bin", &[0, 1, 2])], None);
+        assert!(same && snapshot.is_some_and(|s| s.trust_before > 1));
+        let (snapshot, _) = received(&[("a.txt", b"one\n")], Some("false"));
+        assert!(snapshot.is_some());
+    }
+
+    #[test]
+    fn attributes_or_autocrlf_leave_the_snapshot_to_its_own_step() {
+        // Staging would renormalise this checkout: its tree is not the commit's.
+        let files: &[(&str, &[u8])] = &[(".gitattributes", b"* text\n"), ("a.txt", b"one\r\n")];
+        let (snapshot, same) = received(files, None);
+        assert!(
+            !same,
+            "staging renormalises: the commit's tree would be a wrong snapshot"
+        );
+        assert!(snapshot.is_none());
+        let (snapshot, same) = received(&[("a.txt", b"one\r\n")], Some("input"));
+        assert!(!same && snapshot.is_none());
+        assert!(received(&[("a.txt", b"one\n")], Some("TRUE")).0.is_none());
+    }
+
+    #[test]
+    fn a_receive_answer_that_is_not_a_snapshot_is_an_error_naming_it() {
+        assert!(read_plain_snapshot(b"").unwrap().is_none());
+        let err = read_plain_snapshot(b"snapshot abc").err().unwrap();
+        assert!(err.message.contains("\"snapshot abc\""), "{}", err.message);
+        assert!(read_plain_snapshot(b"hello 1 2").is_err());
     }
 }
