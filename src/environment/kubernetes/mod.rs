@@ -207,17 +207,20 @@ async fn prepare(
     let image = inspect_image(&shell, &pod.image).await?;
     phases.mark("stream and image probe");
     // The pod's directories are empty volumes (cluster.rs): the socket directory, private to
-    // the session's user, is made here.
+    // the session's user, is made here, and the checkout's, which the jail's probe binds while
+    // the repository is still arriving.
     let bare = [("PATH".to_string(), image.path.clone())];
     Steps {
         shell: &shell,
         env: &bare,
     }
     .run(
-        "making the socket directory",
-        ["mkdir", "-p", "-m", "0700", SOCKETS]
-            .map(String::from)
-            .to_vec(),
+        "making the socket and checkout directories",
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("mkdir -p -m 0700 {SOCKETS} && mkdir -p {WORKDIR}"),
+        ],
         &[],
         STEP_TIMEOUT,
         "/",
@@ -268,29 +271,34 @@ async fn prepare(
     let setup = checkout.and_then(|p| p.setup.as_ref().filter(|s| !s.is_empty()));
     let default_branch = req.workspace.default_branch();
     phases.mark("git config");
-    // The repository travels while the sockets and the agent's scripts are set up: every step
-    // is a round trip through the API server, and the pack is the longest.
+    // The repository travels while the sockets, the agent's scripts, the history server and the
+    // jail's probe are set up: every step is a round trip through the API server, and the pack
+    // is the longest.
     let checkout_as = checkout.map(|p| CheckoutAs {
         branch: &p.branch,
         snapshot_if_plain: setup.is_none(),
     });
-    let (received, ()) = tokio::try_join!(
+    let sandboxed = req.sandbox.is_some();
+    let beside = async {
+        sockets_and_files(&step, &gateway, sandboxed).await?;
+        let history =
+            history::HistoryServer::start(&req.repo_root, default_branch, &packed.base).await?;
+        shell
+            .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
+            .await?;
+        if sandboxed {
+            step.jail_works().await?;
+        }
+        Ok::<_, AdapterError>(history)
+    };
+    let (received, history) = tokio::try_join!(
         send_repository(&step, &packed, default_branch, checkout_as),
-        sockets_and_files(&step, &gateway, req.sandbox.is_some()),
+        beside,
     )?;
-    phases.mark("repository, sockets and files");
+    phases.mark("repository, sockets, history server and jail probe");
     let base = received.base;
     let pack_kib = packed.bytes() / 1024;
     drop(packed);
-    let history = history::HistoryServer::start(&req.repo_root, default_branch, &base).await?;
-    shell
-        .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
-        .await?;
-    let sandboxed = req.sandbox.is_some();
-    if sandboxed {
-        step.jail_works().await?;
-    }
-    phases.mark("history server and jail probe");
     let mut snapshot = received.snapshot;
     if let Some(p) = checkout.filter(|_| snapshot.is_none()) {
         if let Some(setup) = setup {
