@@ -158,6 +158,26 @@ describe("a developer's home: no dotfile as it is, toolchains without their neig
   }, 180_000);
 });
 
+// A restarted engine's first session waited for the user's login profile (~0.3 s here: issue
+// 37's restart figure); the adapter now reads it when it is made, once per process.
+describe("the user's login profile", () => {
+  it('is read once, when the adapter is made: its PATH reaches the first session, which does not run it again', async () => {
+    h = await setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES });
+    const home = join(h.scratch, 'home');
+    const runs = join(h.scratch, 'profile-runs');
+    write(join(home, 'tools/profiled'), '#!/bin/sh\necho profiled tool ran\n', 0o755);
+    write(join(home, '.profile'), `echo run >> ${runs}\nexport PATH="${join(home, 'tools')}:$PATH"\n`);
+    Object.assign(h.config.env, { HOME: home, SHELL: '/bin/bash', PATH: '/usr/local/bin:/usr/bin:/bin' });
+    const adapter = h.adapter();
+    const ran = () => (existsSync(runs) ? readFileSync(runs, 'utf8').split('\n').filter(Boolean).length : 0);
+    for (const t0 = Date.now(); ran() === 0 && Date.now() - t0 < 15_000; ) await new Promise((r) => setTimeout(r, 50));
+    expect(ran()).toBe(1);
+    const { out } = await agentRuns(h, 'planner', ['profiled'], { adapter });
+    expect(out[0]).toBe('profiled tool ran');
+    expect(ran()).toBe(1);
+  }, 120_000);
+});
+
 describe('the sandbox itself', () => {
   it('no user namespace can be made inside (unshare -Ur fails); the proxy and relay sockets cannot be replaced or added to; the session still reaches the model through them', async () => {
     h = await setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES });

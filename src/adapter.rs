@@ -122,6 +122,17 @@ impl Adapter {
         }
     }
 
+    /// Reads now, in the background, what a session's start would otherwise wait for the first
+    /// time in this process (the backend's [`Backend::warm_up`]); ended by `shutdown()`.
+    pub async fn warm_up(&self) {
+        let env = self.host.cli_env();
+        let sandbox = self.host.config.sandbox.as_ref();
+        tokio::select! {
+            () = self.host.backend.warm_up(&env, sandbox) => {}
+            () = self.shut_down.cancelled() => {}
+        }
+    }
+
     /// Delete what the backend made for sessions of engine processes that are gone (a
     /// Kubernetes backend: their pods); bounded, ended by `shutdown()`, logged.
     pub async fn sweep_backend(&self) {

@@ -106,13 +106,14 @@ fn create(env: &Env, config: &Unknown, deps: &Unknown) -> Result<RuntimeAdapter>
     let inner = Adapter::new(cfg, Arc::new(js_deps), hook, Arc::new(logger));
     // Worktrees, pods and temp dirs a dead engine process left behind are removed in the
     // background; the repo's git lock orders the worktree sweep before any provisioning that
-    // would race it.
+    // would race it. What the first session would otherwise wait for is read meanwhile.
     let sweeper = inner.clone();
     napi::bindgen_prelude::spawn(async move {
         tokio::join!(
             sweeper.sweep_stale_worktrees(),
             sweeper.sweep_backend(),
-            sweeper.sweep_temp_dirs()
+            sweeper.sweep_temp_dirs(),
+            sweeper.warm_up()
         );
     });
     Ok(RuntimeAdapter { inner })

@@ -113,6 +113,16 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Reads, once for the process, what every session's start would otherwise wait for
+    /// (`env`: the CLI's environment). Run in the background when the adapter is made.
+    fn warm_up<'a>(
+        &'a self,
+        _env: &'a [(String, String)],
+        _sandbox: Option<&'a SandboxConfig>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
     /// Removes what this backend made for sessions whose engine process is gone (its own
     /// records only); returns what it removed. The local backend's clones are swept by the
     /// repository's sweep ([`crate::git::sweep`]) instead.

@@ -5,8 +5,10 @@
 //! sees the adapter itself (its shutdown, its sweeps).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::registry::Registry;
+use crate::claude::command;
 use crate::config::AdapterConfig;
 use crate::deps::{BashHook, Deps, Logger};
 use crate::environment::Backend;
@@ -25,4 +27,19 @@ pub struct SessionHost {
     pub backend: Arc<dyn Backend>,
     /// Routes the core modules' `tracing` diagnostics to `logger`.
     pub log_route: LogRoute,
+}
+
+impl SessionHost {
+    /// The CLI's environment, as every session of this adapter starts it with.
+    pub fn cli_env(&self) -> Vec<(String, String)> {
+        let mut env = command::build_env(std::env::vars(), &self.config.env);
+        let tolerance = self.config.api_outage_tolerance;
+        if !tolerance.is_zero() && !env.iter().any(|(k, _)| k == "API_TIMEOUT_MS") {
+            // The CLI gives up on a request after API_TIMEOUT_MS (10 minutes by default); one
+            // the relay holds through an outage may take the whole tolerance.
+            let ms = (tolerance + Duration::from_secs(600)).as_millis();
+            env.push(("API_TIMEOUT_MS".into(), ms.to_string()));
+        }
+        env
+    }
 }

@@ -163,14 +163,7 @@ impl Session {
         let output = OutputBuffer::new(DEFAULT_BOUND);
         let noted: Arc<OnceLock<Arc<Transcript>>> = Arc::new(OnceLock::new());
         let outage = outage_watch(host, &id, params.role(), &stop, &output, &noted);
-        let mut env = command::build_env(std::env::vars(), &host.config.env);
-        let tolerance = host.config.api_outage_tolerance;
-        if !tolerance.is_zero() && !env.iter().any(|(k, _)| k == "API_TIMEOUT_MS") {
-            // The CLI gives up on a request after API_TIMEOUT_MS (10 minutes by default); one
-            // the relay holds through an outage may take the whole tolerance.
-            let ms = (tolerance + Duration::from_secs(600)).as_millis();
-            env.push(("API_TIMEOUT_MS".into(), ms.to_string()));
-        }
+        let env = host.cli_env();
         if let Some(limit) = host.config.max_agent_duration {
             let timer = stop.clone();
             tokio::spawn(async move {

@@ -344,6 +344,12 @@ pub fn bridged_argv(program: &std::ffi::OsStr, args: &[String]) -> Vec<OsString>
     argv
 }
 
+/// What [`SessionSandbox::start`] reads once per process for the CLI's environment `cli_env`:
+/// the `PATH` of the user's login shell (cached: [`home::profile_path`]).
+pub async fn warm_up(cli_env: &[(String, String)]) {
+    home::profile_path(cli_env).await;
+}
+
 impl SessionSandbox {
     /// Starts the session's proxy and relay and builds its sandbox. `cli_env` is the CLI's
     /// environment as the adapter built it (credentials included).
