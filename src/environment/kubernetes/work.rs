@@ -329,16 +329,23 @@ mod tests {
     /// its answer read as the engine reads it, and the checkout's own `git add -A` tree.
     fn received(files: &[(&str, &[u8])], autocrlf: Option<&str>) -> (Option<PodSnapshot>, bool) {
         let dir = tempfile::tempdir().unwrap();
-        let git = |args: &[&str]| {
-            let out = std::process::Command::new("git")
+        // `program args` in the repository, with no user or system git config; its stdout.
+        let run = |program: &str, args: &[&str]| {
+            let out = std::process::Command::new(program)
                 .args(args)
                 .current_dir(dir.path())
                 .env("GIT_CONFIG_GLOBAL", "/dev/null")
                 .env("GIT_CONFIG_NOSYSTEM", "1")
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "git {args:?}: {out:?}");
-            String::from_utf8(out.stdout).unwrap().trim().to_string()
+            assert!(out.status.success(), "{program} {args:?}: {out:?}");
+            out.stdout
+        };
+        let git = |args: &[&str]| {
+            String::from_utf8(run("git", args))
+                .unwrap()
+                .trim()
+                .to_string()
         };
         git(&["init", "-q"]);
         // Stored as they are, as a repository that gained its attributes later holds them.
@@ -365,15 +372,7 @@ mod tests {
             std::fs::remove_file(dir.path().join(name)).unwrap();
         }
         let script = format!("set -e; git reset -q --hard{}", plain_snapshot(&base));
-        let out = std::process::Command::new("sh")
-            .args(["-c", &script])
-            .current_dir(dir.path())
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let snapshot = read_plain_snapshot(&out.stdout).unwrap();
+        let snapshot = read_plain_snapshot(&run("sh", &["-c", &script])).unwrap();
         if let Some(s) = &snapshot {
             assert_eq!(
                 git(&["rev-parse", "refs/cra/snapshot"]),
