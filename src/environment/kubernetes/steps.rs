@@ -131,11 +131,11 @@ impl Steps<'_> {
         // Git in the pod ignores what the agent may configure to run, as the local one does.
         let g = neutral_git_sh();
         let script = format!(
-            "set -e; l=$(( $(date +%s) - {STAT_TRUST_MARGIN_SECS} )); i=/tmp/cra-snapshot.index; \
-             cp -p .git/index \"$i\"; GIT_INDEX_FILE=$i {g} update-index -q --really-refresh; \
-             GIT_INDEX_FILE=$i {g} add -A; t=$(GIT_INDEX_FILE=$i {g} write-tree); \
-             c=$({COMMIT_ENV} {g} commit-tree \"$t\" -p {base} -m snapshot); \
-             {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c $l\""
+            "set -e; {}; i=/tmp/cra-snapshot.index; cp -p .git/index \"$i\"; \
+             GIT_INDEX_FILE=$i {g} update-index -q --really-refresh; \
+             GIT_INDEX_FILE=$i {g} add -A; t=$(GIT_INDEX_FILE=$i {g} write-tree); {}",
+            trust_limit_sh(),
+            snapshot_sh(&g, "\"$t\"", base)
         );
         let argv = confined(
             sandboxed.then_some("rw"),
@@ -177,6 +177,22 @@ impl PodSnapshot {
             _ => None,
         }
     }
+}
+
+/// `l=`: the pod's clock less the margin, the snapshot's trust limit; taken before anything
+/// of the snapshot is staged.
+pub(super) fn trust_limit_sh() -> String {
+    format!("l=$(( $(date +%s) - {STAT_TRUST_MARGIN_SECS} ))")
+}
+
+/// The snapshot's commit of `tree` on `base` with `git` = `g`, kept under `refs/cra/snapshot`
+/// and printed with `$l` ([`trust_limit_sh`]) as [`PodSnapshot::read`] reads it. Shared by
+/// the snapshot step and the receiving script's shortcut (`work::plain_snapshot`).
+pub(super) fn snapshot_sh(g: &str, tree: &str, base: &str) -> String {
+    format!(
+        "c=$({COMMIT_ENV} {g} commit-tree {tree} -p {base} -m snapshot); \
+         {g} update-ref refs/cra/snapshot \"$c\"; echo \"$c $l\""
+    )
 }
 
 /// `commit-tree` with a fixed identity and date: only the commit's tree is ever used.

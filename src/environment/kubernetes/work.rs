@@ -11,12 +11,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::history;
 use super::layout::WORKDIR;
 use super::steps::{
-    provision_error, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
+    provision_error, sh_quote, snapshot_sh, trust_limit_sh, PodSnapshot, Steps, MAX_STEP_OUTPUT,
+    STEP_TIMEOUT,
 };
 use crate::environment::remote::RemoteCommand;
 use crate::error::{AdapterError, Result};
 use crate::git::command::{git_command, run_git, At};
-use crate::git::patch::{patch_of_trees, STAT_TRUST_MARGIN_SECS};
+use crate::git::patch::patch_of_trees;
 use crate::git::RepoGit;
 use crate::scratch::ScratchDir;
 
@@ -217,35 +218,32 @@ pub(super) async fn send_repository(
 /// file and `core.autocrlf` is off, every file is checked out byte for byte as the commit has
 /// it (as `git::prepare`'s `files_are_commit` reasons locally; here `check-attr` asks git
 /// itself, whatever file the attributes would come from), so the snapshot is the commit's
-/// tree and `git add -A` of every file is skipped. Prints `snapshot COMMIT LIMIT` then; the
-/// limit is taken after the checkout, before the agent can change anything (see
+/// tree and `git add -A` of every file is skipped. Its only output is then the snapshot's; the
+/// trust limit is taken after the checkout, before the agent can change anything (see
 /// [`Steps::snapshot`]).
 fn plain_snapshot(base: &str) -> String {
     format!(
         "; a=$(git config --get core.autocrlf || :); \
          case \"$a\" in ''|[Ff][Aa][Ll][Ss][Ee]|0|[Nn][Oo]|[Oo][Ff][Ff]) ;; *) exit 0;; esac; \
          [ -z \"$(git ls-files -z | git check-attr -z --stdin -a | head -c 1)\" ] || exit 0; \
-         l=$(( $(date +%s) - {STAT_TRUST_MARGIN_SECS} )); \
-         c=$({COMMIT_ENV} git commit-tree {base}^{{tree}} -p {base} -m snapshot); \
-         git update-ref refs/cra/snapshot \"$c\"; echo \"snapshot $c $l\""
+         {}; {}",
+        trust_limit_sh(),
+        snapshot_sh("git", &format!("{base}^{{tree}}"), base)
     )
 }
 
+/// The receiving script's output: nothing, or the snapshot [`plain_snapshot`] took.
 fn read_plain_snapshot(out: &[u8]) -> Result<Option<PodSnapshot>> {
     let out = String::from_utf8_lossy(out);
-    if out.trim().is_empty() {
+    let out = out.trim();
+    if out.is_empty() {
         return Ok(None);
     }
-    out.trim()
-        .strip_prefix("snapshot ")
-        .and_then(PodSnapshot::read)
-        .map(Some)
-        .ok_or_else(|| {
-            provision_error(format!(
-                "the repository's step in the session's pod answered {:?}, not a snapshot",
-                out.trim()
-            ))
-        })
+    PodSnapshot::read(out).map(Some).ok_or_else(|| {
+        provision_error(format!(
+            "the repository's step in the session's pod answered {out:?}, not a snapshot"
+        ))
+    })
 }
 
 /// A scratch repository on the engine borrowing the repository's objects, where the work's
