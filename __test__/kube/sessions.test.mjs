@@ -14,7 +14,7 @@ import { RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-e
 import { startFakeBedrock } from '../support/fake-providers.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
-import { adapterPods, eventually, kubeBackend, podLine } from './support.mjs';
+import { adapterPods, EDGE_FILES, EDGE_WORK, eventually, kubeBackend, podLine } from './support.mjs';
 
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
 
@@ -93,27 +93,6 @@ describe('sandbox: false', () => {
   });
 });
 
-// The agent's work covering what a patch must carry: a rename, a mode change, a symlink, a
-// binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file.
-const EDGE_FILES = {
-  'rename-me.txt': 'line\n'.repeat(40),
-  'tool.sh': '#!/bin/sh\necho tool\n',
-  'gone.txt': 'to delete\n',
-  'keep.txt': 'kept\n',
-};
-const EDGE_WORK = [
-  [
-    'git mv rename-me.txt renamed.txt',
-    'chmod +x tool.sh',
-    'ln -s renamed.txt link-to-renamed',
-    "printf '\\000\\001\\002\\377binary' > blob.bin",
-    "printf 'caf\\351\\n' > latin1.txt",
-    'rm gone.txt',
-    "echo committed > committed.txt && git add committed.txt && git -c user.name=A -c user.email=a@example.invalid commit -qm c",
-    'echo more >> keep.txt',
-    'mkdir -p new/dir && echo untracked > new/dir/file.txt',
-  ].join(' && '),
-];
 
 describe('a model provider other than the Anthropic API', () => {
   it('Bedrock in a pod: every request is signed with SigV4 by the engine\'s relay (verified by the AWS SDK for JavaScript); no AWS key or token is readable in the pod', { timeout: 180_000 }, async () => {

@@ -3,6 +3,7 @@
 // `CRA_KUBE_PULL_POLICY` default `IfNotPresent`), so the suite runs against kind, k3d or any
 // cluster as well as the local one `.ci/run` brings up. Pods are read with `kubectl`.
 import { execFileSync } from 'node:child_process';
+import { dirname } from 'node:path';
 
 export const IMAGE = process.env.CRA_KUBE_IMAGE;
 export const NAMESPACE = process.env.CRA_KUBE_NAMESPACE ?? 'default';
@@ -15,8 +16,9 @@ if (!process.env.KUBECONFIG || !IMAGE) {
 // CRA_KUBE_SESSION_IMAGE: run the sessions in that image instead (a user's image, the runtime
 // copied in from CRA_KUBE_IMAGE): kube-ci.sh runs the boundary and lifecycle cases again so.
 const SESSION_IMAGE = process.env.CRA_KUBE_SESSION_IMAGE;
-// CRA_KUBE_NODE_CACHE (with CRA_KUBE_SESSION_IMAGE): those sessions' runtime kept once per node
-// there (`nodeCache`, a directory on the nodes writable by uid 1000) instead of copied per pod.
+// CRA_KUBE_NODE_CACHE: `nodeCache`, a directory on the nodes writable by uid 1000: the
+// checkouts' bases kept there once per node, and with CRA_KUBE_SESSION_IMAGE the sessions'
+// runtime too instead of copied per pod.
 const NODE_CACHE = process.env.CRA_KUBE_NODE_CACHE;
 
 /** `backend` of an adapter config for the cluster under test, with `extra` fields merged in. */
@@ -24,7 +26,8 @@ export const kubeBackend = (extra = {}) => ({
   kubernetes: {
     namespace: NAMESPACE,
     image: SESSION_IMAGE ?? IMAGE,
-    ...(SESSION_IMAGE ? { runtimeImage: IMAGE, ...(NODE_CACHE ? { nodeCache: NODE_CACHE } : {}) } : {}),
+    ...(SESSION_IMAGE ? { runtimeImage: IMAGE } : {}),
+    ...(NODE_CACHE ? { nodeCache: NODE_CACHE } : {}),
     imagePullPolicy: PULL,
     kubeconfig: process.env.KUBECONFIG,
     ...extra,
@@ -58,3 +61,55 @@ export async function eventually(pred, ms, what) {
 export function podLine(transcript) {
   return transcript.split('\n').find((l) => l.includes('Kubernetes pod')) ?? '';
 }
+
+/**
+ * Runs `script` as root on `node` in a pod of the session image, with the node's `dir`'s parent
+ * at /host (the test's own set-up and clean-up of a node directory; the adapter's pods never
+ * run as root). Returns its output once it succeeded.
+ */
+export function onNode(node, dir, script) {
+  const name = `cra-node-test-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
+  const parent = dirname(dir);
+  const pod = {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { name },
+    spec: {
+      nodeName: node,
+      restartPolicy: 'Never',
+      terminationGracePeriodSeconds: 1,
+      automountServiceAccountToken: false,
+      volumes: [{ name: 'host', hostPath: { path: parent, type: 'Directory' } }],
+      containers: [{ name: 'c', image: IMAGE, imagePullPolicy: 'IfNotPresent', command: ['sh', '-c', script], securityContext: { runAsUser: 0 }, volumeMounts: [{ name: 'host', mountPath: '/host' }] }],
+    },
+  };
+  execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
+  try {
+    kubectl('wait', '--for=jsonpath={.status.phase}=Succeeded', `pod/${name}`, '--timeout=60s');
+    return kubectl('logs', name);
+  } finally {
+    kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
+  }
+}
+
+// The agent's work covering what a patch must carry: a rename, a mode change, a symlink, a
+// binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file.
+export const EDGE_FILES = {
+  'rename-me.txt': 'line\n'.repeat(40),
+  'tool.sh': '#!/bin/sh\necho tool\n',
+  'gone.txt': 'to delete\n',
+  'keep.txt': 'kept\n',
+};
+export const EDGE_WORK = [
+  [
+    'git mv rename-me.txt renamed.txt',
+    'chmod +x tool.sh',
+    'ln -s renamed.txt link-to-renamed',
+    "printf '\\000\\001\\002\\377binary' > blob.bin",
+    "printf 'caf\\351\\n' > latin1.txt",
+    'rm gone.txt',
+    "echo committed > committed.txt && git add committed.txt && git -c user.name=A -c user.email=a@example.invalid commit -qm c",
+    'echo more >> keep.txt',
+    'mkdir -p new/dir && echo untracked > new/dir/file.txt',
+  ].join(' && '),
+];

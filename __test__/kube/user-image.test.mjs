@@ -13,7 +13,7 @@ import { scenario } from '../support/fake-api.mjs';
 import { rejection, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
-import { adapterPods, IMAGE, kubeBackend, kubectl, podLine } from './support.mjs';
+import { adapterPods, IMAGE, kubeBackend, kubectl, onNode, podLine } from './support.mjs';
 
 const IMAGES = {
   toolchain: process.env.CRA_KUBE_TOOLCHAIN_IMAGE,
@@ -233,35 +233,6 @@ describe('the runtime in an image without glibc', () => {
   });
 });
 
-/**
- * Runs `script` as root on `node` in a pod of the session image, with the node's `dir`'s parent
- * at /host (the test's own set-up and clean-up of a node directory; the adapter's pods never
- * run as root). Returns its output once it succeeded.
- */
-function onNode(node, dir, script) {
-  const name = `cra-node-test-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
-  const parent = dirname(dir);
-  const pod = {
-    apiVersion: 'v1',
-    kind: 'Pod',
-    metadata: { name },
-    spec: {
-      nodeName: node,
-      restartPolicy: 'Never',
-      terminationGracePeriodSeconds: 1,
-      automountServiceAccountToken: false,
-      volumes: [{ name: 'host', hostPath: { path: parent, type: 'Directory' } }],
-      containers: [{ name: 'c', image: IMAGE, imagePullPolicy: 'IfNotPresent', command: ['sh', '-c', script], securityContext: { runAsUser: 0 }, volumeMounts: [{ name: 'host', mountPath: '/host' }] }],
-    },
-  };
-  execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
-  try {
-    kubectl('wait', '--for=jsonpath={.status.phase}=Succeeded', `pod/${name}`, '--timeout=60s');
-    return kubectl('logs', name);
-  } finally {
-    kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
-  }
-}
 
 describe('the runtime kept once per node (backend.kubernetes.nodeCache)', () => {
   const node = JSON.parse(kubectl('get', 'nodes', '-o', 'json')).items[0].metadata.name;

@@ -4,6 +4,8 @@
 //!   stream: spawns processes with their stdio as channels, signals them, reports their exit,
 //!   listens on unix sockets and tunnels accepted connections back. Its own diagnostics go to
 //!   stderr.
+//! - `cra-pod layer` and `cra-pod base`: a checkout's base kept once per node and each
+//!   session's layer over it ([`node_base`]).
 //!
 //! Threads, so no frame waits on another channel's consumer: one reader of stdin frames (the
 //! main thread), one writer of stdout frames fed by a channel, a writer thread per process
@@ -20,6 +22,8 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
+mod node_base;
+
 use pod_wire::{Decoder, Exit, Failure, Frame, Hello, Kind, Listen, Open, SignalRequest, Spawn};
 
 /// Bytes read from a pipe or connection per `Stdout`/`Stderr`/`Data` frame.
@@ -32,8 +36,10 @@ fn main() {
     match mode.as_deref() {
         Some("idle") => idle(),
         Some("mux") => mux(),
+        Some("layer") => node_base::layer(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("base") => node_base::base(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
-            eprintln!("usage: cra-pod idle | cra-pod mux");
+            eprintln!("usage: cra-pod idle | mux | layer FILE -- CMD... | base BASES KEY NAME");
             std::process::exit(2);
         }
     }

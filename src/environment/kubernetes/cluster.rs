@@ -64,6 +64,10 @@ const RUNTIME_SUBDIR: &str = "runtime";
 const NODE_CACHE: &str = "node-cache";
 const NODE_CACHE_INIT: &str = "/cra-node-cache";
 const NODE_CACHE_SEEN: &str = "/opt/claude-runtime-adapter-node";
+/// Where a session container sees `nodeCache` writable, for the checkouts' bases
+/// ([`PodRequest::node_bases`]): under `/workspace`, whose other entries than the checkout the
+/// jail never shows, so that a base's setup can run jailed there.
+pub const NODE_BASES_MOUNT: &str = "/workspace/.node";
 /// The init container's script with a node cache: one copy of the runtime per node and
 /// version, symlinks into it per pod, its own copy where the cache cannot be used.
 const RUNTIME_INIT: &str = include_str!("../../../image/runtime-init");
@@ -147,6 +151,9 @@ pub struct PodRequest {
     /// The image the session runs in; `None` = `backend.kubernetes.image`, else its
     /// `runtimeImage`. Any image but the runtime image gets the runtime copied in.
     pub image: Option<String>,
+    /// `nodeCache` mounted writable at [`NODE_BASES_MOUNT`], for the checkout's base kept once
+    /// per node: only for a session in the pod's jail, which never shows it (image/cra-jail).
+    pub node_bases: bool,
 }
 
 impl PodRequest {
@@ -158,6 +165,7 @@ impl PodRequest {
             owner: Owner::current(),
             command: None,
             image: None,
+            node_bases: false,
         }
     }
 }
@@ -170,6 +178,9 @@ pub struct Pod {
     pub node: String,
     /// The image its session runs in.
     pub image: String,
+    /// That image's id as the node resolved it (its digest; the reference where the status
+    /// names none): what the pod's files come from, whatever its tag names later.
+    pub image_id: String,
     /// The API server's URL, for messages.
     url: String,
     /// `resources.limits.memory`, named when the pod was killed for memory.
@@ -407,6 +418,24 @@ impl Cluster {
             .iter()
             .map(|(name, path)| mount(name, path, false))
             .collect();
+        let node_cache_volume = |volumes: &mut Vec<Volume>, path: &String| {
+            // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and the
+            // pod then says the cache is not writable and does without it.
+            if !volumes.iter().any(|v| v.name == NODE_CACHE) {
+                volumes.push(Volume {
+                    name: NODE_CACHE.into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: path.clone(),
+                        type_: Some("DirectoryOrCreate".into()),
+                    }),
+                    ..Default::default()
+                });
+            }
+        };
+        if let Some(path) = c.node_cache.as_ref().filter(|_| req.node_bases) {
+            node_cache_volume(&mut volumes, path);
+            mounts.push(mount(NODE_CACHE, NODE_BASES_MOUNT, false));
+        }
         // Another image than the runtime's: an init container of the runtime image copies the
         // runtime into a volume the session container sees, read-only, where the runtime image
         // has it (the way CI runners on Kubernetes bring their tools into a user's image).
@@ -432,16 +461,7 @@ impl Cluster {
                     format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
                 ],
                 Some(path) => {
-                    // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and
-                    // the script then says the cache is not writable and copies as without one.
-                    volumes.push(Volume {
-                        name: NODE_CACHE.into(),
-                        host_path: Some(HostPathVolumeSource {
-                            path: path.clone(),
-                            type_: Some("DirectoryOrCreate".into()),
-                        }),
-                        ..Default::default()
-                    });
+                    node_cache_volume(&mut volumes, path);
                     mounts.push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
                     init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
                     vec![
@@ -543,6 +563,7 @@ impl Cluster {
             name: name.clone(),
             node: String::new(),
             image: image.clone(),
+            image_id: image.clone(),
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
             storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
@@ -574,7 +595,11 @@ impl Cluster {
             _ = stop.cancelled() => Err(cancelled(&name)),
         };
         match started {
-            Ok(node) => Ok(Pod { node, ..pod }),
+            Ok((node, id)) => Ok(Pod {
+                node,
+                image_id: id.unwrap_or(pod.image_id.clone()),
+                ..pod
+            }),
             Err(e) => {
                 let _ = pod.delete().await;
                 Err(e)
@@ -582,8 +607,9 @@ impl Cluster {
         }
     }
 
-    /// Polls the pod until its container runs; the node's name then.
-    async fn wait_running(&self, name: &str, image: &str) -> Result<String> {
+    /// Polls the pod until its container runs; the node's name then, and the session
+    /// container's image id where its status names one.
+    async fn wait_running(&self, name: &str, image: &str) -> Result<(String, Option<String>)> {
         let timeout = self.config.pod_start_timeout;
         let deadline = Instant::now() + timeout;
         let api = self.pods();
@@ -593,7 +619,14 @@ impl Cluster {
                 Ok(pod) => match start_state(&pod, image, &self.config.runtime_image) {
                     Start::Running(node) => {
                         self.log_runtime(&pod, name, &node);
-                        return Ok(node);
+                        let id = pod
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.container_statuses.as_ref())
+                            .and_then(|c| c.iter().find(|c| c.name == CONTAINER))
+                            .map(|c| c.image_id.clone())
+                            .filter(|id| !id.is_empty());
+                        return Ok((node, id));
                     }
                     Start::Failed(why) => {
                         return Err(provision(format!("pod {name} cannot start: {why}")))

@@ -23,6 +23,7 @@ mod devcontainer;
 pub mod history;
 mod image;
 mod layout;
+mod node_base;
 mod steps;
 mod work;
 
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use self::cluster::{Cluster, Pod, PodRequest};
 use self::image::{inspect_image, pod_env};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
+use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
 use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
@@ -113,6 +115,10 @@ impl Backend for KubernetesBackend {
             let cluster = self.cluster().await?;
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
             request.active_deadline = self.deadline;
+            // The checkout's base kept once per node: only behind the pod's jail, which never
+            // shows the node's directory to the agent.
+            let node_bases = self.config.node_cache.is_some() && req.sandbox.is_some();
+            request.node_bases = node_bases;
             let default_branch = req.workspace.default_branch().to_string();
             if self.config.image.is_none() {
                 if let Some(image) = devcontainer::image_at(&req.repo_root, &default_branch).await?
@@ -149,7 +155,7 @@ impl Backend for KubernetesBackend {
             let pod = Arc::new(pod?);
             let made = match early {
                 Ok((packed, gateway)) => tokio::select! {
-                    r = prepare(pod.clone(), req, packed, gateway) => r,
+                    r = prepare(pod.clone(), req, packed, gateway, node_bases) => r,
                     () = stop.cancelled() => Err(stopped()),
                 },
                 Err(e) => Err(e),
@@ -185,6 +191,7 @@ async fn prepare(
     req: EnvRequest,
     packed: Packed,
     gateway: Gateway,
+    node_bases: bool,
 ) -> Result<KubernetesEnvironment> {
     // Where a pod's start goes, for the log (a slow start is otherwise one number).
     let mut phases = Phases::default();
@@ -257,28 +264,48 @@ async fn prepare(
         shell: &shell,
         env: &env,
     };
-    // Git reads it (core.autocrlf, core.eol) when the repository is checked out.
-    step.write_file(
-        &format!("{STATE}/gitconfig"),
-        with_identity(gateway.git_config()).as_bytes(),
-        "0644",
-    )
-    .await?;
     let checkout = match &req.workspace {
         Workspace::Checkout(p) => Some(p),
         Workspace::View(_) => None,
     };
     let setup = checkout.and_then(|p| p.setup.as_ref().filter(|s| !s.is_empty()));
     let default_branch = req.workspace.default_branch();
-    phases.mark("git config");
+    let sandboxed = req.sandbox.is_some();
+    // Git reads it (core.autocrlf, core.eol) when the repository is checked out.
+    let gitconfig = with_identity(gateway.git_config());
+    let key = node_bases.then(|| {
+        node_base::key(
+            &packed.base,
+            setup.map(Vec::as_slice),
+            &pod.image_id,
+            &gitconfig,
+        )
+    });
+    let find = async {
+        match &key {
+            Some(key) => Some(Holder::find(&step, key).await),
+            None => None,
+        }
+    };
+    let config_file = format!("{STATE}/gitconfig");
+    let (written, found) = tokio::join!(
+        step.write_file(&config_file, gitconfig.as_bytes(), "0644"),
+        find
+    );
+    written?;
+    let node = match found {
+        Some(Ok(found)) => Some(found),
+        Some(Err(e)) => {
+            node_base::without_base(&pod.name, &pod.node, &e.message);
+            None
+        }
+        None => None,
+    };
+    phases.mark("git config and the node's base");
     // The repository travels while the sockets, the agent's scripts, the history server and the
     // jail's probe are set up: every step is a round trip through the API server, and the pack
-    // is the longest.
-    let checkout_as = checkout.map(|p| CheckoutAs {
-        branch: &p.branch,
-        snapshot_if_plain: setup.is_none(),
-    });
-    let sandboxed = req.sandbox.is_some();
+    // is the longest. A base on the node needs no pack, and its layer's step is the jail's probe.
+    let probe = sandboxed && !matches!(node, Some((_, Found::Hit { .. })));
     let beside = async {
         sockets_and_files(&step, &gateway, sandboxed).await?;
         let history =
@@ -286,28 +313,86 @@ async fn prepare(
         shell
             .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
             .await?;
-        if sandboxed {
+        if probe {
             step.jail_works().await?;
         }
         Ok::<_, AdapterError>(history)
     };
-    let (received, history) = tokio::try_join!(
-        send_repository(&step, &packed, default_branch, checkout_as),
-        beside,
-    )?;
-    phases.mark("repository, sockets, history server and jail probe");
-    let base = received.base;
+    let branch = checkout.map(|p| p.branch.as_str());
+    let in_pod = InPod {
+        step: &step,
+        packed: &packed,
+        default_branch,
+        checkout_as: checkout.map(|p| CheckoutAs {
+            branch: &p.branch,
+            snapshot_if_plain: setup.is_none(),
+        }),
+        setup: setup
+            .zip(checkout)
+            .map(|(s, p)| (s.as_slice(), p.setup_timeout)),
+        sandboxed,
+    };
+    let (snapshot, history, held) = match node {
+        Some((holder, Found::Hit { tree, snapshot })) => {
+            let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
+            let history = history?;
+            phases.mark("the node's base layered, sockets and history server");
+            match layered {
+                Ok(()) => {
+                    layered_on(&pod, &tree, "kept on the node");
+                    (Some(snapshot), history, Some(holder))
+                }
+                Err(LayerError::Failed(e)) => return Err(e),
+                Err(LayerError::Refused(why)) => {
+                    node_base::without_base(&pod.name, &pod.node, &why);
+                    let received = in_pod.send().await?;
+                    (in_pod.finish(received, &mut phases).await?, history, None)
+                }
+            }
+        }
+        Some((mut holder, Found::Miss { tree })) => {
+            let as_base = CheckoutAs {
+                branch: default_branch,
+                snapshot_if_plain: setup.is_none(),
+            };
+            let (received, history) = tokio::try_join!(
+                send_repository(&step, &packed, default_branch, &tree, Some(as_base)),
+                beside,
+            )?;
+            phases.mark("repository, sockets, history server and jail probe");
+            bind_base(&step, &tree).await?;
+            let made = match received.snapshot {
+                Some(s) => s,
+                None => in_pod.setup_and_snapshot(&mut phases).await?,
+            };
+            let (published, made) = holder.publish(&made).await?;
+            match use_layer(&step, &published, branch).await {
+                Ok(()) => {
+                    let how = match published == tree {
+                        true => "made here",
+                        false => "another pod's, made at the same time",
+                    };
+                    layered_on(&pod, &published, how);
+                    (Some(made), history, Some(holder))
+                }
+                Err(LayerError::Failed(e)) => return Err(e),
+                Err(LayerError::Refused(why)) => {
+                    node_base::without_base(&pod.name, &pod.node, &why);
+                    let received = in_pod.send().await?;
+                    (in_pod.finish(received, &mut phases).await?, history, None)
+                }
+            }
+        }
+        None => {
+            let (received, history) = tokio::try_join!(in_pod.send(), beside)?;
+            phases.mark("repository, sockets, history server and jail probe");
+            (in_pod.finish(received, &mut phases).await?, history, None)
+        }
+    };
+    let snapshot = snapshot.filter(|_| checkout.is_some());
+    let base = packed.base.clone();
     let pack_kib = packed.bytes() / 1024;
     drop(packed);
-    let mut snapshot = received.snapshot;
-    if let Some(p) = checkout.filter(|_| snapshot.is_none()) {
-        if let Some(setup) = setup {
-            step.setup(setup, sandboxed, p.setup_timeout).await?;
-            phases.mark("setup");
-        }
-        snapshot = Some(step.snapshot(&base, sandboxed).await?);
-        phases.mark("snapshot");
-    }
     tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
     Ok(KubernetesEnvironment {
         pod,
@@ -320,7 +405,68 @@ async fn prepare(
         snapshot,
         sandboxed,
         _history: history,
+        _node_base: held.map(std::sync::Mutex::new),
     })
+}
+
+fn layered_on(pod: &Pod, tree: &str, how: &str) {
+    tracing::debug!(pod = %pod.name, node = %pod.node, "the checkout layered on the node's base {tree}: {how}");
+}
+
+/// The checkout made in the pod itself, at [`WORKDIR`] (no base on the node) or as the node's
+/// base (`node_base`).
+struct InPod<'a> {
+    step: &'a Steps<'a>,
+    packed: &'a Packed,
+    default_branch: &'a str,
+    checkout_as: Option<CheckoutAs<'a>>,
+    /// The setup command and its time limit.
+    setup: Option<(&'a [String], Duration)>,
+    sandboxed: bool,
+}
+
+impl InPod<'_> {
+    /// The repository into [`WORKDIR`].
+    async fn send(&self) -> Result<work::Received> {
+        let checkout_as = self.checkout_as.as_ref().map(|c| CheckoutAs {
+            branch: c.branch,
+            snapshot_if_plain: c.snapshot_if_plain,
+        });
+        send_repository(
+            self.step,
+            self.packed,
+            self.default_branch,
+            WORKDIR,
+            checkout_as,
+        )
+        .await
+    }
+
+    /// The Implementor's setup and snapshot, unless the receiving step took the snapshot.
+    async fn finish(
+        &self,
+        received: work::Received,
+        phases: &mut Phases,
+    ) -> Result<Option<PodSnapshot>> {
+        match (&self.checkout_as, received.snapshot) {
+            (Some(_), None) => self.setup_and_snapshot(phases).await.map(Some),
+            (_, snapshot) => Ok(snapshot),
+        }
+    }
+
+    /// The setup, if any, then the snapshot, in the jail at [`WORKDIR`].
+    async fn setup_and_snapshot(&self, phases: &mut Phases) -> Result<PodSnapshot> {
+        if let Some((setup, limit)) = self.setup {
+            self.step.setup(setup, self.sandboxed, limit).await?;
+            phases.mark("setup");
+        }
+        let snapshot = self
+            .step
+            .snapshot(&self.packed.base, self.sandboxed)
+            .await?;
+        phases.mark("snapshot");
+        Ok(snapshot)
+    }
 }
 
 /// The session's sockets in the pod (the gateway's, tunnelled to the engine) and, when the
@@ -427,6 +573,9 @@ pub struct KubernetesEnvironment {
     sandboxed: bool,
     /// Serves the pod's `git fetch --unshallow` while the session lives.
     _history: history::HistoryServer,
+    /// Holds the node's base the checkout is layered on, while the session lives (in a
+    /// mutex only to be `Sync`: nothing uses it).
+    _node_base: Option<std::sync::Mutex<Holder>>,
 }
 
 /// The largest conversation kept beside a transcript.

@@ -33,6 +33,19 @@ pub(super) fn confined(mode: Option<&str>, argv: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// `ERR_SANDBOX_UNAVAILABLE` for a jailed step that failed (`e`).
+pub(super) fn not_confined(e: AdapterError) -> AdapterError {
+    AdapterError::new(
+        ErrorCode::SandboxUnavailable,
+        format!(
+            "the session cannot be confined in its pod: {}; the cluster must allow user \
+             namespaces in pods (README: Kubernetes backend), or set sandbox: false to run the \
+             agent with the pod as its only boundary",
+            e.message
+        ),
+    )
+}
+
 /// `'…'` for sh.
 pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -98,17 +111,7 @@ impl Steps<'_> {
         self.run("cra-jail", argv, &[], STEP_TIMEOUT, WORKDIR)
             .await
             .map(drop)
-            .map_err(|e| {
-                AdapterError::new(
-                    ErrorCode::SandboxUnavailable,
-                    format!(
-                        "the session cannot be confined in its pod: {}; the cluster must allow \
-                         user namespaces in pods (README: Kubernetes backend), or set \
-                         sandbox: false to run the agent with the pod as its only boundary",
-                        e.message
-                    ),
-                )
-            })
+            .map_err(not_confined)
     }
 
     pub(super) async fn setup(

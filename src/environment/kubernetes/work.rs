@@ -9,7 +9,6 @@ use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::history;
-use super::layout::WORKDIR;
 use super::steps::{
     provision_error, sh_quote, snapshot_sh, trust_limit_sh, PodSnapshot, Steps, MAX_STEP_OUTPUT,
     STEP_TIMEOUT,
@@ -130,20 +129,20 @@ pub(super) struct CheckoutAs<'a> {
     pub snapshot_if_plain: bool,
 }
 
-/// The repository in the pod: its commit, and the Implementor's snapshot when it was taken
-/// with it.
+/// The repository in the pod: the Implementor's snapshot when it was taken with it.
 pub(super) struct Received {
-    pub base: String,
     pub snapshot: Option<PodSnapshot>,
 }
 
-/// The repository goes in: `packed` streamed into the pod and checked out at [`WORKDIR`],
-/// shallow at its commit, with `origin` the session's history server; on the Implementor's
-/// branch when `checkout` says so (one step less: each is a round trip through the API server).
+/// The repository goes in: `packed` streamed into the pod and checked out at `into` ([`super::layout::WORKDIR`],
+/// or a base's tree on the node: `node_base`), shallow at its commit, with `origin` the
+/// session's history server; on the Implementor's branch when `checkout` says so (one step
+/// less: each is a round trip through the API server).
 pub(super) async fn send_repository(
     step: &Steps<'_>,
     packed: &Packed,
     default_branch: &str,
+    into: &str,
     checkout: Option<CheckoutAs<'_>>,
 ) -> Result<Received> {
     let base = &packed.base;
@@ -162,10 +161,11 @@ pub(super) async fn send_repository(
     // The pack goes straight into index-pack; the checkout is shallow at the commit, and the
     // marker says its history can be fetched ([`history`]; image/git-history).
     let receive = format!(
-        "set -e; mkdir -p {WORKDIR}; cd {WORKDIR}; git init -q; git index-pack --stdin >/dev/null; \
+        "set -e; mkdir -p {into}; cd {into}; git init -q; git index-pack --stdin >/dev/null; \
          echo {base} > .git/shallow; git update-ref refs/heads/{branch} {base}; {session_branch}\
          git symbolic-ref HEAD refs/heads/{head}; git config remote.origin.url {url}; \
          : > .git/cra-history; git reset -q --hard{snapshot}",
+        into = sh_quote(into),
         branch = sh_quote(default_branch),
         url = sh_quote(history::REMOTE_URL),
     );
@@ -199,7 +199,6 @@ pub(super) async fn send_repository(
     let received = tokio::time::timeout(STEP_TIMEOUT, control.wait()).await;
     match (sent, received) {
         (Ok((Ok(()), _, out)), Ok(Some(r))) if r.success() => Ok(Received {
-            base: base.clone(),
             snapshot: read_plain_snapshot(&out)?,
         }),
         (sent, r) => {

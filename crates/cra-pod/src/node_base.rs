@@ -1,0 +1,348 @@
+//! A checkout's base kept once per node (`backend.kubernetes.nodeCache`), and each session's
+//! copy-on-write layer over it.
+//!
+//! - `cra-pod layer FILE -- CMD...`: CMD in a user and mount namespace of its own where the
+//!   checkout FILE describes is mounted: `lower=` (the base's tree) bound at `target=`, or with
+//!   `upper=` and `work=` an overlay of them on it. `cra-jail` runs itself through this, so the
+//!   jail's bubblewrap sees the checkout at its usual place and nothing of the node's bases:
+//!   the mount exists only in that namespace, for as long as its processes.
+//! - `cra-pod base BASES KEY NAME`: the base KEY in the node's directory BASES. If it is
+//!   there, prints `hit DIR COMMIT LIMIT` (its directory and its snapshot) and holds it until
+//!   stdin ends. Otherwise makes `BASES/NAME/tree` for this pod to check out into, prints
+//!   `miss NAME`, and waits for `publish COMMIT LIMIT` on stdin: then the base is published as
+//!   KEY (or, if another pod published KEY first, that one is taken and NAME removed), bases no
+//!   pod holds and unused for an hour are removed, and it prints `hit …` and holds as above.
+//!   Stdin ending before `publish` removes NAME.
+//!
+//! Holding is a shared `flock` on the base's `lock` file, for as long as this process lives:
+//! the pod's stream ends it, and so does the pod's end. A base is removed only under an
+//! exclusive lock, which no holder allows: a base is never removed below a session using it.
+
+use std::ffi::CString;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// A base unused for this long, and held by no pod, is removed when another is made.
+const UNUSED: Duration = Duration::from_secs(3600);
+/// A base directory younger than this is never taken for an abandoned one (its maker may not
+/// hold its lock yet).
+const YOUNG: Duration = Duration::from_secs(600);
+
+/// `cra-pod layer FILE -- CMD...` (module docs). Exits 125 with one line on stderr, in
+/// `cra-jail`'s words, when the checkout cannot be mounted.
+pub fn layer(args: &[String]) -> ! {
+    let fail = |what: String| -> ! {
+        eprintln!("cra-jail: the checkout's layer cannot be mounted: {what}");
+        std::process::exit(125)
+    };
+    let (file, cmd) = match args {
+        [file, dash, cmd @ ..] if dash == "--" && !cmd.is_empty() => (file, cmd),
+        _ => fail("usage: cra-pod layer FILE -- CMD...".into()),
+    };
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| fail(format!("{file}: {e}")));
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::to_string)
+    };
+    let (Some(lower), Some(target)) = (get("lower"), get("target")) else {
+        fail(format!("{file} names no lower= or no target="))
+    };
+    let overlay = match (get("upper"), get("work")) {
+        (Some(upper), Some(work)) => Some((upper, work)),
+        (None, None) => None,
+        _ => fail(format!(
+            "{file} names one of upper= and work= without the other"
+        )),
+    };
+    if let Err(e) = mount_in_namespace(&lower, overlay, &target) {
+        fail(e)
+    }
+    let e = std::process::Command::new(&cmd[0]).args(&cmd[1..]).exec();
+    fail(format!("cannot run {}: {e}", cmd[0]))
+}
+
+/// Makes a user namespace mapping only this process's uid and gid to themselves (so the
+/// command keeps them and no privilege is needed) and a mount namespace, and mounts the
+/// checkout there. This process is single-threaded, as `unshare(CLONE_NEWUSER)` requires.
+fn mount_in_namespace(
+    lower: &str,
+    overlay: Option<(String, String)>,
+    target: &str,
+) -> Result<(), String> {
+    let c = |s: &str| CString::new(s).map_err(|e| e.to_string());
+    let data = match &overlay {
+        Some((upper, work)) => {
+            for p in [lower, upper.as_str(), work.as_str()] {
+                if p.bytes().any(|b| b",:\\".contains(&b)) {
+                    return Err(format!(
+                        "{p} has a character overlayfs options cannot carry"
+                    ));
+                }
+            }
+            // `userxattr`: its markers as user.* xattrs, which a user namespace may set.
+            Some(c(&format!(
+                "lowerdir={lower},upperdir={upper},workdir={work},userxattr"
+            ))?)
+        }
+        None => None,
+    };
+    let (lower_c, target_c) = (c(lower)?, c(target)?);
+    // SAFETY: plain system calls on CStrings that outlive them.
+    unsafe {
+        let (uid, gid) = (libc::getuid(), libc::getgid());
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+            return Err(format!(
+                "unshare: {} (user namespaces refused?)",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // Without "deny" an unprivileged process may not write its gid_map.
+        let _ = std::fs::write("/proc/self/setgroups", "deny");
+        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
+            .map_err(|e| format!("uid_map: {e}"))?;
+        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
+            .map_err(|e| format!("gid_map: {e}"))?;
+        // Nothing mounted here may pass back to the pod's namespace.
+        if libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(format!("private /: {}", std::io::Error::last_os_error()));
+        }
+        let r = match &data {
+            Some(data) => libc::mount(
+                c"overlay".as_ptr(),
+                target_c.as_ptr(),
+                c"overlay".as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            ),
+            None => libc::mount(
+                lower_c.as_ptr(),
+                target_c.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ),
+        };
+        if r != 0 {
+            let how = if data.is_some() { "overlay" } else { "bind" };
+            return Err(format!(
+                "{how} mount of {lower} at {target}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `cra-pod base BASES KEY NAME` (module docs).
+pub fn base(args: &[String]) -> ! {
+    let fail = |what: String| -> ! {
+        eprintln!("cra-pod base: {what}");
+        std::process::exit(1)
+    };
+    let [bases, key, name] = args else {
+        fail("usage: cra-pod base BASES KEY NAME".into())
+    };
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(key) || !name.strip_prefix(".b-").is_some_and(hex) {
+        fail(format!(
+            "KEY {key:?} or NAME {name:?} is not this adapter's"
+        ));
+    }
+    let bases = PathBuf::from(bases);
+    if let Err(e) = std::fs::create_dir_all(&bases) {
+        fail(format!("cannot make {}: {e}", bases.display()))
+    }
+    let mut out = std::io::stdout();
+    if let Some(held) = take(&bases, key) {
+        let _ = writeln!(out, "hit {}", held.line);
+        let _ = out.flush();
+        hold_until_stdin_ends(held.lock)
+    }
+    let dir = bases.join(name);
+    let lock = std::fs::create_dir_all(dir.join("tree"))
+        .and_then(|_| open_lock(&dir))
+        .and_then(|f| flock(&f, libc::LOCK_SH | libc::LOCK_NB).map(|_| f))
+        .unwrap_or_else(|e| fail(format!("cannot make {}: {e}", dir.display())));
+    let _ = writeln!(out, "miss {name}");
+    let _ = out.flush();
+    let mut line = String::new();
+    let publish = std::io::stdin().lock().read_line(&mut line).ok();
+    let snapshot = line
+        .strip_prefix("publish ")
+        .map(str::trim)
+        .filter(|s| publish.is_some_and(|n| n > 0) && !s.is_empty() && !s.contains('/'));
+    let Some(snapshot) = snapshot else {
+        drop(lock);
+        let _ = remove_tree(&dir);
+        std::process::exit(0)
+    };
+    if let Err(e) = std::fs::write(dir.join("snapshot"), format!("{snapshot}\n")) {
+        drop(lock);
+        let _ = remove_tree(&dir);
+        fail(format!("cannot write the snapshot: {e}"))
+    }
+    let held = match std::os::unix::fs::symlink(name, bases.join(key)) {
+        Ok(()) => Held {
+            line: format!("{} {snapshot}", dir.join("tree").display()),
+            lock,
+        },
+        // Another pod's base came first: it is as good as this one, which nobody uses yet.
+        Err(_) => match take(&bases, key) {
+            Some(theirs) => {
+                drop(lock);
+                let _ = remove_tree(&dir);
+                theirs
+            }
+            None => fail(format!("{key} could be neither published nor taken")),
+        },
+    };
+    evict(&bases);
+    let _ = writeln!(out, "hit {}", held.line);
+    let _ = out.flush();
+    hold_until_stdin_ends(held.lock)
+}
+
+/// A base this process holds: its `hit` line's words after `hit`, and the held lock.
+struct Held {
+    line: String,
+    lock: std::fs::File,
+}
+
+/// The published base KEY, held, or None (there is none, or it is being removed).
+fn take(bases: &Path, key: &str) -> Option<Held> {
+    let name = std::fs::read_link(bases.join(key)).ok()?;
+    let dir = bases.join(&name);
+    let lock = open_lock(&dir).ok()?;
+    // An eviction holds it exclusively only while it removes the base: wait that out.
+    let deadline = SystemTime::now() + Duration::from_secs(60);
+    while flock(&lock, libc::LOCK_SH | libc::LOCK_NB).is_err() {
+        if SystemTime::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Still the published one (an eviction unlinks it before removing it).
+    if std::fs::read_link(bases.join(key)).ok()? != name {
+        return None;
+    }
+    let snapshot = std::fs::read_to_string(dir.join("snapshot")).ok()?;
+    // Its use, for eviction's "unused for an hour".
+    let _ = lock.set_modified(SystemTime::now());
+    Some(Held {
+        line: format!("{} {}", dir.join("tree").display(), snapshot.trim()),
+        lock,
+    })
+}
+
+fn open_lock(dir: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+}
+
+fn flock(f: &std::fs::File, how: i32) -> std::io::Result<()> {
+    // SAFETY: flock on an open descriptor.
+    match unsafe { libc::flock(f.as_raw_fd(), how) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+fn hold_until_stdin_ends(lock: std::fs::File) -> ! {
+    let mut sink = [0u8; 512];
+    let mut stdin = std::io::stdin();
+    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    drop(lock);
+    std::process::exit(0)
+}
+
+/// Removes, of the node's bases, those no pod holds: published ones unused for [`UNUSED`]
+/// (unlinked first, so no pod takes one being removed) and unpublished ones older than
+/// [`YOUNG`] (their maker is gone: it holds its lock from the start).
+fn evict(bases: &Path) {
+    let Ok(entries) = std::fs::read_dir(bases) else {
+        return;
+    };
+    let mut published = Vec::new();
+    let mut dirs = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        match std::fs::read_link(e.path()) {
+            Ok(to) => published.push((name, to)),
+            Err(_) if name.starts_with(".b-") => dirs.push(name),
+            Err(_) => {}
+        }
+    }
+    let age = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .unwrap_or_default()
+    };
+    for (key, to) in &published {
+        let dir = bases.join(to);
+        let Ok(lock) = open_lock(&dir) else { continue };
+        if age(&dir.join("lock")) < UNUSED || flock(&lock, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            continue;
+        }
+        if std::fs::remove_file(bases.join(key)).is_ok() {
+            let _ = remove_tree(&dir);
+        }
+    }
+    for name in dirs {
+        let dir = bases.join(&name);
+        if published
+            .iter()
+            .any(|(_, to)| to.as_os_str() == name.as_str())
+            || age(&dir) < YOUNG
+        {
+            continue;
+        }
+        let Ok(lock) = open_lock(&dir) else { continue };
+        if flock(&lock, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+            let _ = remove_tree(&dir);
+        }
+    }
+}
+
+/// Removes a tree a setup may have made unremovable (a read-only module cache): on failure
+/// every directory gets its owner's permissions back and the removal is tried again.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    if std::fs::remove_dir_all(dir).is_ok() {
+        return Ok(());
+    }
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&d) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        if let Ok(path) = CString::new(d.as_os_str().as_bytes()) {
+            let mode = meta.permissions().mode() | 0o700;
+            // SAFETY: a path that outlives the call; no link is followed.
+            unsafe { libc::fchmodat(libc::AT_FDCWD, path.as_ptr(), mode & 0o7777, 0) };
+        }
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            todo.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    std::fs::remove_dir_all(dir)
+}

@@ -1,0 +1,265 @@
+//! `cra-pod base` and `cra-pod layer` (the checkout's base kept once per node) run as the pod
+//! runs them, on a scratch directory standing in for the node's.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cra-pod");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cra-pod-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One `cra-pod base` process: its stdin (held open: it holds the base) and its lines.
+struct Base {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: BufReader<ChildStdout>,
+}
+
+impl Base {
+    fn start(bases: &Path, key: &str, name: &str) -> Base {
+        let mut child = Command::new(BIN)
+            .args(["base", bases.to_str().unwrap(), key, name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Base { child, stdin, out }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+
+    fn publish(&mut self, snapshot: &str) -> String {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "publish {snapshot}").unwrap();
+        stdin.flush().unwrap();
+        self.line()
+    }
+
+    /// Ends it as the pod's end does (its stdin closes); waits for it.
+    fn end(mut self) {
+        self.stdin = None;
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Base {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn age(path: &Path, by: Duration) {
+    let f = std::fs::File::open(path).unwrap();
+    f.set_modified(SystemTime::now() - by).unwrap();
+}
+
+#[test]
+fn the_first_maker_publishes_and_a_racing_maker_takes_its_base_and_removes_its_own() {
+    let bases = scratch("race");
+    let mut a = Base::start(&bases, "0a", ".b-aa");
+    let mut b = Base::start(&bases, "0a", ".b-bb");
+    assert_eq!(a.line(), "miss .b-aa");
+    assert_eq!(b.line(), "miss .b-bb");
+    std::fs::write(bases.join(".b-aa/tree/f"), "a").unwrap();
+    std::fs::write(bases.join(".b-bb/tree/f"), "b").unwrap();
+    let tree_a = bases.join(".b-aa/tree");
+    assert_eq!(
+        a.publish("c1 100"),
+        format!("hit {} c1 100", tree_a.display())
+    );
+    // B's own base is as good, but A's came first: B uses A's, and its own is gone.
+    assert_eq!(
+        b.publish("c2 200"),
+        format!("hit {} c1 100", tree_a.display())
+    );
+    assert_eq!(names(&bases), vec![".b-aa", "0a"]);
+    // A later pod finds it at once.
+    let mut c = Base::start(&bases, "0a", ".b-cc");
+    assert_eq!(c.line(), format!("hit {} c1 100", tree_a.display()));
+    assert!(!bases.join(".b-cc").exists());
+    for p in [a, b, c] {
+        p.end();
+    }
+    let _ = std::fs::remove_dir_all(&bases);
+}
+
+#[test]
+fn a_maker_that_ends_before_publishing_leaves_nothing() {
+    let bases = scratch("abandoned");
+    let mut a = Base::start(&bases, "0b", ".b-aa");
+    assert_eq!(a.line(), "miss .b-aa");
+    std::fs::write(bases.join(".b-aa/tree/f"), "half").unwrap();
+    a.end();
+    assert!(names(&bases).is_empty(), "{:?}", names(&bases));
+    let _ = std::fs::remove_dir_all(&bases);
+}
+
+#[test]
+fn a_new_base_evicts_the_unused_ones_no_pod_holds_and_never_one_a_pod_holds() {
+    let bases = scratch("evict");
+    let publish = |key: &str, name: &str| {
+        let mut p = Base::start(&bases, key, name);
+        assert_eq!(p.line(), format!("miss {name}"));
+        // A setup's read-only directory: removed all the same.
+        let ro = bases.join(name).join("tree/cache");
+        std::fs::create_dir_all(ro.join("d")).unwrap();
+        std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+        assert!(p.publish("c 1").starts_with("hit "));
+        p
+    };
+    let held = publish("01", ".b-01");
+    let released = publish("02", ".b-02");
+    released.end();
+    let recent = publish("03", ".b-03");
+    recent.end();
+    // Two hours unused: the held one and the released one; the third was used just now.
+    age(&bases.join(".b-01/lock"), Duration::from_secs(7200));
+    age(&bases.join(".b-02/lock"), Duration::from_secs(7200));
+    // A maker's directory long abandoned (no publish, no holder).
+    std::fs::create_dir_all(bases.join(".b-99/tree")).unwrap();
+    std::fs::File::create(bases.join(".b-99/lock")).unwrap();
+    age(&bases.join(".b-99"), Duration::from_secs(7200));
+    let newest = publish("04", ".b-04");
+    assert_eq!(
+        names(&bases),
+        vec![".b-01", ".b-03", ".b-04", "01", "03", "04"]
+    );
+    for p in [held, newest] {
+        p.end();
+    }
+    let _ = std::fs::remove_dir_all(&bases);
+}
+
+#[test]
+fn a_base_being_removed_is_not_taken() {
+    let bases = scratch("unlinked");
+    let mut a = Base::start(&bases, "0c", ".b-aa");
+    assert_eq!(a.line(), "miss .b-aa");
+    a.publish("c 1");
+    a.end();
+    // What an eviction does first: the key unlinked, the directory still there.
+    std::fs::remove_file(bases.join("0c")).unwrap();
+    let mut b = Base::start(&bases, "0c", ".b-bb");
+    assert_eq!(b.line(), "miss .b-bb");
+    b.end();
+    let _ = std::fs::remove_dir_all(&bases);
+}
+
+#[test]
+fn keys_and_names_not_the_adapters_are_refused() {
+    let bases = scratch("refused");
+    for (key, name) in [
+        ("../x", ".b-aa"),
+        ("0a", "tree"),
+        ("0a", ".b-../x"),
+        ("", ".b-aa"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["base", bases.to_str().unwrap(), key, name])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{key} {name}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("is not this adapter's"));
+    }
+    assert!(names(&bases).is_empty());
+    let _ = std::fs::remove_dir_all(&bases);
+}
+
+#[test]
+fn layer_shows_the_base_under_the_sessions_own_layer_and_writes_only_the_layer() {
+    let dir = scratch("layer");
+    for d in ["lower", "upper", "work", "target"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::write(dir.join("lower/kept"), "base\n").unwrap();
+    std::fs::write(dir.join("lower/gone"), "base\n").unwrap();
+    let file = dir.join("layer");
+    let p = |d: &str| dir.join(d).display().to_string();
+    std::fs::write(
+        &file,
+        format!(
+            "lower={}\nupper={}\nwork={}\ntarget={}\n",
+            p("lower"),
+            p("upper"),
+            p("work"),
+            p("target")
+        ),
+    )
+    .unwrap();
+    let t = p("target");
+    let out = Command::new(BIN)
+        .args(["layer", file.to_str().unwrap(), "--", "sh", "-c"])
+        .arg(format!(
+            "cat {t}/kept && echo new > {t}/new && rm {t}/gone && echo more >> {t}/kept && ls {t}"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\nkept\nnew\n");
+    // The base is untouched; the layer has the writes; the target is empty outside.
+    assert_eq!(names(&dir.join("lower")), vec!["gone", "kept"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lower/kept")).unwrap(),
+        "base\n"
+    );
+    assert_eq!(names(&dir.join("upper")), vec!["gone", "kept", "new"]);
+    assert!(names(&dir.join("target")).is_empty());
+    // Bound without an upper layer: the base itself, writable (a base's setup).
+    std::fs::write(&file, format!("lower={}\ntarget={t}\n", p("lower"))).unwrap();
+    let out = Command::new(BIN)
+        .args(["layer", file.to_str().unwrap(), "--", "sh", "-c"])
+        .arg(format!("echo setup > {t}/made && ls {t}"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "gone\nkept\nmade\n");
+    assert!(dir.join("lower/made").exists());
+    // A file naming half an overlay is refused in the jail's words, before anything runs.
+    std::fs::write(
+        &file,
+        format!("lower={}\nupper=x\ntarget={t}\n", p("lower")),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "layer",
+            file.to_str().unwrap(),
+            "--",
+            "touch",
+            &format!("{t}/ran"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("cra-jail: the checkout's layer cannot be mounted"));
+    assert!(!dir.join("lower/ran").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

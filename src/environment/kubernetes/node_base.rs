@@ -1,0 +1,250 @@
+//! A checkout's base kept once per node (`backend.kubernetes.nodeCache`), and each session's
+//! copy-on-write layer over it: the repository at O(1) per session in a pod.
+//!
+//! A base is the default branch's commit checked out, its setup run and its snapshot taken,
+//! for one [`key`] (commit, setup, image, git config) in `<nodeCache>/bases` on the node. The
+//! first sandboxed pod on a node to need it makes it there as today's checkout is made
+//! ([`Holder::find`] answers `Miss`), then publishes it; every later pod of that key on the
+//! node finds it (`Hit`), receives no pack and checks nothing out: its checkout is an overlay
+//! of its own layer (an `emptyDir`) on the base, mounted only inside the pod's jail
+//! (`cra-pod layer`, run by image/cra-jail when [`LAYER_FILE`] exists), which never shows the
+//! node's directory itself. The pod holds its base (a shared lock, `cra-pod base`) while it
+//! lives, so no other pod's eviction removes it underneath.
+//!
+//! Everything after is unchanged: the agent, the extraction and the patch see the checkout at
+//! `WORKDIR` as without a base, so the patch is the same by construction. Where the node or
+//! the cluster refuses it (the cache not writable by the pod's user, overlayfs refused in the
+//! pod), the session takes today's path and the engine says why once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::cluster::NODE_BASES_MOUNT;
+use super::layout::{MUX, WORKDIR};
+use super::steps::{
+    confined, not_confined, provision_error, sh_quote, PodSnapshot, Steps, STEP_TIMEOUT,
+};
+use crate::environment::remote::RemoteCommand;
+use crate::environment::Exec;
+use crate::error::{AdapterError, Result};
+use crate::git::command::neutral_git_sh;
+
+/// The layer file image/cra-jail reads (`$STATE/layer`): where the checkout's parts are.
+pub(super) const LAYER_FILE: &str = "/var/lib/cra/layer";
+/// The session's own layer, on the pod's `workspace` volume.
+const LAYER_DIR: &str = "/workspace/.layer";
+/// Bumped when what a base holds changes, so that a node's older bases are not taken.
+const FORMAT: &str = "cra-node-base-1";
+
+/// Warned once per process: only the operator can change the node or the cluster.
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+fn bases() -> String {
+    format!("{NODE_BASES_MOUNT}/bases")
+}
+
+/// The base's name on the node: what its files are made of. The image's id, not its tag (a
+/// tag may move); the git config, which decides line endings; the setup and its arguments.
+pub(super) fn key(
+    commit: &str,
+    setup: Option<&[String]>,
+    image_id: &str,
+    gitconfig: &str,
+) -> String {
+    let inputs = serde_json::json!([FORMAT, commit, setup, image_id, gitconfig]).to_string();
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, inputs.as_bytes())
+        .simple()
+        .to_string()
+}
+
+/// Logs, once per process, why a pod's checkout was made without the node's base.
+pub(super) fn without_base(pod: &str, node: &str, why: &str) {
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            pod = %pod,
+            node = %node,
+            "the checkout was made in the pod, not kept once on node {node} \
+             (backend.kubernetes.nodeCache): {why}"
+        );
+    } else {
+        tracing::debug!(pod = %pod, node = %node, "the checkout made in the pod: {why}");
+    }
+}
+
+/// What the node has of a key.
+pub(super) enum Found {
+    /// The base, held: its tree's directory and its snapshot.
+    Hit { tree: String, snapshot: PodSnapshot },
+    /// None yet: this pod makes it in `tree` and then [`Holder::publish`]es it.
+    Miss { tree: String },
+}
+
+/// The pod's `cra-pod base` process: it holds the base for as long as it runs (the session's
+/// environment keeps it), and publishes the one this pod made.
+pub(super) struct Holder {
+    exec: Exec,
+    out: BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+}
+
+impl Holder {
+    /// Asks the node for `key`'s base.
+    pub(super) async fn find(step: &Steps<'_>, key: &str) -> Result<(Holder, Found)> {
+        let name = format!(".b-{}", uuid::Uuid::new_v4().simple());
+        let mut exec = step
+            .shell
+            .spawn(RemoteCommand {
+                argv: vec![MUX[0].into(), "base".into(), bases(), key.into(), name],
+                env: step.env.to_vec(),
+                cwd: "/".into(),
+            })
+            .await?;
+        let stdout = std::mem::replace(&mut exec.stdout, Box::new(tokio::io::empty()));
+        let mut holder = Holder {
+            exec,
+            out: BufReader::new(stdout),
+        };
+        let found = match holder.answer().await? {
+            Answer::Hit(tree, snapshot) => Found::Hit { tree, snapshot },
+            Answer::Miss(name) => Found::Miss {
+                tree: format!("{}/{name}/tree", bases()),
+            },
+        };
+        Ok((holder, found))
+    }
+
+    /// Publishes the base this pod made with its `snapshot` (or takes the one another pod
+    /// published first); the base to use then.
+    pub(super) async fn publish(
+        &mut self,
+        snapshot: &PodSnapshot,
+    ) -> Result<(String, PodSnapshot)> {
+        let line = format!("publish {} {}\n", snapshot.commit, snapshot.trust_before);
+        self.exec
+            .stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| provision_error("cannot publish the node's base").with_cause(e))?;
+        match self.answer().await? {
+            Answer::Hit(tree, snapshot) => Ok((tree, snapshot)),
+            Answer::Miss(_) => Err(provision_error(
+                "the node's base was not published: `cra-pod base` answered `miss` again",
+            )),
+        }
+    }
+
+    /// Its next line, bounded.
+    async fn answer(&mut self) -> Result<Answer> {
+        let mut line = String::new();
+        let read = tokio::time::timeout(STEP_TIMEOUT * 2, self.out.read_line(&mut line)).await;
+        match read {
+            Ok(Ok(n)) if n > 0 => Answer::read(&line).ok_or_else(|| {
+                provision_error(format!("`cra-pod base` answered {:?}", line.trim()))
+            }),
+            Ok(_) => {
+                let mut said = Vec::new();
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    tokio::io::AsyncReadExt::read_to_end(&mut self.exec.stderr, &mut said),
+                )
+                .await;
+                Err(provision_error(format!(
+                    "`cra-pod base` ended: {}",
+                    String::from_utf8_lossy(&said).trim()
+                )))
+            }
+            Err(_) => Err(provision_error(format!(
+                "`cra-pod base` did not answer within {}s",
+                (STEP_TIMEOUT * 2).as_secs()
+            ))),
+        }
+    }
+}
+
+enum Answer {
+    Hit(String, PodSnapshot),
+    Miss(String),
+}
+
+impl Answer {
+    /// `hit TREE COMMIT LIMIT` or `miss NAME`.
+    fn read(line: &str) -> Option<Answer> {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix("miss ") {
+            return Some(Answer::Miss(name.to_string()));
+        }
+        let rest = line.strip_prefix("hit ")?;
+        let (tree, snapshot) = rest.split_once(' ')?;
+        Some(Answer::Hit(tree.to_string(), PodSnapshot::read(snapshot)?))
+    }
+}
+
+/// From now on the pod's jail shows the base's `tree` itself at `WORKDIR`, writable: where
+/// the base's setup and snapshot run, so that what they write names the checkout's own path.
+pub(super) async fn bind_base(step: &Steps<'_>, tree: &str) -> Result<()> {
+    let layer = format!("lower={tree}\ntarget={WORKDIR}\n");
+    step.write_file(LAYER_FILE, layer.as_bytes(), "0644").await
+}
+
+/// Why the layer could not be used, when the pod refused the mount itself (fall back), or
+/// the session's error.
+pub(super) enum LayerError {
+    Refused(String),
+    Failed(AdapterError),
+}
+
+/// From now on the pod's jail shows an overlay of the session's own layer on the base's
+/// `tree` at `WORKDIR`; on `branch` (the Implementor's), made there. Its one step runs in the
+/// jail: it is the jail's probe as well.
+pub(super) async fn use_layer(
+    step: &Steps<'_>,
+    tree: &str,
+    branch: Option<&str>,
+) -> std::result::Result<(), LayerError> {
+    let layer =
+        format!("lower={tree}\nupper={LAYER_DIR}/upper\nwork={LAYER_DIR}/work\ntarget={WORKDIR}\n");
+    let g = neutral_git_sh();
+    let inside = match branch {
+        Some(b) => format!(
+            "{g} update-ref refs/heads/{b} HEAD && {g} symbolic-ref HEAD refs/heads/{b}",
+            b = sh_quote(b)
+        ),
+        None => "true".into(),
+    };
+    let mode = if branch.is_some() { "rw" } else { "ro" };
+    let jailed = confined(Some(mode), vec!["sh".into(), "-c".into(), inside]);
+    let script = format!(
+        "set -e; mkdir -p {LAYER_DIR}/upper {LAYER_DIR}/work; cat > {LAYER_FILE}; exec \"$@\""
+    );
+    let argv = ["sh", "-c", &script, "sh"]
+        .into_iter()
+        .map(String::from)
+        .chain(jailed)
+        .collect();
+    match step
+        .run(
+            "the checkout's layer",
+            argv,
+            layer.as_bytes(),
+            STEP_TIMEOUT,
+            "/",
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.message.contains("layer cannot be mounted") => {
+            // Today's path from here: the jail shows WORKDIR itself again.
+            let _ = step
+                .run(
+                    "removing the layer file",
+                    vec!["rm".into(), "-f".into(), LAYER_FILE.into()],
+                    &[],
+                    STEP_TIMEOUT,
+                    "/",
+                )
+                .await;
+            Err(LayerError::Refused(e.message))
+        }
+        Err(e) => Err(LayerError::Failed(not_confined(e))),
+    }
+}
