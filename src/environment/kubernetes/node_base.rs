@@ -248,3 +248,41 @@ pub(super) async fn use_layer(
         Err(e) => Err(LayerError::Failed(not_confined(e))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answers_of_cra_pod_base_are_read_and_anything_else_is_not() {
+        match Answer::read("hit /workspace/.node/bases/.b-1/tree abc 42\n") {
+            Some(Answer::Hit(tree, s)) => {
+                assert_eq!(tree, "/workspace/.node/bases/.b-1/tree");
+                assert_eq!((s.commit.as_str(), s.trust_before), ("abc", 42));
+            }
+            _ => panic!("not a hit"),
+        }
+        assert!(matches!(Answer::read("miss .b-2"), Some(Answer::Miss(n)) if n == ".b-2"));
+        for nonsense in ["", "hit", "hit /t", "hit /t abc", "hit /t abc x", "hit /t a 1 2", "ok"] {
+            assert!(Answer::read(nonsense).is_none(), "{nonsense:?}");
+        }
+    }
+
+    #[test]
+    fn a_base_is_named_by_everything_its_files_come_from() {
+        let setup = ["npm".to_string(), "ci".to_string()];
+        let k = key("c1", Some(&setup), "sha256:1", "[core]\n");
+        assert_eq!(k.len(), 32);
+        assert!(k.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(k, key("c1", Some(&setup), "sha256:1", "[core]\n"));
+        for other in [
+            key("c2", Some(&setup), "sha256:1", "[core]\n"),
+            key("c1", None, "sha256:1", "[core]\n"),
+            key("c1", Some(&setup[..1]), "sha256:1", "[core]\n"),
+            key("c1", Some(&setup), "sha256:2", "[core]\n"),
+            key("c1", Some(&setup), "sha256:1", "[core]\n\tautocrlf = true\n"),
+        ] {
+            assert_ne!(k, other);
+        }
+    }
+}
