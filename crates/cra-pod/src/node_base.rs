@@ -93,57 +93,63 @@ fn mount_in_namespace(
         None => None,
     };
     let (lower_c, target_c) = (c(lower)?, c(target)?);
-    // SAFETY: plain system calls on CStrings that outlive them.
-    unsafe {
-        let (uid, gid) = (libc::getuid(), libc::getgid());
-        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-            return Err(format!(
-                "unshare: {} (user namespaces refused?)",
-                std::io::Error::last_os_error()
-            ));
-        }
-        // Without "deny" an unprivileged process may not write its gid_map.
-        let _ = std::fs::write("/proc/self/setgroups", "deny");
-        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
-            .map_err(|e| format!("uid_map: {e}"))?;
-        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
-            .map_err(|e| format!("gid_map: {e}"))?;
-        // Nothing mounted here may pass back to the pod's namespace.
-        if libc::mount(
-            c"none".as_ptr(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
-            return Err(format!("private /: {}", std::io::Error::last_os_error()));
-        }
-        let r = match &data {
-            Some(data) => libc::mount(
-                c"overlay".as_ptr(),
-                target_c.as_ptr(),
-                c"overlay".as_ptr(),
-                0,
-                data.as_ptr().cast(),
-            ),
-            None => libc::mount(
-                lower_c.as_ptr(),
-                target_c.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ),
-        };
-        if r != 0 {
-            let how = if data.is_some() { "overlay" } else { "bind" };
-            return Err(format!(
-                "{how} mount of {lower} at {target}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+    // SAFETY: plain system calls.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    // SAFETY: unshare touches no memory; this process has one thread.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+        return Err(format!(
+            "unshare: {} (user namespaces refused?)",
+            std::io::Error::last_os_error()
+        ));
     }
-    Ok(())
+    // Without "deny" an unprivileged process may not write its gid_map.
+    let _ = std::fs::write("/proc/self/setgroups", "deny");
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
+        .map_err(|e| format!("uid_map: {e}"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
+        .map_err(|e| format!("gid_map: {e}"))?;
+    // Nothing mounted here may pass back to the pod's namespace.
+    mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| format!("private /: {e}"))?;
+    match &data {
+        Some(data) => mount(Some(c"overlay"), &target_c, Some(c"overlay"), 0, Some(data)),
+        None => mount(
+            Some(&lower_c),
+            &target_c,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        ),
+    }
+    .map_err(|e| {
+        let how = if data.is_some() { "overlay" } else { "bind" };
+        format!("{how} mount of {lower} at {target}: {e}")
+    })
+}
+
+/// mount(2), its absent arguments null.
+fn mount(
+    source: Option<&std::ffi::CStr>,
+    target: &std::ffi::CStr,
+    fstype: Option<&std::ffi::CStr>,
+    flags: libc::c_ulong,
+    data: Option<&std::ffi::CStr>,
+) -> std::io::Result<()> {
+    let ptr = |s: Option<&std::ffi::CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is null or a NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::mount(
+            ptr(source),
+            target.as_ptr(),
+            ptr(fstype),
+            flags,
+            ptr(data).cast(),
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// `cra-pod base BASES KEY NAME` (module docs).

@@ -333,47 +333,46 @@ async fn prepare(
         sandboxed,
     };
     let (snapshot, history, held) = match node {
-        Some((holder, Found::Hit { tree, snapshot })) => {
-            let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
-            let history = history?;
-            phases.mark("the node's base layered, sockets and history server");
-            match layered {
-                Ok(()) => {
-                    layered_on(&pod, &tree, "kept on the node");
-                    (Some(snapshot), history, Some(holder))
+        Some((mut holder, found)) => {
+            let (layered, tree, snapshot, how, history) = match found {
+                Found::Hit { tree, snapshot } => {
+                    let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
+                    (layered, tree, snapshot, "kept on the node", history?)
                 }
-                Err(LayerError::Failed(e)) => return Err(e),
-                Err(LayerError::Refused(why)) => {
-                    node_base::without_base(&pod.name, &pod.node, &why);
-                    let received = in_pod.send().await?;
-                    (in_pod.finish(received, &mut phases).await?, history, None)
-                }
-            }
-        }
-        Some((mut holder, Found::Miss { tree })) => {
-            let as_base = CheckoutAs {
-                branch: default_branch,
-                snapshot_if_plain: setup.is_none(),
-            };
-            let (received, history) = tokio::try_join!(
-                send_repository(&step, &packed, default_branch, &tree, Some(as_base)),
-                beside,
-            )?;
-            phases.mark("repository, sockets, history server and jail probe");
-            bind_base(&step, &tree).await?;
-            let made = match received.snapshot {
-                Some(s) => s,
-                None => in_pod.setup_and_snapshot(&mut phases).await?,
-            };
-            let (published, made) = holder.publish(&made).await?;
-            match use_layer(&step, &published, branch).await {
-                Ok(()) => {
-                    let how = match published == tree {
+                Found::Miss { tree: made_in } => {
+                    let as_base = CheckoutAs {
+                        branch: default_branch,
+                        snapshot_if_plain: setup.is_none(),
+                    };
+                    let (received, history) = tokio::try_join!(
+                        send_repository(&step, &packed, default_branch, &made_in, Some(as_base)),
+                        beside,
+                    )?;
+                    phases.mark("repository, sockets, history server and jail probe");
+                    bind_base(&step, &made_in).await?;
+                    let made = match received.snapshot {
+                        Some(s) => s,
+                        None => in_pod.setup_and_snapshot(&mut phases).await?,
+                    };
+                    let (tree, made) = holder.publish(&made).await?;
+                    let how = match tree == made_in {
                         true => "made here",
                         false => "another pod's, made at the same time",
                     };
-                    layered_on(&pod, &published, how);
-                    (Some(made), history, Some(holder))
+                    (
+                        use_layer(&step, &tree, branch).await,
+                        tree,
+                        made,
+                        how,
+                        history,
+                    )
+                }
+            };
+            phases.mark("the checkout layered on the node's base");
+            match layered {
+                Ok(()) => {
+                    layered_on(&pod, &tree, how);
+                    (Some(snapshot), history, Some(holder))
                 }
                 Err(LayerError::Failed(e)) => return Err(e),
                 Err(LayerError::Refused(why)) => {

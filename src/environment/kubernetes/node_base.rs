@@ -263,7 +263,15 @@ mod tests {
             _ => panic!("not a hit"),
         }
         assert!(matches!(Answer::read("miss .b-2"), Some(Answer::Miss(n)) if n == ".b-2"));
-        for nonsense in ["", "hit", "hit /t", "hit /t abc", "hit /t abc x", "hit /t a 1 2", "ok"] {
+        for nonsense in [
+            "",
+            "hit",
+            "hit /t",
+            "hit /t abc",
+            "hit /t abc x",
+            "hit /t a 1 2",
+            "ok",
+        ] {
             assert!(Answer::read(nonsense).is_none(), "{nonsense:?}");
         }
     }
@@ -280,7 +288,12 @@ mod tests {
             key("c1", None, "sha256:1", "[core]\n"),
             key("c1", Some(&setup[..1]), "sha256:1", "[core]\n"),
             key("c1", Some(&setup), "sha256:2", "[core]\n"),
-            key("c1", Some(&setup), "sha256:1", "[core]\n\tautocrlf = true\n"),
+            key(
+                "c1",
+                Some(&setup),
+                "sha256:1",
+                "[core]\n\tautocrlf = true\n",
+            ),
         ] {
             assert_ne!(k, other);
         }
