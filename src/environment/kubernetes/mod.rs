@@ -368,7 +368,7 @@ async fn prepare(
                     )
                 }
             };
-            phases.mark("the checkout layered on the node's base");
+            phases.mark("the layer on the node's base");
             match layered {
                 Ok(()) => {
                     layered_on(&pod, &tree, how);
