@@ -434,7 +434,7 @@ try {
   if (cacheModes && existsSync(NODE_CACHE)) {
     const du = (dir) => Number(execFileSync('du', ['-sk', dir]).toString().split('\t')[0]) * 1024;
     const copies = readdirSafe(join(NODE_CACHE, 'runtime'));
-    const bases = readdirSafe(join(NODE_CACHE, 'bases')).filter((e) => e.startsWith('.b-'));
+    const bases = (existsSync(join(NODE_CACHE, 'bases')) ? readdirSync(join(NODE_CACHE, 'bases')) : []).filter((e) => e.startsWith('.b-'));
     results.nodeCache = { dir: NODE_CACHE, bytes: du(NODE_CACHE), copies, runtimeBytes: copies.length ? du(join(NODE_CACHE, 'runtime', copies[0])) : null, bases: bases.length, basesBytes: du(join(NODE_CACHE, 'bases')) };
   }
   await cleanup();
