@@ -156,7 +156,9 @@ export interface KubernetesBackend {
    * another image than `runtimeImage` keep one copy of the runtime per node and runtime version,
    * instead of a ~400 MB copy in each pod. The cluster must allow hostPath volumes (the
    * `baseline` and `restricted` Pod Security Standards do not). Where a node's directory is not
-   * usable the pod copies as without it, and the engine's log says why (docs/kubernetes.md)
+   * usable the pod copies as without it, and the engine's log says why (docs/kubernetes.md).
+   * Sandboxed sessions also keep their checkout's base there, once per node, commit, setup and
+   * image: later pods layer their checkout on it and receive no repository
    */
   nodeCache?: string
   /** default 'IfNotPresent' */

@@ -35,7 +35,9 @@ pub struct KubernetesConfig {
     pub runtime_image: String,
     /// `nodeCache`: an absolute directory on every node (a `hostPath`) where pods of another
     /// image than the runtime's keep one copy of the runtime per node and runtime version,
-    /// instead of a copy in each pod. `None`: each such pod copies it (today's default).
+    /// instead of a copy in each pod; and where sandboxed sessions keep their checkout's base
+    /// once per node (`environment::kubernetes::node_base`). `None`: each such pod copies the
+    /// runtime, and every pod makes its own checkout.
     pub node_cache: Option<String>,
     pub image_pull_policy: PullPolicy,
     /// `None` = the usual sources: `KUBECONFIG`, `~/.kube/config`, the in-cluster service
