@@ -659,8 +659,14 @@ impl Cluster {
         let Some(cache) = &self.config.node_cache else {
             return;
         };
-        let message = runtime_init_state(pod)
-            .and_then(|s| s.terminated.as_ref()?.message.clone())
+        // A pod of the runtime's own image has no init container, and nothing to say.
+        let Some(init) = runtime_init_state(pod) else {
+            return;
+        };
+        let message = init
+            .terminated
+            .as_ref()
+            .and_then(|t| t.message.clone())
             .unwrap_or_default();
         let message = message.lines().next().unwrap_or_default().trim();
         match message.strip_prefix("copied: ") {
