@@ -84,6 +84,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on one ordinary request (create, get, list, delete, the start of an exec).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
+/// Bound on one try to start the pod's stream before its status says it runs.
+const EARLY_EXEC: Duration = Duration::from_secs(3);
+/// Bound on waiting for a running pod's status to name its image.
+const IMAGE_ID_WAIT: Duration = Duration::from_secs(10);
 /// Bound on a deleted pod disappearing (grace 0: the API server removes it at once; the
 /// bound covers an API server that is slow to say so).
 const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -130,8 +134,15 @@ pub struct Cluster {
     /// The API server's URL, for messages.
     url: String,
     config: KubernetesConfig,
+    notes: RuntimeNotes,
+}
+
+/// The note a pod's runtime init container leaves (`nodeCache`), for the log.
+#[derive(Clone)]
+struct RuntimeNotes {
+    node_cache: Option<String>,
     /// Set once a pod could not use `nodeCache`: the warning is the operator's to act on, once.
-    cache_warned: Arc<AtomicBool>,
+    warned: Arc<AtomicBool>,
 }
 
 /// What a session's pod is made for.
@@ -178,9 +189,10 @@ pub struct Pod {
     pub node: String,
     /// The image its session runs in.
     pub image: String,
-    /// That image's id as the node resolved it (its digest; the reference where the status
-    /// names none): what the pod's files come from, whatever its tag names later.
-    pub image_id: String,
+    /// That image's id as the node resolved it ([`Pod::image_id`]).
+    image_id: Arc<tokio::sync::OnceCell<String>>,
+    /// What the runtime's init container did, logged once its status says.
+    notes: RuntimeNotes,
     /// The API server's URL, for messages.
     url: String,
     /// `resources.limits.memory`, named when the pod was killed for memory.
@@ -323,7 +335,10 @@ impl Cluster {
             namespace: config.namespace.clone(),
             url,
             config: config.clone(),
-            cache_warned: Arc::default(),
+            notes: RuntimeNotes {
+                node_cache: config.node_cache.clone(),
+                warned: Arc::default(),
+            },
         })
     }
 
@@ -551,6 +566,39 @@ impl Cluster {
     /// `podStartTimeout`, obeying `stop`). On any failure, and on `stop`, the pod is deleted
     /// before this returns: nothing is left behind.
     pub async fn create_pod(&self, req: PodRequest, stop: &CancellationToken) -> Result<Pod> {
+        self.start_pod(req, stop, None).await.map(|(pod, _)| pod)
+    }
+
+    /// [`Cluster::create_pod`], with `argv` started in the pod's container as soon as it runs
+    /// ([`Pod::exec`]): tried while the pod's status still says it is starting (the kubelet
+    /// reports a started container a poll of its own later — measured here 0–0.9 s — and a
+    /// session's preparation need not wait for that), else once the status says it runs.
+    pub async fn start_pod_with(
+        &self,
+        req: PodRequest,
+        stop: &CancellationToken,
+        argv: &[String],
+    ) -> Result<(Pod, PodExec)> {
+        let (pod, stream) = self.start_pod(req, stop, Some(argv)).await?;
+        let stream = match stream {
+            Some(stream) => stream,
+            None => match pod.exec(argv).await {
+                Ok(stream) => stream,
+                Err(e) => {
+                    let _ = pod.delete().await;
+                    return Err(e);
+                }
+            },
+        };
+        Ok((pod, stream))
+    }
+
+    async fn start_pod(
+        &self,
+        req: PodRequest,
+        stop: &CancellationToken,
+        early: Option<&[String]>,
+    ) -> Result<(Pod, Option<PodExec>)> {
         let name = format!(
             "cra-{}-{}",
             req.role.as_str(),
@@ -563,7 +611,8 @@ impl Cluster {
             name: name.clone(),
             node: String::new(),
             image: image.clone(),
-            image_id: image.clone(),
+            image_id: Arc::default(),
+            notes: self.notes.clone(),
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
             storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
@@ -591,15 +640,22 @@ impl Cluster {
             }
         }
         let started = tokio::select! {
-            r = self.wait_running(&name, &image) => r,
+            r = self.wait_running(&pod, early) => r,
             _ = stop.cancelled() => Err(cancelled(&name)),
         };
         match started {
-            Ok((node, id)) => Ok(Pod {
-                node,
-                image_id: id.unwrap_or(pod.image_id.clone()),
-                ..pod
-            }),
+            Ok(ready) => {
+                if let Some(id) = ready.image_id {
+                    let _ = pod.image_id.set(id);
+                }
+                Ok((
+                    Pod {
+                        node: ready.node,
+                        ..pod
+                    },
+                    ready.stream,
+                ))
+            }
             Err(e) => {
                 let _ = pod.delete().await;
                 Err(e)
@@ -607,31 +663,42 @@ impl Cluster {
         }
     }
 
-    /// Polls the pod until its container runs; the node's name then, and the session
-    /// container's image id where its status names one.
-    async fn wait_running(&self, name: &str, image: &str) -> Result<(String, Option<String>)> {
+    /// Polls the pod until its container runs: its node then, the session container's image
+    /// id where its status names one, and `early` started in it if that came first.
+    async fn wait_running(&self, pod: &Pod, early: Option<&[String]>) -> Result<Ready> {
         let timeout = self.config.pod_start_timeout;
         let deadline = Instant::now() + timeout;
-        let api = self.pods();
+        let (api, name, image) = (&pod.api, &pod.name, &pod.image);
         loop {
             let last;
             match bounded(api.get(name)).await {
-                Ok(pod) => match start_state(&pod, image, &self.config.runtime_image) {
+                Ok(p) => match start_state(&p, image, &self.config.runtime_image) {
                     Start::Running(node) => {
-                        self.log_runtime(&pod, name, &node);
-                        let id = pod
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.container_statuses.as_ref())
-                            .and_then(|c| c.iter().find(|c| c.name == CONTAINER))
-                            .map(|c| c.image_id.clone())
-                            .filter(|id| !id.is_empty());
-                        return Ok((node, id));
+                        self.notes.log(&p, name, &node);
+                        return Ok(Ready {
+                            node,
+                            image_id: image_id_of(&p),
+                            stream: None,
+                        });
                     }
                     Start::Failed(why) => {
                         return Err(provision(format!("pod {name} cannot start: {why}")))
                     }
-                    Start::Pending(why) => last = why,
+                    Start::Pending(why) => {
+                        last = why;
+                        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                        if let (Some(argv), Some(node)) = (early, node) {
+                            // A container not started yet refuses the exec at once.
+                            let attempt = tokio::time::timeout(EARLY_EXEC, pod.exec(argv)).await;
+                            if let Ok(Ok(stream)) = attempt {
+                                return Ok(Ready {
+                                    node,
+                                    image_id: image_id_of(&p),
+                                    stream: Some(stream),
+                                });
+                            }
+                        }
+                    }
                 },
                 Err(Failure::Api(s)) if s.is_not_found() => {
                     return Err(provision(format!(
@@ -649,39 +716,6 @@ impl Cluster {
                 )));
             }
             tokio::time::sleep(POLL.min(deadline - now)).await;
-        }
-    }
-
-    /// What the init container did with `nodeCache` (its termination message, image/runtime-init):
-    /// reused or filled the node's copy, or copied the runtime into the pod, with why, warned
-    /// once per adapter since only the operator can fix the node's directory.
-    fn log_runtime(&self, pod: &KubePod, name: &str, node: &str) {
-        let Some(cache) = &self.config.node_cache else {
-            return;
-        };
-        // A pod of the runtime's own image has no init container, and nothing to say.
-        let Some(init) = runtime_init_state(pod) else {
-            return;
-        };
-        let message = init
-            .terminated
-            .as_ref()
-            .and_then(|t| t.message.clone())
-            .unwrap_or_default();
-        let message = message.lines().next().unwrap_or_default().trim();
-        match message.strip_prefix("copied: ") {
-            Some(why) if !self.cache_warned.swap(true, Ordering::Relaxed) => tracing::warn!(
-                pod = %name,
-                node = %node,
-                "the runtime was copied into the pod, not kept once on node {node}: the node \
-                 cache {cache} (backend.kubernetes.nodeCache) cannot be used there: {why}"
-            ),
-            Some(why) => {
-                tracing::debug!(pod = %name, node = %node, "the runtime copied into the pod: {why}")
-            }
-            None => {
-                tracing::debug!(pod = %name, node = %node, "the runtime from the node cache {cache}: {message}")
-            }
         }
     }
 
@@ -814,6 +848,60 @@ fn runtime_init_state(pod: &KubePod) -> Option<&ContainerState> {
         .as_ref()
 }
 
+impl RuntimeNotes {
+    /// What the init container did with `nodeCache` (its termination message, image/runtime-init):
+    /// reused or filled the node's copy, or copied the runtime into the pod, with why, warned
+    /// once per adapter since only the operator can fix the node's directory.
+    fn log(&self, pod: &KubePod, name: &str, node: &str) {
+        let Some(cache) = &self.node_cache else {
+            return;
+        };
+        // A pod of the runtime's own image has no init container, and nothing to say.
+        let Some(init) = runtime_init_state(pod) else {
+            return;
+        };
+        let message = init
+            .terminated
+            .as_ref()
+            .and_then(|t| t.message.clone())
+            .unwrap_or_default();
+        let message = message.lines().next().unwrap_or_default().trim();
+        match message.strip_prefix("copied: ") {
+            Some(why) if !self.warned.swap(true, Ordering::Relaxed) => tracing::warn!(
+                pod = %name,
+                node = %node,
+                "the runtime was copied into the pod, not kept once on node {node}: the node \
+                 cache {cache} (backend.kubernetes.nodeCache) cannot be used there: {why}"
+            ),
+            Some(why) => {
+                tracing::debug!(pod = %name, node = %node, "the runtime copied into the pod: {why}")
+            }
+            None => {
+                tracing::debug!(pod = %name, node = %node, "the runtime from the node cache {cache}: {message}")
+            }
+        }
+    }
+}
+
+/// What [`Cluster::wait_running`] found.
+struct Ready {
+    node: String,
+    image_id: Option<String>,
+    stream: Option<PodExec>,
+}
+
+/// The session container's image id, where the pod's status names it.
+fn image_id_of(pod: &KubePod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == CONTAINER)
+        .map(|c| c.image_id.clone())
+        .filter(|id| !id.is_empty())
+}
+
 /// Where a starting pod is: running, still on its way (why), or never going to run (why).
 fn start_state(pod: &KubePod, image: &str, runtime_image: &str) -> Start {
     let status = pod.status.clone().unwrap_or_default();
@@ -928,6 +1016,31 @@ fn terminated(t: &ContainerStateTerminated) -> String {
 }
 
 impl Pod {
+    /// The session container's image id as the node resolved it (its digest): what the pod's
+    /// files come from, whatever its tag names later. Its status may name it after the stream
+    /// opened ([`Cluster::start_pod_with`]): then it is waited for, bounded; the image's
+    /// reference where none comes. The runtime's note is logged when that status is read.
+    pub async fn image_id(&self) -> String {
+        self.image_id
+            .get_or_init(|| async {
+                let deadline = Instant::now() + IMAGE_ID_WAIT;
+                loop {
+                    if let Ok(p) = bounded(self.api.get(&self.name)).await {
+                        if let Some(id) = image_id_of(&p) {
+                            self.notes.log(&p, &self.name, &self.node);
+                            return id;
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        return self.image.clone();
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+            .await
+            .clone()
+    }
+
     /// Starts `argv` in the pod's container with stdin, stdout and stderr attached.
     pub async fn exec(&self, argv: &[String]) -> Result<PodExec> {
         let params = AttachParams {

@@ -36,7 +36,7 @@ use futures::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use self::cluster::{Cluster, Pod, PodRequest};
+use self::cluster::{Cluster, Pod, PodExec, PodRequest};
 use self::image::{inspect_image, pod_env};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
 use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
@@ -151,11 +151,13 @@ impl Backend for KubernetesBackend {
                     () = stop.cancelled() => Err(stopped()),
                 }
             };
-            let (pod, early) = tokio::join!(cluster.create_pod(request, stop), early);
-            let pod = Arc::new(pod?);
+            let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
+            let (started, early) = tokio::join!(cluster.start_pod_with(request, stop, &mux), early);
+            let (pod, stream) = started?;
+            let pod = Arc::new(pod);
             let made = match early {
                 Ok((packed, gateway)) => tokio::select! {
-                    r = prepare(pod.clone(), req, packed, gateway, node_bases) => r,
+                    r = prepare(pod.clone(), stream, req, packed, gateway, node_bases) => r,
                     () = stop.cancelled() => Err(stopped()),
                 },
                 Err(e) => Err(e),
@@ -184,10 +186,11 @@ fn stopped() -> AdapterError {
     )
 }
 
-/// Everything between a Running pod and a session ready for its CLI, with what was made while
-/// it started.
+/// Everything between a running pod (its stream, `cra-pod mux`, open) and a session ready for
+/// its CLI, with what was made while it started.
 async fn prepare(
     pod: Arc<Pod>,
+    exec: PodExec,
     req: EnvRequest,
     packed: Packed,
     gateway: Gateway,
@@ -195,8 +198,14 @@ async fn prepare(
 ) -> Result<KubernetesEnvironment> {
     // Where a pod's start goes, for the log (a slow start is otherwise one number).
     let mut phases = Phases::default();
-    let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
-    let exec = pod.exec(&mux).await?;
+    // The stream may have opened before the pod's status named its image; what needs that
+    // status (the runtime's note, the node base's key) waits for it, the rest does not.
+    tokio::spawn({
+        let pod = pod.clone();
+        async move {
+            pod.image_id().await;
+        }
+    });
     // The stream lives as long as its status future: held by a task that also drains the pod
     // agent's own diagnostics (stderr) into the log, until the stream ends.
     let (status, mut diagnostics) = (exec.status, exec.stderr);
@@ -273,19 +282,18 @@ async fn prepare(
     let sandboxed = req.sandbox.is_some();
     // Git reads it (core.autocrlf, core.eol) when the repository is checked out.
     let gitconfig = with_identity(gateway.git_config());
-    let key = node_bases.then(|| {
-        node_base::key(
+    let find = async {
+        if !node_bases {
+            return None;
+        }
+        let image_id = pod.image_id().await;
+        let key = node_base::key(
             &packed.base,
             setup.map(Vec::as_slice),
-            &pod.image_id,
+            &image_id,
             &gitconfig,
-        )
-    });
-    let find = async {
-        match &key {
-            Some(key) => Some(Holder::find(&step, key).await),
-            None => None,
-        }
+        );
+        Some(Holder::find(&step, &key).await)
     };
     let config_file = format!("{STATE}/gitconfig");
     let (written, found) = tokio::join!(
