@@ -125,7 +125,7 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
     const warned = h.logger.entries.filter((e) => e.level === 'warn' && e.message.includes('not kept once on node'));
     expect(warned).toHaveLength(1);
     expect(warned[0].message).toContain('backend.kubernetes.nodeCache');
-    expect(warned[0].message).toContain('Permission denied');
+    expect(warned[0].message).toContain('the node cache is not writable by uid 1000');
     expect(layered(said())).toEqual([]);
   });
 });

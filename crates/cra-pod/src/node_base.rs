@@ -169,7 +169,12 @@ pub fn base(args: &[String]) -> ! {
     }
     let bases = PathBuf::from(bases);
     if let Err(e) = std::fs::create_dir_all(&bases) {
-        fail(format!("cannot make {}: {e}", bases.display()))
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        fail(format!(
+            "the node cache is not writable by uid {uid}: cannot make {}: {e}",
+            bases.display()
+        ))
     }
     let mut out = std::io::stdout();
     if let Some(held) = take(&bases, key) {

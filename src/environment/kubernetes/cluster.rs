@@ -691,9 +691,11 @@ impl Cluster {
                             // A container not started yet refuses the exec at once.
                             let attempt = tokio::time::timeout(EARLY_EXEC, pod.exec(argv)).await;
                             if let Ok(Ok(stream)) = attempt {
+                                // The image id and the runtime's note come with a later
+                                // status ([`Pod::image_id`]).
                                 return Ok(Ready {
                                     node,
-                                    image_id: image_id_of(&p),
+                                    image_id: None,
                                     stream: Some(stream),
                                 });
                             }
@@ -1026,7 +1028,10 @@ impl Pod {
                 let deadline = Instant::now() + IMAGE_ID_WAIT;
                 loop {
                     if let Ok(p) = bounded(self.api.get(&self.name)).await {
-                        if let Some(id) = image_id_of(&p) {
+                        // With the runtime's init container's end, which its note reads.
+                        let init_done =
+                            runtime_init_state(&p).is_none_or(|s| s.terminated.is_some());
+                        if let Some(id) = image_id_of(&p).filter(|_| init_done) {
                             self.notes.log(&p, &self.name, &self.node);
                             return id;
                         }

@@ -35,6 +35,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use self::cluster::{Cluster, Pod, PodExec, PodRequest};
 use self::image::{inspect_image, pod_env};
@@ -200,12 +201,16 @@ async fn prepare(
     let mut phases = Phases::default();
     // The stream may have opened before the pod's status named its image; what needs that
     // status (the runtime's note, the node base's key) waits for it, the rest does not.
-    tokio::spawn({
-        let pod = pod.clone();
-        async move {
-            pod.image_id().await;
+    // In the session's span: its log reaches the session's logger.
+    tokio::spawn(
+        {
+            let pod = pod.clone();
+            async move {
+                pod.image_id().await;
+            }
         }
-    });
+        .in_current_span(),
+    );
     // The stream lives as long as its status future: held by a task that also drains the pod
     // agent's own diagnostics (stderr) into the log, until the stream ends.
     let (status, mut diagnostics) = (exec.status, exec.stderr);
