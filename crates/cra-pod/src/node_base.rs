@@ -7,19 +7,22 @@
 //!   jail's bubblewrap sees the checkout at its usual place and nothing of the node's bases:
 //!   the mount exists only in that namespace, for as long as its processes.
 //! - `cra-pod base BASES KEY NAME`: the base KEY in the node's directory BASES. If it is
-//!   there, prints `hit DIR COMMIT LIMIT` (its directory and its snapshot) and holds it until
+//!   there, prints `hit DIR RECORD` (its directory and its record) and holds it until
 //!   stdin ends. Otherwise makes `BASES/NAME/tree` for this pod to check out into, prints
-//!   `miss NAME`, and waits for `publish COMMIT LIMIT` on stdin: then the base is published as
+//!   `miss NAME`, and waits for `publish RECORD` on stdin (the snapshot and the image it was
+//!   made in, which this program only keeps and says back): then the base is published as
 //!   KEY (or, if another pod published KEY first, that one is taken and NAME removed), bases no
 //!   pod holds and unused for an hour are removed, and it prints `hit …` and holds as above.
 //!   Stdin ending before `publish` removes NAME.
+//!
+//! Once held, `unpublish` on stdin unlinks KEY if it still names the held base.
 //!
 //! Holding is a shared `flock` on the base's `lock` file, for as long as this process lives:
 //! the pod's stream ends it, and so does the pod's end. A base is removed only under an
 //! exclusive lock, which no holder allows: a base is never removed below a session using it.
 
 use std::ffi::CString;
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
@@ -180,7 +183,7 @@ pub fn base(args: &[String]) -> ! {
     if let Some(held) = take(&bases, key) {
         let _ = writeln!(out, "hit {}", held.line);
         let _ = out.flush();
-        hold_until_stdin_ends(held.lock)
+        hold(&bases, key, held)
     }
     let dir = bases.join(name);
     let lock = std::fs::create_dir_all(dir.join("tree"))
@@ -191,10 +194,9 @@ pub fn base(args: &[String]) -> ! {
     let _ = out.flush();
     let mut line = String::new();
     let publish = std::io::stdin().lock().read_line(&mut line).ok();
-    let snapshot = line
-        .strip_prefix("publish ")
-        .map(str::trim)
-        .filter(|s| publish.is_some_and(|n| n > 0) && !s.is_empty() && !s.contains('/'));
+    let snapshot = line.strip_prefix("publish ").map(str::trim).filter(|s| {
+        publish.is_some_and(|n| n > 0) && !s.is_empty() && !s.contains(char::is_control)
+    });
     let Some(snapshot) = snapshot else {
         drop(lock);
         let _ = remove_tree(&dir);
@@ -208,6 +210,7 @@ pub fn base(args: &[String]) -> ! {
     let held = match std::os::unix::fs::symlink(name, bases.join(key)) {
         Ok(()) => Held {
             line: format!("{} {snapshot}", dir.join("tree").display()),
+            name: PathBuf::from(name),
             lock,
         },
         // Another pod's base came first: it is as good as this one, which nobody uses yet.
@@ -223,12 +226,14 @@ pub fn base(args: &[String]) -> ! {
     evict(&bases);
     let _ = writeln!(out, "hit {}", held.line);
     let _ = out.flush();
-    hold_until_stdin_ends(held.lock)
+    hold(&bases, key, held)
 }
 
-/// A base this process holds: its `hit` line's words after `hit`, and the held lock.
+/// A base this process holds: its `hit` line's words after `hit`, its directory's name, and
+/// the held lock.
 struct Held {
     line: String,
+    name: PathBuf,
     lock: std::fs::File,
 }
 
@@ -254,6 +259,7 @@ fn take(bases: &Path, key: &str) -> Option<Held> {
     let _ = lock.set_modified(SystemTime::now());
     Some(Held {
         line: format!("{} {}", dir.join("tree").display(), snapshot.trim()),
+        name,
         lock,
     })
 }
@@ -274,11 +280,20 @@ fn flock(f: &std::fs::File, how: i32) -> std::io::Result<()> {
     }
 }
 
-fn hold_until_stdin_ends(lock: std::fs::File) -> ! {
-    let mut sink = [0u8; 512];
-    let mut stdin = std::io::stdin();
-    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-    drop(lock);
+/// Holds the base until stdin ends. `unpublish` on stdin (the engine found the base made in
+/// another image than its pod's: a tag that moved) unlinks KEY if it still names this base,
+/// so that the next pod makes a new one; this pod and others holding it keep it until they
+/// end, and eviction then removes it as an abandoned one.
+fn hold(bases: &Path, key: &str, held: Held) -> ! {
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim() == "unpublish"
+            && std::fs::read_link(bases.join(key)).is_ok_and(|to| to == held.name)
+        {
+            let _ = std::fs::remove_file(bases.join(key));
+        }
+    }
+    drop(held.lock);
     std::process::exit(0)
 }
 

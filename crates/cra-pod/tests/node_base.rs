@@ -263,3 +263,26 @@ fn layer_shows_the_base_under_the_sessions_own_layer_and_writes_only_the_layer()
     assert!(!dir.join("lower/ran").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn unpublish_takes_a_held_base_off_the_list_and_it_stays_for_those_holding_it() {
+    let bases = scratch("unpublish");
+    let mut a = Base::start(&bases, "0d", ".b-aa");
+    assert_eq!(a.line(), "miss .b-aa");
+    a.publish("c 1 image-1");
+    let mut b = Base::start(&bases, "0d", ".b-bb");
+    assert!(b.line().ends_with("c 1 image-1"));
+    // B's pod runs another image under the same name: it takes the base off the list.
+    writeln!(b.stdin.as_mut().unwrap(), "unpublish").unwrap();
+    b.end();
+    assert_eq!(names(&bases), vec![".b-aa"]);
+    assert!(bases.join(".b-aa/tree").exists());
+    // The next pod of that name makes a new one.
+    let mut c = Base::start(&bases, "0d", ".b-cc");
+    assert_eq!(c.line(), "miss .b-cc");
+    assert!(c.publish("c 2 image-2").ends_with("c 2 image-2"));
+    for p in [a, c] {
+        p.end();
+    }
+    let _ = std::fs::remove_dir_all(&bases);
+}

@@ -291,11 +291,11 @@ async fn prepare(
         if !node_bases {
             return None;
         }
-        let image_id = pod.image_id().await;
+        // The image as named: its id may come later (the base records it, checked below).
         let key = node_base::key(
             &packed.base,
             setup.map(Vec::as_slice),
-            &image_id,
+            &pod.image,
             &gitconfig,
         );
         Some(Holder::find(&step, &key).await)
@@ -347,10 +347,21 @@ async fn prepare(
     };
     let (snapshot, history, held) = match node {
         Some((mut holder, found)) => {
-            let (layered, tree, snapshot, how, history) = match found {
-                Found::Hit { tree, snapshot } => {
+            let (layered, tree, snapshot, how, history, made_in) = match found {
+                Found::Hit {
+                    tree,
+                    snapshot,
+                    image_id,
+                } => {
                     let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
-                    (layered, tree, snapshot, "kept on the node", history?)
+                    (
+                        layered,
+                        tree,
+                        snapshot,
+                        "kept on the node",
+                        history?,
+                        image_id,
+                    )
                 }
                 Found::Miss { tree: made_in } => {
                     let as_base = CheckoutAs {
@@ -367,7 +378,8 @@ async fn prepare(
                         Some(s) => s,
                         None => in_pod.setup_and_snapshot(&mut phases).await?,
                     };
-                    let (tree, made) = holder.publish(&made).await?;
+                    let image_id = pod.image_id().await;
+                    let (tree, made, made_in) = holder.publish(&made, &image_id).await?;
                     let how = match tree == made_in {
                         true => "made here",
                         false => "another pod's, made at the same time",
@@ -378,10 +390,25 @@ async fn prepare(
                         made,
                         how,
                         history,
+                        made_in,
                     )
                 }
             };
             phases.mark("the layer on the node's base");
+            // A base made in another image than this pod's (a tag that moved) is not this
+            // pod's: today's path, and the node's list no longer names it.
+            let image_id = pod.image_id().await;
+            let layered = match layered {
+                Ok(()) if made_in != image_id => {
+                    holder.unpublish().await;
+                    node_base::drop_layer(&step).await;
+                    Err(LayerError::Refused(format!(
+                        "the base of this commit on the node was made in image {made_in}, and \
+                         this pod runs {image_id} (its tag moved): the next pod makes a new one"
+                    )))
+                }
+                layered => layered,
+            };
             match layered {
                 Ok(()) => {
                     layered_on(&pod, &tree, how);

@@ -44,15 +44,12 @@ fn bases() -> String {
     format!("{NODE_BASES_MOUNT}/bases")
 }
 
-/// The base's name on the node: what its files are made of. The image's id, not its tag (a
-/// tag may move); the git config, which decides line endings; the setup and its arguments.
-pub(super) fn key(
-    commit: &str,
-    setup: Option<&[String]>,
-    image_id: &str,
-    gitconfig: &str,
-) -> String {
-    let inputs = serde_json::json!([FORMAT, commit, setup, image_id, gitconfig]).to_string();
+/// The base's name on the node: what its files are made of. The image as the pod names it (a
+/// tag may move: the base records the id of the image it was made in, and a pod of another
+/// does not use it, `Found::Hit`); the git config, which decides line endings; the setup and
+/// its arguments.
+pub(super) fn key(commit: &str, setup: Option<&[String]>, image: &str, gitconfig: &str) -> String {
+    let inputs = serde_json::json!([FORMAT, commit, setup, image, gitconfig]).to_string();
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, inputs.as_bytes())
         .simple()
         .to_string()
@@ -74,8 +71,13 @@ pub(super) fn without_base(pod: &str, node: &str, why: &str) {
 
 /// What the node has of a key.
 pub(super) enum Found {
-    /// The base, held: its tree's directory and its snapshot.
-    Hit { tree: String, snapshot: PodSnapshot },
+    /// The base, held: its tree's directory, its snapshot, and the id of the image it was made
+    /// in (which the key, made before the pod's status names it, cannot hold).
+    Hit {
+        tree: String,
+        snapshot: PodSnapshot,
+        image_id: String,
+    },
     /// None yet: this pod makes it in `tree` and then [`Holder::publish`]es it.
     Miss { tree: String },
 }
@@ -105,7 +107,11 @@ impl Holder {
             out: BufReader::new(stdout),
         };
         let found = match holder.answer().await? {
-            Answer::Hit(tree, snapshot) => Found::Hit { tree, snapshot },
+            Answer::Hit(tree, snapshot, image_id) => Found::Hit {
+                tree,
+                snapshot,
+                image_id,
+            },
             Answer::Miss(name) => Found::Miss {
                 tree: format!("{}/{name}/tree", bases()),
             },
@@ -113,24 +119,37 @@ impl Holder {
         Ok((holder, found))
     }
 
-    /// Publishes the base this pod made with its `snapshot` (or takes the one another pod
-    /// published first); the base to use then.
+    /// Publishes the base this pod made in image `image_id` with its `snapshot` (or takes the
+    /// one another pod published first): the base to use then, and the image it was made in.
     pub(super) async fn publish(
         &mut self,
         snapshot: &PodSnapshot,
-    ) -> Result<(String, PodSnapshot)> {
-        let line = format!("publish {} {}\n", snapshot.commit, snapshot.trust_before);
+        image_id: &str,
+    ) -> Result<(String, PodSnapshot, String)> {
+        let image_id: String = image_id.split_whitespace().collect();
+        let line = format!(
+            "publish {} {} {image_id}\n",
+            snapshot.commit, snapshot.trust_before
+        );
         self.exec
             .stdin
             .write_all(line.as_bytes())
             .await
             .map_err(|e| provision_error("cannot publish the node's base").with_cause(e))?;
         match self.answer().await? {
-            Answer::Hit(tree, snapshot) => Ok((tree, snapshot)),
+            Answer::Hit(tree, snapshot, image_id) => Ok((tree, snapshot, image_id)),
             Answer::Miss(_) => Err(provision_error(
                 "the node's base was not published: `cra-pod base` answered `miss` again",
             )),
         }
+    }
+
+    /// Takes the held base off the node's list: it was made in another image than this pod's
+    /// (its tag moved), so the next pod makes a new one. Best effort: the base stays right for
+    /// the image it names, and pods of this image do not use it.
+    pub(super) async fn unpublish(&mut self) {
+        let _ = self.exec.stdin.write_all(b"unpublish\n").await;
+        let _ = self.exec.stdin.flush().await;
     }
 
     /// Its next line, bounded.
@@ -162,20 +181,25 @@ impl Holder {
 }
 
 enum Answer {
-    Hit(String, PodSnapshot),
+    Hit(String, PodSnapshot, String),
     Miss(String),
 }
 
 impl Answer {
-    /// `hit TREE COMMIT LIMIT` or `miss NAME`.
+    /// `hit TREE COMMIT LIMIT IMAGE` or `miss NAME`.
     fn read(line: &str) -> Option<Answer> {
         let line = line.trim();
         if let Some(name) = line.strip_prefix("miss ") {
             return Some(Answer::Miss(name.to_string()));
         }
         let rest = line.strip_prefix("hit ")?;
-        let (tree, snapshot) = rest.split_once(' ')?;
-        Some(Answer::Hit(tree.to_string(), PodSnapshot::read(snapshot)?))
+        let (tree, rest) = rest.split_once(' ')?;
+        let (snapshot, image_id) = rest.rsplit_once(' ')?;
+        Some(Answer::Hit(
+            tree.to_string(),
+            PodSnapshot::read(snapshot)?,
+            image_id.to_string(),
+        ))
     }
 }
 
@@ -184,6 +208,19 @@ impl Answer {
 pub(super) async fn bind_base(step: &Steps<'_>, tree: &str) -> Result<()> {
     let layer = format!("lower={tree}\ntarget={WORKDIR}\n");
     step.write_file(LAYER_FILE, layer.as_bytes(), "0644").await
+}
+
+/// The jail shows `WORKDIR` itself again (today's path, after a layer that is not used).
+pub(super) async fn drop_layer(step: &Steps<'_>) {
+    let _ = step
+        .run(
+            "removing the layer file",
+            vec!["rm".into(), "-f".into(), LAYER_FILE.into()],
+            &[],
+            STEP_TIMEOUT,
+            "/",
+        )
+        .await;
 }
 
 /// Why the layer could not be used, when the pod refused the mount itself (fall back), or
@@ -233,16 +270,8 @@ pub(super) async fn use_layer(
     {
         Ok(_) => Ok(()),
         Err(e) if e.message.contains("layer cannot be mounted") => {
-            // Today's path from here: the jail shows WORKDIR itself again.
-            let _ = step
-                .run(
-                    "removing the layer file",
-                    vec!["rm".into(), "-f".into(), LAYER_FILE.into()],
-                    &[],
-                    STEP_TIMEOUT,
-                    "/",
-                )
-                .await;
+            // Today's path from here.
+            drop_layer(step).await;
             Err(LayerError::Refused(e.message))
         }
         Err(e) => Err(LayerError::Failed(not_confined(e))),
@@ -255,10 +284,11 @@ mod tests {
 
     #[test]
     fn the_answers_of_cra_pod_base_are_read_and_anything_else_is_not() {
-        match Answer::read("hit /workspace/.node/bases/.b-1/tree abc 42\n") {
-            Some(Answer::Hit(tree, s)) => {
+        match Answer::read("hit /workspace/.node/bases/.b-1/tree abc 42 docker.io/x@sha256:1\n") {
+            Some(Answer::Hit(tree, s, image)) => {
                 assert_eq!(tree, "/workspace/.node/bases/.b-1/tree");
                 assert_eq!((s.commit.as_str(), s.trust_before), ("abc", 42));
+                assert_eq!(image, "docker.io/x@sha256:1");
             }
             _ => panic!("not a hit"),
         }
@@ -268,8 +298,9 @@ mod tests {
             "hit",
             "hit /t",
             "hit /t abc",
-            "hit /t abc x",
-            "hit /t a 1 2",
+            "hit /t abc 1",
+            "hit /t abc x i",
+            "hit /t a 1 2 i",
             "ok",
         ] {
             assert!(Answer::read(nonsense).is_none(), "{nonsense:?}");
