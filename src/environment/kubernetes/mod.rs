@@ -347,7 +347,7 @@ async fn prepare(
     };
     let (snapshot, history, held) = match node {
         Some((mut holder, found)) => {
-            let (layered, tree, snapshot, how, history, made_in) = match found {
+            let (layered, tree, snapshot, how, history, base_image) = match found {
                 Found::Hit {
                     tree,
                     snapshot,
@@ -379,7 +379,7 @@ async fn prepare(
                         None => in_pod.setup_and_snapshot(&mut phases).await?,
                     };
                     let image_id = pod.image_id().await;
-                    let (tree, made, made_in) = holder.publish(&made, &image_id).await?;
+                    let (tree, made, base_image) = holder.publish(&made, &image_id).await?;
                     let how = match tree == made_in {
                         true => "made here",
                         false => "another pod's, made at the same time",
@@ -390,7 +390,7 @@ async fn prepare(
                         made,
                         how,
                         history,
-                        made_in,
+                        base_image,
                     )
                 }
             };
@@ -399,11 +399,11 @@ async fn prepare(
             // pod's: today's path, and the node's list no longer names it.
             let image_id = pod.image_id().await;
             let layered = match layered {
-                Ok(()) if made_in != image_id => {
+                Ok(()) if base_image != image_id => {
                     holder.unpublish().await;
                     node_base::drop_layer(&step).await;
                     Err(LayerError::Refused(format!(
-                        "the base of this commit on the node was made in image {made_in}, and \
+                        "the base of this commit on the node was made in image {base_image}, and \
                          this pod runs {image_id} (its tag moved): the next pod makes a new one"
                     )))
                 }
