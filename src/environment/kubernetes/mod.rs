@@ -467,16 +467,12 @@ struct InPod<'a> {
 impl InPod<'_> {
     /// The repository into [`WORKDIR`].
     async fn send(&self) -> Result<work::Received> {
-        let checkout_as = self.checkout_as.as_ref().map(|c| CheckoutAs {
-            branch: c.branch,
-            snapshot_if_plain: c.snapshot_if_plain,
-        });
         send_repository(
             self.step,
             self.packed,
             self.default_branch,
             WORKDIR,
-            checkout_as,
+            self.checkout_as,
         )
         .await
     }

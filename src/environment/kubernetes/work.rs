@@ -121,6 +121,7 @@ pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> R
 }
 
 /// What the Implementor's checkout is made as, in the same step as the repository.
+#[derive(Clone, Copy)]
 pub(super) struct CheckoutAs<'a> {
     /// Its branch, made at the commit and checked out.
     pub branch: &'a str,
