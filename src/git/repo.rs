@@ -327,10 +327,17 @@ impl RepoGit {
     }
 
     /// Removes the clone at `path` and its records (a session's cleanup, a rollback).
+    ///
+    /// Its files go before the lock is taken: every claim and record of the repository waits
+    /// on the lock, and removing a base takes what its checkout took (a new tip's first session
+    /// waited ~0.3 s on cargo's old base, a second at 100,000 files). Meanwhile the path is
+    /// still live, so no sweep or claim of this process touches it; a crash leaves the record,
+    /// which the next sweep acts on as before.
     pub(crate) async fn remove_session(&self, path: &Path) -> Result<()> {
-        let _guard = self.lock.lock().await;
         let record_dir = self.record_dir(path).await?;
-        remove_clone(path, &record_dir).await?;
+        remove_checkout(path, &record_dir).await?;
+        let _guard = self.lock.lock().await;
+        remove_records(path, &record_dir).await?;
         lock_std(&self.live).remove(path);
         Ok(())
     }
@@ -466,10 +473,29 @@ pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
 /// Removes a clone's directory, then its records (in that order: a failure leaves the record,
 /// so a later sweep still finds it).
 pub(crate) async fn remove_clone(path: &Path, record_dir: &Path) -> Result<()> {
+    remove_checkout(path, record_dir).await?;
+    remove_records(path, record_dir).await
+}
+
+/// A clone's own files: its directory and the layer its record names.
+async fn remove_checkout(path: &Path, record_dir: &Path) -> Result<()> {
     let (p, r) = (path.to_path_buf(), record_dir.to_path_buf());
     let removed = tokio::task::spawn_blocking(move || {
         remove_tree(&p)?;
-        remove_recorded_layer(AdminRecord::read(&r).as_ref())?;
+        remove_recorded_layer(AdminRecord::read(&r).as_ref())
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    removed.map_err(|e| {
+        provision_error(format!("cannot remove the worktree {}", path.display())).with_cause(e)
+    })
+}
+
+/// A removed clone's records, under the repository's lock: a claim makes the directories they
+/// are in.
+async fn remove_records(path: &Path, record_dir: &Path) -> Result<()> {
+    let r = record_dir.to_path_buf();
+    let removed = tokio::task::spawn_blocking(move || {
         match std::fs::remove_dir_all(&r) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
