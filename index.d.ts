@@ -180,6 +180,13 @@ export interface KubernetesBackend {
   annotations?: Record<string, string>
   /** seconds for a pod to reach Running; default 120; past it ERR_PROVISION with the last reason (e.g. Unschedulable) */
   podStartTimeout?: number
+  /**
+   * pods kept started before any session asks for one, 0–64, default 0: a session takes one
+   * (its labels, id and deadline are given then) and skips the pod's creation and start; each
+   * serves one session and is replaced. They hold the cluster's resources (and quota) while
+   * they wait; shutdown() deletes them, and a dead engine's go with the next one's sweep
+   */
+  warmPods?: number
 }
 export interface KubernetesResources { cpu?: string; memory?: string; 'ephemeral-storage'?: string }
 export interface KubernetesToleration {

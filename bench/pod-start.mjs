@@ -5,7 +5,8 @@
 // a bundle of the whole history, so the history's length should not show in its start.
 //
 //   node bench/pod-start.mjs [--n=3] [--cargo=<git dir>] [--only=cargo,cargo10x]
-//                            [--modes=local,local-new,session,session-cache,user,user-cache]
+//                            [--modes=local,local-new,session,session-cache,session-warm,user,
+//                                     user-cache,user-warm]
 //                            [--scale=10]
 //                            [--tmp=<dir>] [--node-cache=<dir>]
 //
@@ -38,6 +39,8 @@
 //              on another cluster give a directory prepared on its nodes): the runtime kept once
 //              per node, each pod linking to it, and the checkout's base as in session-cache;
 //              its size on disk is printed
+//   session-warm, user-warm  session-cache and user-cache with `warmPods: 1`: a session takes a pod
+//              started before it asked (each waits, untimed, until the pool has one running again)
 // n runs of each mode, interleaved (the order rotates each round), after one warm-up each.
 // Figures: median and min–max of start → handle per repository × mode; on cargo, pod − local in
 // seconds against the target (≤ 1.0 s, issue 37); per mode, cargo10x / cargo against ≤ 1.10; per
@@ -69,7 +72,7 @@ const WORK = arg('tmp', tmpdir());
 const POD_TARGET_MS = 1000;
 const HISTORY_TARGET = 1.1;
 const RESULT_TIMEOUT_MS = 300_000;
-const KNOWN_MODES = ['local', 'local-new', 'session', 'session-cache', 'user', 'user-cache'];
+const KNOWN_MODES = ['local', 'local-new', 'session', 'session-cache', 'session-warm', 'user', 'user-cache', 'user-warm'];
 for (const m of MODES) if (!KNOWN_MODES.includes(m)) throw new Error(`unknown mode ${m} (known: ${KNOWN_MODES.join(', ')})`);
 for (const r of ONLY) if (!['cargo', 'cargo10x'].includes(r)) throw new Error(`unknown repository ${r} (known: cargo, cargo10x)`);
 if (!CARGO) throw new Error('no cargo history: give --cargo=<git dir> (or CRA_BENCH_CARGO)');
@@ -87,10 +90,10 @@ const SESSION_IMAGE = process.env.CRA_KUBE_IMAGE ?? readRef('target/session-imag
 const USER_IMAGE = process.env.CRA_KUBE_MINIMAL_IMAGE ?? readRef('target/test-images/refs', (s) => /^minimal (\S+)/m.exec(s)?.[1]);
 const NAMESPACE = process.env.CRA_KUBE_NAMESPACE ?? 'default';
 const PULL = process.env.CRA_KUBE_PULL_POLICY ?? 'IfNotPresent';
-const podModes = MODES.filter((m) => ['session', 'session-cache', 'user', 'user-cache'].includes(m));
+const podModes = MODES.filter((m) => m.startsWith('session') || m.startsWith('user'));
 if (podModes.length && !process.env.KUBECONFIG) throw new Error('the pod modes need KUBECONFIG (or give --modes=local,local-new)');
 if (podModes.length && !SESSION_IMAGE) throw new Error('no session image: set CRA_KUBE_IMAGE (or build target/session-image/ref)');
-if ((MODES.includes('user') || MODES.includes('user-cache')) && !USER_IMAGE) throw new Error('no user image: set CRA_KUBE_MINIMAL_IMAGE (or build target/test-images/refs)');
+if (MODES.some((m) => m.startsWith('user')) && !USER_IMAGE) throw new Error('no user image: set CRA_KUBE_MINIMAL_IMAGE (or build target/test-images/refs)');
 const kubeBackend = (extra) => ({ kubernetes: { namespace: NAMESPACE, imagePullPolicy: PULL, kubeconfig: process.env.KUBECONFIG, ...extra } });
 const BACKENDS = {
   local: {},
@@ -99,9 +102,11 @@ const BACKENDS = {
   'session-cache': { backend: kubeBackend({ image: SESSION_IMAGE, nodeCache: NODE_CACHE }) },
   user: { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE }) },
   'user-cache': { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE, nodeCache: NODE_CACHE }) },
+  'session-warm': { backend: kubeBackend({ image: SESSION_IMAGE, nodeCache: NODE_CACHE, warmPods: 1 }) },
+  'user-warm': { backend: kubeBackend({ image: USER_IMAGE, runtimeImage: SESSION_IMAGE, nodeCache: NODE_CACHE, warmPods: 1 }) },
 };
-const IMAGE_OF = { session: SESSION_IMAGE, 'session-cache': SESSION_IMAGE, user: USER_IMAGE, 'user-cache': USER_IMAGE };
-const cacheModes = MODES.some((m) => m.endsWith('-cache'));
+const IMAGE_OF = { session: SESSION_IMAGE, 'session-cache': SESSION_IMAGE, 'session-warm': SESSION_IMAGE, user: USER_IMAGE, 'user-cache': USER_IMAGE, 'user-warm': USER_IMAGE };
+const cacheModes = MODES.some((m) => m.endsWith('-cache') || m.endsWith('-warm'));
 const madeNodeCache = cacheModes && !existsSync(NODE_CACHE);
 if (cacheModes) {
   mkdirSync(NODE_CACHE, { recursive: true });
@@ -111,6 +116,18 @@ if (cacheModes) {
 function adapterPods() {
   const out = execFileSync('kubectl', ['-n', NAMESPACE, 'get', 'pods', '-l', 'app.kubernetes.io/managed-by=claude-runtime-adapter', '-o', 'name'], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 30_000 });
   return out.toString().split('\n').filter(Boolean);
+}
+
+/** Resolves once this process has a running warm pod (`warmPods`), bounded. */
+async function warmPodRunning() {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    const out = execFileSync('kubectl', ['-n', NAMESPACE, 'get', 'pods', '-l', 'claude-runtime-adapter/warm=true', '-o', 'json'], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 30_000 });
+    const mine = JSON.parse(out.toString()).items.filter((p) => p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${process.pid} `));
+    if (mine.some((p) => p.status?.phase === 'Running' && !p.metadata.deletionTimestamp)) return;
+    if (Date.now() > deadline) throw new Error('no warm pod running within 60 s');
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 // ---------------------------------------------------------------- helpers
@@ -213,6 +230,7 @@ async function session(a, root, mode) {
   const tag = `s${++seq}`;
   if (mode === 'local-new') git(root, 'commit', '-q', '--allow-empty', '-m', `bench: new commit for ${tag}`);
   const preparedBefore = prepared(a).length;
+  if (mode.endsWith('-warm')) await warmPodRunning();
   const t0 = performance.now();
   const handle = await a.adapter.startAgent({ role: 'implementor', workItemID: '1', branchName: `bench-${tag}` });
   const handleMs = since(t0);
@@ -488,6 +506,9 @@ if (c && x) {
 for (const [name, r] of Object.entries(R)) {
   if (r.runs?.user && r.runs?.session) cmp.push([`${name}: user / session image`, ratio(med(r.runs.user), med(r.runs.session)), '', `(${fmtS(med(r.runs.user) - med(r.runs.session))} more)`]);
   if (r.runs?.['user-cache'] && r.runs?.user) cmp.push([`${name}: user-cache / user`, ratio(med(r.runs['user-cache']), med(r.runs.user)), '', `(${fmtS(med(r.runs.user) - med(r.runs['user-cache']))} less)`]);
+  for (const w of ['session', 'user']) {
+    if (r.runs?.[`${w}-warm`] && r.runs?.[`${w}-cache`]) cmp.push([`${name}: ${w}-warm / ${w}-cache`, ratio(med(r.runs[`${w}-warm`]), med(r.runs[`${w}-cache`])), '', `(${fmtS(med(r.runs[`${w}-cache`]) - med(r.runs[`${w}-warm`]))} less)`]);
+  }
   if (r.runs?.['session-cache'] && r.runs?.session) cmp.push([`${name}: session-cache / session`, ratio(med(r.runs['session-cache']), med(r.runs.session)), '', `(${fmtS(med(r.runs.session) - med(r.runs['session-cache']))} less)`]);
   if (r.runs?.['user-cache'] && r.runs?.session) cmp.push([`${name}: user-cache − session`, fmtS(med(r.runs['user-cache']) - med(r.runs.session)), '', '(info)']);
 }

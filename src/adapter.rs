@@ -182,6 +182,7 @@ impl Adapter {
     pub async fn shutdown(&self, grace: Duration, keep_bases: bool) {
         self.shut_down.cancel();
         self.host.registry.stop_all(grace).await;
+        self.host.backend.shutdown().await;
         let repo = RepoGit::for_repo(&self.host.config.repo_root);
         if keep_bases {
             repo.keep_tip_bases().await;

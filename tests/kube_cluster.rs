@@ -67,6 +67,7 @@ fn config(case: &str) -> KubernetesConfig {
         ]),
         annotations: BTreeMap::new(),
         pod_start_timeout: Duration::from_secs(60),
+        warm_pods: 0,
     }
 }
 

@@ -58,6 +58,9 @@ pub struct KubernetesConfig {
     pub annotations: BTreeMap<String, String>,
     /// Bound on a pod reaching Running (`ERR_PROVISION` past it).
     pub pod_start_timeout: Duration,
+    /// `warmPods`: how many pods are kept started before any session asks for one
+    /// (`environment::kubernetes::warm`); each serves one session. 0: none.
+    pub warm_pods: usize,
 }
 
 /// `imagePullPolicy`.
@@ -107,11 +110,14 @@ const FIELDS: &[&str] = &[
     "labels",
     "annotations",
     "podStartTimeout",
+    "warmPods",
 ];
 const RESOURCE_NAMES: &[&str] = &["cpu", "memory", "ephemeral-storage"];
 const TOLERATION_FIELDS: &[&str] = &["key", "operator", "value", "effect", "tolerationSeconds"];
 const OPERATORS: &[&str] = &["Exists", "Equal"];
 const EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+/// Bound on `warmPods`: idle pods hold the cluster's resources.
+const MAX_WARM_PODS: usize = 64;
 /// The API server's limit on all of a pod's annotations together (keys and values).
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
@@ -290,6 +296,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         );
     }
     let pod_start_timeout = r.seconds("podStartTimeout", DEFAULT_POD_START_TIMEOUT_S);
+    let warm_pods = r.count("warmPods", 0.0, 0.0, MAX_WARM_PODS as f64) as usize;
     if r.problems.0.len() > before {
         return None;
     }
@@ -310,6 +317,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         labels,
         annotations,
         pod_start_timeout: seconds(pod_start_timeout),
+        warm_pods,
     })
 }
 
@@ -954,6 +962,19 @@ mod tests {
             assert!(
                 msg.contains("config.backend.kubernetes.podStartTimeout must be a number in [0.001, 31536000]"),
                 "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn warm_pods_is_a_count_up_to_64_and_none_by_default() {
+        assert_eq!(kube(json!({})).0.unwrap().warm_pods, 0);
+        assert_eq!(kube(json!({ "warmPods": 3 })).0.unwrap().warm_pods, 3);
+        for bad in [json!(-1), json!(65), json!(1.5), json!("2"), json!(true)] {
+            let msg = problem(json!({ "warmPods": bad }));
+            assert!(
+                msg.contains("config.backend.kubernetes.warmPods must be an integer in [0, 64]"),
+                "{bad}: {msg}"
             );
         }
     }

@@ -123,6 +123,12 @@ pub trait Backend: Send + Sync {
         Box::pin(async {})
     }
 
+    /// What the backend keeps for later sessions goes (`shutdown()`, once its sessions
+    /// ended): the Kubernetes backend's warm pods.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     /// Removes what this backend made for sessions whose engine process is gone (its own
     /// records only); returns what it removed. The local backend's clones are swept by the
     /// repository's sweep ([`crate::git::sweep`]) instead.

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status as ExecStatus};
-use kube::api::{Api, AttachParams, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -40,6 +40,9 @@ pub const MANAGER: &str = "claude-runtime-adapter";
 pub const LABEL_SESSION: &str = "claude-runtime-adapter/session";
 pub const LABEL_ROLE: &str = "claude-runtime-adapter/role";
 pub const LABEL_HOST: &str = "claude-runtime-adapter/host";
+/// On a pod started before any session asked for it (`warmPods`): it has no session label,
+/// role or session id until one claims it ([`Cluster::claim`]).
+pub const LABEL_WARM: &str = "claude-runtime-adapter/warm";
 /// [`Owner::to_record`] of the engine process that made the pod (the sweep's liveness check).
 pub const ANNOTATION_OWNER: &str = "claude-runtime-adapter/owner";
 /// The session id exactly (its label is sanitised to a label value).
@@ -165,6 +168,9 @@ pub struct PodRequest {
     /// `nodeCache` mounted writable at [`NODE_BASES_MOUNT`], for the checkout's base kept once
     /// per node: only for a session in the pod's jail, which never shows it (image/cra-jail).
     pub node_bases: bool,
+    /// A pod for no session yet (`super::warm`): labelled [`LABEL_WARM`], named `cra-warm-…`,
+    /// without the session's labels and annotation, which [`Cluster::claim`] gives it.
+    pub warm: bool,
 }
 
 impl PodRequest {
@@ -177,6 +183,7 @@ impl PodRequest {
             command: None,
             image: None,
             node_bases: false,
+            warm: false,
         }
     }
 }
@@ -383,12 +390,16 @@ impl Cluster {
         let c = &self.config;
         let mut labels = c.labels.clone();
         labels.insert(MANAGED_BY.into(), MANAGER.into());
-        labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
-        labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
         labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
         let mut annotations = c.annotations.clone();
         annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
-        annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
+        if req.warm {
+            labels.insert(LABEL_WARM.into(), "true".into());
+        } else {
+            labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
+            labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
+            annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
+        }
         let quantities = |m: &BTreeMap<String, String>| {
             (!m.is_empty()).then(|| {
                 m.iter()
@@ -601,7 +612,7 @@ impl Cluster {
     ) -> Result<(Pod, Option<PodExec>)> {
         let name = format!(
             "cra-{}-{}",
-            req.role.as_str(),
+            if req.warm { "warm" } else { req.role.as_str() },
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
         let spec = self.pod_spec(&name, &req);
@@ -658,6 +669,62 @@ impl Cluster {
             }
             Err(e) => {
                 let _ = pod.delete().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A warm pod ([`PodRequest::warm`], Running, started `since`) made `req`'s: the session's
+    /// labels and id, its `activeDeadlineSeconds` counted from the pod's start (which the API
+    /// server lets only decrease: the warm pod's was longer), then `argv` started in it. On
+    /// a failure, and on `stop`, the pod is deleted (nothing of another session was in it).
+    pub async fn claim(
+        &self,
+        warm: Pod,
+        since: Instant,
+        req: &PodRequest,
+        stop: &CancellationToken,
+        argv: &[String],
+    ) -> Result<(Pod, PodExec)> {
+        let deadline = req
+            .active_deadline
+            .map(|d| deadline_seconds(since.elapsed() + d));
+        let mut patch = serde_json::json!({
+            "metadata": {
+                "labels": {
+                    LABEL_WARM: null,
+                    LABEL_SESSION: label_value(&req.session_id),
+                    LABEL_ROLE: req.role.as_str(),
+                },
+                "annotations": { ANNOTATION_SESSION_ID: req.session_id },
+            },
+        });
+        if let Some(seconds) = deadline {
+            patch["spec"] = serde_json::json!({ "activeDeadlineSeconds": seconds });
+        }
+        let claimed = async {
+            bounded(
+                warm.api
+                    .patch(&warm.name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await
+            .map_err(|f| self.failed(&format!("claim warm pod {}", warm.name), f))?;
+            warm.exec(argv).await
+        };
+        let claimed = tokio::select! {
+            r = claimed => r,
+            _ = stop.cancelled() => Err(cancelled(&warm.name)),
+        };
+        match claimed {
+            Ok(stream) => Ok((
+                Pod {
+                    active_deadline: deadline,
+                    ..warm
+                },
+                stream,
+            )),
+            Err(e) => {
+                let _ = warm.delete().await;
                 Err(e)
             }
         }

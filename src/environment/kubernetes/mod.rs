@@ -25,6 +25,7 @@ mod image;
 mod layout;
 mod node_base;
 mod steps;
+mod warm;
 mod work;
 
 use std::path::{Path, PathBuf};
@@ -44,9 +45,8 @@ use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
 use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
-use self::work::{
-    pack_repository, send_repository, CheckoutAs, Packed, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
-};
+use self::warm::{Kind, WarmPool};
+use self::work::{send_repository, CheckoutAs, Pack, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE};
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
@@ -67,11 +67,14 @@ pub struct KubernetesBackend {
     cluster: tokio::sync::OnceCell<Arc<Cluster>>,
     /// The cluster-side backstop (`activeDeadlineSeconds`): the whole life a session may have.
     deadline: Option<Duration>,
+    /// `warmPods`.
+    pool: Arc<WarmPool>,
 }
 
 impl KubernetesBackend {
     pub fn new(config: KubernetesConfig, deadline: Option<Duration>) -> KubernetesBackend {
         KubernetesBackend {
+            pool: Arc::new(WarmPool::new(config.warm_pods, deadline)),
             config: Arc::new(config),
             cluster: tokio::sync::OnceCell::new(),
             deadline,
@@ -84,6 +87,14 @@ impl KubernetesBackend {
             .get_or_try_init(|| async { Cluster::connect(&self.config).await.map(Arc::new) })
             .await
             .cloned()
+    }
+}
+
+impl KubernetesBackend {
+    /// The checkout's base kept once per node: only behind the pod's jail, which never shows
+    /// the node's directory to the agent.
+    fn node_bases(&self, sandbox: Option<&SandboxConfig>) -> bool {
+        self.config.node_cache.is_some() && sandbox.is_some()
     }
 }
 
@@ -103,6 +114,36 @@ impl Backend for KubernetesBackend {
         Some(PathBuf::from(CLI))
     }
 
+    /// Starts the warm pods (`warmPods`) of the sessions' usual kind: the configured image
+    /// (a repository's devcontainer image is learnt from its first session).
+    fn warm_up<'a>(
+        &'a self,
+        _env: &'a [(String, String)],
+        sandbox: Option<&'a SandboxConfig>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if self.config.warm_pods == 0 {
+                return;
+            }
+            match self.cluster().await {
+                Ok(cluster) => self.pool.fill(
+                    &cluster,
+                    Kind {
+                        image: None,
+                        node_bases: self.node_bases(sandbox),
+                    },
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "no warm pods (backend.kubernetes.warmPods): the cluster cannot be reached; each session will try")
+                }
+            }
+        })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
+
     fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         Box::pin(async move { self.cluster().await?.sweep().await })
     }
@@ -116,9 +157,7 @@ impl Backend for KubernetesBackend {
             let cluster = self.cluster().await?;
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
             request.active_deadline = self.deadline;
-            // The checkout's base kept once per node: only behind the pod's jail, which never
-            // shows the node's directory to the agent.
-            let node_bases = self.config.node_cache.is_some() && req.sandbox.is_some();
+            let node_bases = self.node_bases(req.sandbox.as_ref());
             request.node_bases = node_bases;
             let default_branch = req.workspace.default_branch().to_string();
             if self.config.image.is_none() {
@@ -133,13 +172,21 @@ impl Backend for KubernetesBackend {
                     request.image = Some(image);
                 }
             }
-            // What needs no pod is made while the pod starts: the repository's pack and the
-            // session's gateway (relay, proxy, forwarder).
+            // What needs no pod is made while the pod starts: the repository's pack (unless a
+            // warm pod is there to take: then it is packed only if the pod has no base to
+            // layer on) and the session's gateway (relay, proxy, forwarder).
+            let warm = self.pool.has(&request);
             let early = async {
                 tokio::select! {
                     r = async {
                         tokio::try_join!(
-                            pack_repository(&req.repo_root, &default_branch),
+                            async {
+                                let pack = Pack::of(&req.repo_root, &default_branch).await?;
+                                if !(warm && node_bases) {
+                                    pack.start();
+                                }
+                                Ok(pack)
+                            },
                             Gateway::start(
                                 req.sandbox.as_ref(),
                                 &req.env,
@@ -153,12 +200,18 @@ impl Backend for KubernetesBackend {
                 }
             };
             let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
-            let (started, early) = tokio::join!(cluster.start_pod_with(request, stop, &mux), early);
+            let start = async {
+                match self.pool.take(&cluster, &request, stop, &mux).await {
+                    Some(claimed) => claimed,
+                    None => cluster.start_pod_with(request, stop, &mux).await,
+                }
+            };
+            let (started, early) = tokio::join!(start, early);
             let (pod, stream) = started?;
             let pod = Arc::new(pod);
             let made = match early {
-                Ok((packed, gateway)) => tokio::select! {
-                    r = prepare(pod.clone(), stream, req, packed, gateway, node_bases) => r,
+                Ok((pack, gateway)) => tokio::select! {
+                    r = prepare(pod.clone(), stream, req, pack, gateway, node_bases) => r,
                     () = stop.cancelled() => Err(stopped()),
                 },
                 Err(e) => Err(e),
@@ -193,7 +246,7 @@ async fn prepare(
     pod: Arc<Pod>,
     exec: PodExec,
     req: EnvRequest,
-    packed: Packed,
+    pack: Pack,
     gateway: Gateway,
     node_bases: bool,
 ) -> Result<KubernetesEnvironment> {
@@ -292,12 +345,7 @@ async fn prepare(
             return None;
         }
         // The image as named: its id may come later (the base records it, checked below).
-        let key = node_base::key(
-            &packed.base,
-            setup.map(Vec::as_slice),
-            &pod.image,
-            &gitconfig,
-        );
+        let key = node_base::key(&pack.base, setup.map(Vec::as_slice), &pod.image, &gitconfig);
         Some(Holder::find(&step, &key).await)
     };
     let config_file = format!("{STATE}/gitconfig");
@@ -322,7 +370,7 @@ async fn prepare(
     let beside = async {
         sockets_and_files(&step, &gateway, sandboxed).await?;
         let history =
-            history::HistoryServer::start(&req.repo_root, default_branch, &packed.base).await?;
+            history::HistoryServer::start(&req.repo_root, default_branch, &pack.base).await?;
         shell
             .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
             .await?;
@@ -334,7 +382,7 @@ async fn prepare(
     let branch = checkout.map(|p| p.branch.as_str());
     let in_pod = InPod {
         step: &step,
-        packed: &packed,
+        pack: &pack,
         default_branch,
         checkout_as: checkout.map(|p| CheckoutAs {
             branch: &p.branch,
@@ -369,7 +417,7 @@ async fn prepare(
                         snapshot_if_plain: setup.is_none(),
                     };
                     let (received, history) = tokio::try_join!(
-                        send_repository(&step, &packed, default_branch, &made_in, Some(as_base)),
+                        send_repository(&step, &pack, default_branch, &made_in, Some(as_base)),
                         beside,
                     )?;
                     phases.mark("repository, sockets, history server and jail probe");
@@ -429,9 +477,9 @@ async fn prepare(
         }
     };
     let snapshot = snapshot.filter(|_| checkout.is_some());
-    let base = packed.base.clone();
-    let pack_kib = packed.bytes() / 1024;
-    drop(packed);
+    let base = pack.base.clone();
+    let pack_kib = pack.kib();
+    drop(pack);
     tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
     Ok(KubernetesEnvironment {
         pod,
@@ -456,7 +504,7 @@ fn layered_on(pod: &Pod, tree: &str, how: &str) {
 /// base (`node_base`).
 struct InPod<'a> {
     step: &'a Steps<'a>,
-    packed: &'a Packed,
+    pack: &'a Pack,
     default_branch: &'a str,
     checkout_as: Option<CheckoutAs<'a>>,
     /// The setup command and its time limit.
@@ -469,7 +517,7 @@ impl InPod<'_> {
     async fn send(&self) -> Result<work::Received> {
         send_repository(
             self.step,
-            self.packed,
+            self.pack,
             self.default_branch,
             WORKDIR,
             self.checkout_as,
@@ -495,10 +543,7 @@ impl InPod<'_> {
             self.step.setup(setup, self.sandboxed, limit).await?;
             phases.mark("setup");
         }
-        let snapshot = self
-            .step
-            .snapshot(&self.packed.base, self.sandboxed)
-            .await?;
+        let snapshot = self.step.snapshot(&self.pack.base, self.sandboxed).await?;
         phases.mark("snapshot");
         Ok(snapshot)
     }

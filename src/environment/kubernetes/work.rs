@@ -44,13 +44,90 @@ $G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
 "#;
 
 /// The commit `default_branch` names, packed alone (its tree, no history: [`history`]) into a
-/// scratch file of the engine's: made while the session's pod starts ([`pack_repository`]), sent
-/// once it runs ([`send_repository`]).
+/// scratch file of the engine's ([`Pack`]), sent once the pod runs ([`send_repository`]).
 pub(super) struct Packed {
-    /// The commit.
-    pub base: String,
     file: std::path::PathBuf,
     _dir: ScratchDir,
+}
+
+/// The session's commit and its pack, made in the background once started and awaited only
+/// by a step that sends it: a pod whose checkout layers on the node's base needs none, and a
+/// warm pod runs before a pack of cargo's tree is made (0.65 s). Dropped, the packing ends.
+pub(super) struct Pack {
+    repo_root: std::path::PathBuf,
+    /// The commit.
+    pub base: String,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<Result<Packed>>>>,
+    made: tokio::sync::OnceCell<Packed>,
+}
+
+impl Pack {
+    /// The commit `default_branch` names now, not packed yet.
+    pub async fn of(repo_root: &Path, default_branch: &str) -> Result<Pack> {
+        let base = run_git(
+            repo_root,
+            &[
+                "rev-parse",
+                "--verify",
+                &format!("{default_branch}^{{commit}}"),
+            ],
+        )
+        .await
+        .map_err(|e| provision_error(format!("cannot resolve {default_branch}")).with_cause(e))?;
+        Ok(Pack {
+            repo_root: repo_root.to_path_buf(),
+            base: String::from_utf8_lossy(&base.stdout).trim().to_string(),
+            task: std::sync::Mutex::default(),
+            made: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// Starts packing in the background, unless it is started or made.
+    pub fn start(&self) {
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if task.is_none() && !self.made.initialized() {
+            let (root, base) = (self.repo_root.clone(), self.base.clone());
+            *task = Some(tokio::spawn(async move { pack_commit(&root, &base).await }));
+        }
+    }
+
+    /// The pack, started now if it was not.
+    pub async fn get(&self) -> Result<&Packed> {
+        self.made
+            .get_or_try_init(|| async {
+                self.start();
+                let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+                match task {
+                    Some(t) => t.await.map_err(|e| {
+                        provision_error(format!(
+                            "packing {} for the session's pod failed: {e}",
+                            self.base
+                        ))
+                    })?,
+                    None => pack_commit(&self.repo_root, &self.base).await,
+                }
+            })
+            .await
+    }
+
+    /// The pack's size in KiB, if it was made (only the log reports it).
+    pub fn kib(&self) -> Option<u64> {
+        self.made.get().map(|p| p.bytes() / 1024)
+    }
+}
+
+impl Drop for Pack {
+    fn drop(&mut self) {
+        // Its `git pack-objects` is killed with the task (kill_on_drop).
+        if let Some(t) = self
+            .task
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            t.abort();
+        }
+    }
 }
 
 impl Packed {
@@ -60,19 +137,8 @@ impl Packed {
     }
 }
 
-pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> Result<Packed> {
-    let base = run_git(
-        repo_root,
-        &[
-            "rev-parse",
-            "--verify",
-            &format!("{default_branch}^{{commit}}"),
-        ],
-    )
-    .await
-    .map_err(|e| provision_error(format!("cannot resolve {default_branch}")).with_cause(e))?;
-    let base = String::from_utf8_lossy(&base.stdout).trim().to_string();
-    let objects = run_git(repo_root, &["rev-list", "--objects", "--no-walk", &base])
+async fn pack_commit(repo_root: &Path, base: &str) -> Result<Packed> {
+    let objects = run_git(repo_root, &["rev-list", "--objects", "--no-walk", base])
         .await
         .map_err(|e| provision_error(format!("cannot list the tree of {base}")).with_cause(e))?;
     let dir = ScratchDir::create("pack").map_err(|e| {
@@ -103,18 +169,14 @@ pub(super) async fn pack_repository(repo_root: &Path, default_branch: &str) -> R
     })
     .await;
     match packed {
-        Ok((Ok(()), Ok(status), _)) if status.success() => Ok(Packed {
-            base,
-            file,
-            _dir: dir,
-        }),
+        Ok((Ok(()), Ok(status), _)) if status.success() => Ok(Packed { file, _dir: dir }),
         Ok((written, status, said)) => Err(provision_error(format!(
-            "cannot pack {default_branch} for the session's pod (git pack-objects {status:?}, \
+            "cannot pack {base} for the session's pod (git pack-objects {status:?}, \
              its input {written:?}): {}",
             said.trim()
         ))),
         Err(_) => Err(provision_error(format!(
-            "cannot pack {default_branch} for the session's pod: not within {}s",
+            "cannot pack {base} for the session's pod: not within {}s",
             limit.as_secs()
         ))),
     }
@@ -141,12 +203,13 @@ pub(super) struct Received {
 /// less: each is a round trip through the API server).
 pub(super) async fn send_repository(
     step: &Steps<'_>,
-    packed: &Packed,
+    pack: &Pack,
     default_branch: &str,
     into: &str,
     checkout: Option<CheckoutAs<'_>>,
 ) -> Result<Received> {
-    let base = &packed.base;
+    let base = &pack.base;
+    let packed = pack.get().await?;
     let mut pack = tokio::fs::File::open(&packed.file)
         .await
         .map_err(|e| provision_error("cannot read the pack").with_cause(e))?;
