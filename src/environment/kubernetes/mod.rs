@@ -88,9 +88,7 @@ impl KubernetesBackend {
             .await
             .cloned()
     }
-}
 
-impl KubernetesBackend {
     /// The checkout's base kept once per node: only behind the pod's jail, which never shows
     /// the node's directory to the agent.
     fn node_bases(&self, sandbox: Option<&SandboxConfig>) -> bool {
