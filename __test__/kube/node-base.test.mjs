@@ -67,8 +67,8 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
     expect(prepared.filter((m) => m.includes('repository'))).toHaveLength(1);
     // On the node: one base, published under its key.
     const listed = onNode(node, dir, `ls -A /host/${basename(dir)}/${basename(cache)}/bases`).trim().split('\n');
-    expect(listed.filter((e) => e.startsWith('.b-'))).toHaveLength(1);
-    expect(listed.filter((e) => /^[0-9a-f]{32}$/.test(e))).toHaveLength(1);
+    expect(listed.filter((e) => e.startsWith('.b-')), `the node's bases: ${JSON.stringify(listed)}`).toHaveLength(1);
+    expect(listed.filter((e) => /^[0-9a-f]{32}$/.test(e)), `the node's bases: ${JSON.stringify(listed)}`).toHaveLength(1);
     expect(adapterPods()).toEqual([]);
   });
 
