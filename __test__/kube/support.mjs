@@ -86,7 +86,14 @@ export function onNode(node, dir, script) {
   execFileSync('kubectl', ['-n', process.env.CRA_KUBE_NAMESPACE ?? 'default', 'create', '-f', '-'], { input: JSON.stringify(pod) });
   try {
     kubectl('wait', '--for=jsonpath={.status.phase}=Succeeded', `pod/${name}`, '--timeout=60s');
-    return kubectl('logs', name);
+    // A container that has just ended may not have its log in place yet: an empty answer is
+    // read again, a few times (a script with no output costs 1.5 s more).
+    let out = kubectl('logs', name);
+    for (let i = 0; i < 3 && !out; i++) {
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 500);
+      out = kubectl('logs', name);
+    }
+    return out;
   } finally {
     kubectl('delete', 'pod', name, '--wait=false', '--ignore-not-found');
   }
