@@ -48,12 +48,18 @@ function adapter() {
 const warmPods = (pid = process.pid) =>
   adapterPods().filter((p) => p.metadata.labels?.[WARM] === 'true' && p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${pid} `));
 const running = (pods) => pods.filter((p) => p.status?.phase === 'Running' && !p.metadata.deletionTimestamp);
+/** Resolves with the running warm pods of `pid` once there are `n` (kubectl read once a poll). */
+const warmRunning = (n, what, pid = process.pid) =>
+  eventually(() => {
+    const pods = running(warmPods(pid));
+    return pods.length === n && pods;
+  }, 120_000, what);
 
 describe('warm pods (backend.kubernetes.warmPods)', () => {
   it("a session takes the pod started before it asked: the pod becomes the session's (labels, id, a deadline from its start), and a new warm pod replaces it", { timeout: 180_000 }, async () => {
     await warmSetup({ config: { maxAgentDuration: 600 } });
     const a = adapter();
-    const [warm] = await eventually(() => running(warmPods()).length === 1 && running(warmPods()), 90_000, 'a warm pod runs');
+    const [warm] = await warmRunning(1, 'a warm pod runs');
     expect(warm.metadata.name).toMatch(/^cra-warm-[0-9a-f]{12}$/);
     // Nobody's yet: no session label, role or id; its deadline is a session's life (the
     // agent's 600 s and the steps around it) and an hour.
@@ -76,7 +82,7 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
     expect(pod.spec.activeDeadlineSeconds).toBeLessThan(life + 3600);
     expect(h.logger.entries.map((e) => e.message)).toContain('the session took a warm pod');
     // The pool is refilled with a fresh pod (never one a session ran in).
-    const [next] = await eventually(() => running(warmPods()).length === 1 && running(warmPods()), 90_000, 'a new warm pod runs');
+    const [next] = await warmRunning(1, 'a new warm pod runs');
     expect(next.metadata.name).not.toBe(warm.metadata.name);
     a.cancelAgent(handle.sessionID);
     await rejection(handle.result);
@@ -91,7 +97,7 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
     await h.cleanup();
     await warmSetup({ repo: { files: EDGE_FILES } });
     const a = adapter();
-    const [warm] = await eventually(() => running(warmPods()).length === 1 && running(warmPods()), 90_000, 'a warm pod runs');
+    const [warm] = await warmRunning(1, 'a warm pod runs');
     const run = await agentRuns(h, 'implementor', EDGE_WORK, { adapter: a });
     expect(run.out[0]).toBe(local.out[0]);
     expect(run.result.patch).toBe(local.result.patch);
@@ -120,7 +126,7 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
       }
     };
     for (let first = 0; first < RACY_RUNS; first += AT_ONCE) {
-      await eventually(() => running(warmPods()).length === AT_ONCE, 90_000, `${AT_ONCE} warm pods run`);
+      await warmRunning(AT_ONCE, `${AT_ONCE} warm pods run`);
       // The pool learns that a pod runs from the same status, read every 200 ms: a session
       // started in between would find one fewer (19 of 20 in a CI run).
       await new Promise((r) => setTimeout(r, 2000));
@@ -133,7 +139,7 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
   it('a warm pod deleted from outside: the session starts its own pod and succeeds', { timeout: 180_000 }, async () => {
     await warmSetup();
     const a = adapter();
-    const [warm] = await eventually(() => running(warmPods()).length === 1 && running(warmPods()), 90_000, 'a warm pod runs');
+    const [warm] = await warmRunning(1, 'a warm pod runs');
     kubectl('delete', 'pod', warm.metadata.name, '--grace-period=0', '--wait=true');
     const run = await agentRuns(h, 'implementor', ['echo hi > hi.txt'], { adapter: a });
     expect(run.result.outcome).toBe('completed');
@@ -162,10 +168,10 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
       setInterval(noop, 1000);
     `], { stdio: 'ignore' });
     engines.push(engine);
-    await eventually(() => running(warmPods(engine.pid)).length === 2, 120_000, "the engine's two warm pods run");
+    await warmRunning(2, "the engine's two warm pods run", engine.pid);
     // A live engine's pool is its own: another adapter's sweep leaves it.
     const mine = adapter();
-    await eventually(() => running(warmPods()).length === 2, 120_000, "this process's two warm pods run");
+    await warmRunning(2, "this process's two warm pods run");
     expect(running(warmPods(engine.pid))).toHaveLength(2);
     engine.kill('SIGKILL');
     await new Promise((r) => engine.once('exit', r));

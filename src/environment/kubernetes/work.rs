@@ -82,12 +82,16 @@ impl Pack {
         })
     }
 
+    fn spawn(&self) -> tokio::task::JoinHandle<Result<Packed>> {
+        let (root, base) = (self.repo_root.clone(), self.base.clone());
+        tokio::spawn(async move { pack_commit(&root, &base).await })
+    }
+
     /// Starts packing in the background, unless it is started or made.
     pub fn start(&self) {
         let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
         if task.is_none() && !self.made.initialized() {
-            let (root, base) = (self.repo_root.clone(), self.base.clone());
-            *task = Some(tokio::spawn(async move { pack_commit(&root, &base).await }));
+            *task = Some(self.spawn());
         }
     }
 
@@ -95,17 +99,13 @@ impl Pack {
     pub async fn get(&self) -> Result<&Packed> {
         self.made
             .get_or_try_init(|| async {
-                self.start();
                 let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
-                match task {
-                    Some(t) => t.await.map_err(|e| {
-                        provision_error(format!(
-                            "packing {} for the session's pod failed: {e}",
-                            self.base
-                        ))
-                    })?,
-                    None => pack_commit(&self.repo_root, &self.base).await,
-                }
+                task.unwrap_or_else(|| self.spawn()).await.map_err(|e| {
+                    provision_error(format!(
+                        "packing {} for the session's pod failed: {e}",
+                        self.base
+                    ))
+                })?
             })
             .await
     }
