@@ -53,6 +53,7 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
     const adapter = h.adapter();
     const runs = [];
     for (let i = 0; i < 3; i++) runs.push(await agentRuns(h, 'implementor', EDGE_WORK, { adapter, branchName: `wi-base-${i}` }));
+    expect(local.result.patch).toContain('+edited-while-assumed');
     for (const r of runs) {
       expect(r.out[0]).toBe(local.out[0]);
       expect(r.result.patch).toBe(local.result.patch);

@@ -124,7 +124,7 @@ describe("the Implementor's patch", () => {
     await kubeSetup({ repo: { files: EDGE_FILES } });
     const remote = await agentRuns(h, 'implementor', EDGE_WORK);
     expect(remote.out[0]).toBe(local.out[0]);
-    for (const part of ['rename to renamed.txt', 'new mode 100755', 'new file mode 120000', 'GIT binary patch', 'deleted file mode', '+committed', '+more', 'new/dir/file.txt']) {
+    for (const part of ['rename to renamed.txt', 'new mode 100755', 'new file mode 120000', 'GIT binary patch', 'deleted file mode', '+committed', '+more', 'new/dir/file.txt', '+edited-while-assumed']) {
       expect(local.result.patch).toContain(part);
     }
     expect(remote.result.patch).toBe(local.result.patch);

@@ -100,12 +100,15 @@ export function onNode(node, dir, script) {
 }
 
 // The agent's work covering what a patch must carry: a rename, a mode change, a symlink, a
-// binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file.
+// binary file, non-UTF-8 text, a deletion, a commit, an uncommitted edit, an untracked file,
+// and an edit to a file the agent marked "assume unchanged" (which `git add -A` alone would
+// not see: the extraction must refresh such an entry first).
 export const EDGE_FILES = {
   'rename-me.txt': 'line\n'.repeat(40),
   'tool.sh': '#!/bin/sh\necho tool\n',
   'gone.txt': 'to delete\n',
   'keep.txt': 'kept\n',
+  'assumed.txt': 'assumed\n',
 };
 export const EDGE_WORK = [
   [
@@ -118,5 +121,6 @@ export const EDGE_WORK = [
     "echo committed > committed.txt && git add committed.txt && git -c user.name=A -c user.email=a@example.invalid commit -qm c",
     'echo more >> keep.txt',
     'mkdir -p new/dir && echo untracked > new/dir/file.txt',
+    'git update-index --assume-unchanged assumed.txt && echo edited-while-assumed >> assumed.txt',
   ].join(' && '),
 ];

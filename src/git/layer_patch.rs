@@ -56,12 +56,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::command::{neutral_git_sh, run, run_with_input, At};
+use super::command::{neutral_git_sh, run_with_input, At};
 use super::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
 use super::layer::Layer;
 use super::patch::{
-    diff, git_with_index, index_path, patch_of_changes, records_of_raw_diff, stage_all, unix_now,
-    Snapshot, TempIndex,
+    diff, git_with_index, index_path, patch_of_changes, records_of_raw_diff, stage_all, tree_of,
+    unix_now, Snapshot, TempIndex,
 };
 use crate::error::Result;
 
@@ -202,13 +202,7 @@ pub(crate) async fn verify(
     snapshot: &Snapshot,
 ) -> Option<Verified> {
     let started = unix_now() as i64;
-    let base_tree = run(
-        at.git(&["rev-parse", "--verify", &format!("{commit}^{{tree}}")]),
-        "git rev-parse <base>^{tree}".into(),
-    )
-    .await
-    .ok()?;
-    let base_tree = String::from_utf8(base_tree.stdout).ok()?.trim().to_string();
+    let base_tree = tree_of(at, commit).await?;
     let host = host_git().await;
     let git_dir = layer.git_dir();
     let index = std::fs::read(git_dir.join("index")).ok()?;

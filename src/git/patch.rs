@@ -134,11 +134,29 @@ pub(crate) async fn patch_of_trees(
     let final_tree = final_tree.to_string();
     match since {
         None => diff(worktree, base, &final_tree).await,
+        // A snapshot that is the base's own tree (no setup changed a tracked file): the base
+        // with the changes since the snapshot applied is the final tree itself, which the
+        // overlay would build again in an index of the whole tree (100,000 files: ~0.3 s).
+        Some(snapshot) if tree_of(worktree, base).await.as_deref() == Some(snapshot) => {
+            diff(worktree, base, &final_tree).await
+        }
         Some(snapshot) => {
             let changes = changed_entries(worktree, snapshot, &final_tree).await?;
             patch_of_changes(worktree, index, base, changes).await
         }
     }
+}
+
+/// The tree `commit` names; None when git cannot say (the caller then takes the general way).
+pub(crate) async fn tree_of(worktree: At<'_>, commit: &str) -> Option<String> {
+    let spec = format!("{commit}^{{tree}}");
+    let out = run(
+        worktree.git(&["rev-parse", "--verify", "-q", &spec]),
+        format!("git rev-parse {spec}"),
+    )
+    .await
+    .ok()?;
+    Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
 }
 
 /// The patch from `base` (a commit) for `changes`, the `update-index -z --index-info` records

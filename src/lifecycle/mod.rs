@@ -107,6 +107,9 @@ pub struct Session {
     /// `config.extractionTimeout`, stopped): nothing tries again, and the checkout is kept
     /// rather than removed with the work in it.
     unsaved: AtomicBool,
+    /// Set once the CLI's conversation was asked for ([`Session::keep_conversation`]), which
+    /// the end does beside the reading of the work rather than after it.
+    conversation_asked: AtomicBool,
     /// The model API's failures as the session's relay saw them (`apiOutageTolerance`).
     outage: Arc<ApiOutage>,
     /// The transcript, for the outage's notices (which can come before it is open).
@@ -197,6 +200,7 @@ impl Session {
             started: Instant::now(),
             env,
             unsaved: AtomicBool::new(false),
+            conversation_asked: AtomicBool::new(false),
             outage,
             noted,
             spec: None,
@@ -664,7 +668,14 @@ impl Session {
     /// How the session ended → the engine's `result` (the Implementor's patch added).
     pub async fn extract(&self, end: SessionEnd) -> (Result<Value>, SessionStats) {
         let run_stats = end.stats.clone();
-        let outcome = self.result_of(end).await;
+        // The CLI has ended: its conversation is final, and reading it (a step in a pod) need
+        // not wait for the work's.
+        let kept = async {
+            if let Some(env) = self.environment.as_deref() {
+                self.keep_conversation(env).await;
+            }
+        };
+        let (outcome, ()) = tokio::join!(self.result_of(end), kept);
         let outcome = match (&self.outage_failure, outcome) {
             (Some(why), Err(e)) if e.code == ErrorCode::AgentFailed => Err(AdapterError {
                 message: format!("{why}; {}", e.message),
@@ -855,13 +866,15 @@ impl Session {
         )
     }
 
-    /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
-    /// `changes`; a checkout whose work could not be read is kept instead) — write the
-    /// footer, log, release the id.
     /// With `logging.agentSessions`, the CLI's conversation beside the transcript, so a person
-    /// can continue it with `claude --resume` (docs/troubleshooting.md says how).
+    /// can continue it with `claude --resume` (docs/troubleshooting.md says how). Once: the
+    /// end asks for it beside the reading of the work, [`Session::clean`] when the session
+    /// ended before that.
     async fn keep_conversation(&self, env: &dyn Environment) {
         let Some(t) = &self.transcript else { return };
+        if self.conversation_asked.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let Some(bytes) = env.conversation(&self.cli_id).await else {
             return;
         };
@@ -883,6 +896,9 @@ impl Session {
         }
     }
 
+    /// Remove the environment — checkout, sandbox, its proxy and relay (the work was kept by
+    /// `changes`; a checkout whose work could not be read is kept instead) — write the
+    /// footer, log, release the id.
     pub async fn clean(mut self, outcome: &Result<Value>, stats: &SessionStats) {
         if let Some(mut env) = self.environment.take() {
             self.keep_conversation(env.as_ref()).await;

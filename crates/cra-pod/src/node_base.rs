@@ -39,15 +39,19 @@ const YOUNG: Duration = Duration::from_secs(600);
 /// `cra-pod layer FILE -- CMD...` (module docs). Exits 125 with one line on stderr, in
 /// `cra-jail`'s words, when the checkout cannot be mounted.
 pub fn layer(args: &[String]) -> ! {
-    let fail = |what: String| -> ! {
-        eprintln!("cra-jail: the checkout's layer cannot be mounted: {what}");
-        std::process::exit(125)
-    };
+    let fail = layer_failed;
     let (file, cmd) = match args {
-        [file, dash, cmd @ ..] if dash == "--" && !cmd.is_empty() => (file, cmd),
-        _ => fail("usage: cra-pod layer FILE -- CMD...".into()),
+        [file, dash, cmd @ ..] if dash == "--" && !cmd.is_empty() => (file, Some(cmd)),
+        [file, hold] if hold == "--hold" => (file, None),
+        _ => fail("usage: cra-pod layer FILE (-- CMD... | --hold)".into()),
     };
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| fail(format!("{file}: {e}")));
+    let holder = PathBuf::from(format!("{file}.holder"));
+    if let Some(cmd) = cmd {
+        if join_holder(&holder, &text) {
+            run(cmd)
+        }
+    }
     let get = |key: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
@@ -66,8 +70,102 @@ pub fn layer(args: &[String]) -> ! {
     if let Err(e) = mount_in_namespace(&lower, overlay, &target) {
         fail(e)
     }
+    match cmd {
+        Some(cmd) => run(cmd),
+        None => hold_layer(&holder, &text),
+    }
+}
+
+/// Exits 125 with one line on stderr, in `cra-jail`'s words.
+fn layer_failed(what: String) -> ! {
+    eprintln!("cra-jail: the checkout's layer cannot be mounted: {what}");
+    std::process::exit(125)
+}
+
+/// Execs `cmd` in the checkout's namespace.
+fn run(cmd: &[String]) -> ! {
     let e = std::process::Command::new(&cmd[0]).args(&cmd[1..]).exec();
-    fail(format!("cannot run {}: {e}", cmd[0]))
+    layer_failed(format!("cannot run {}: {e}", cmd[0]))
+}
+
+/// `cra-pod layer FILE --hold`: keeps the checkout's namespace, its mount made, for as long as
+/// stdin is open, and says where in `HOLDER` (`PID STARTTIME`, then FILE's text), written once
+/// the mount is there; prints `held` then. Every later `cra-pod layer FILE -- CMD` of the pod
+/// joins it ([`join_holder`]) rather than mounting the overlay again: one overlay for the
+/// whole session, whose dentries the agent's walks of the tree (its CLI's `git status`) warm
+/// for the extraction, where a fresh mount's first walk of 100,000 paths took ~1 s (and one
+/// upper directory is meant for one mount at a time: overlayfs leaves two undefined).
+fn hold_layer(holder: &Path, text: &str) -> ! {
+    let fail = layer_failed;
+    let me = std::process::id();
+    let Some(started) = start_time(me) else {
+        fail("cannot read this process's start time".into())
+    };
+    let temp = holder.with_extension("holder.tmp");
+    let record = format!("{me} {started}\n{text}");
+    if let Err(e) = std::fs::write(&temp, record).and_then(|_| std::fs::rename(&temp, holder)) {
+        fail(format!("cannot write {}: {e}", holder.display()))
+    }
+    println!("held");
+    let _ = std::io::stdout().flush();
+    // Until the engine's end of stdin closes (the session's end, or the pod's stream's).
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    let _ = std::fs::remove_file(holder);
+    std::process::exit(0)
+}
+
+/// Joins the namespaces of the holder `HOLDER` names ([`hold_layer`]), when it is still that
+/// process (its start time) and holds the checkout FILE's `text` describes now; false (this
+/// process unchanged) otherwise, and the caller mounts its own. Its cwd is then re-resolved
+/// by path inside, as after a mount of its own.
+fn join_holder(holder: &Path, text: &str) -> bool {
+    let Ok(record) = std::fs::read_to_string(holder) else {
+        return false;
+    };
+    let Some((head, held)) = record.split_once('\n') else {
+        return false;
+    };
+    let Some((pid, started)) = head.split_once(' ') else {
+        return false;
+    };
+    let (Ok(pid), Ok(started)) = (pid.parse::<u32>(), started.parse::<u64>()) else {
+        return false;
+    };
+    if held != text || start_time(pid) != Some(started) {
+        return false;
+    }
+    let open = |ns: &str| std::fs::File::open(format!("/proc/{pid}/ns/{ns}")).ok();
+    let (Some(user), Some(mnt)) = (open("user"), open("mnt")) else {
+        return false;
+    };
+    // Opened from the holder itself: the same start time after the opens means the pid was
+    // not reused in between.
+    if start_time(pid) != Some(started) {
+        return false;
+    }
+    let cwd = std::env::current_dir().ok();
+    // SAFETY: setns on file descriptors this function owns; the process has one thread.
+    let joined = unsafe {
+        libc::setns(user.as_raw_fd(), libc::CLONE_NEWUSER) == 0
+            && libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) == 0
+    };
+    if !joined {
+        // Joining the user namespace alone changes nothing the mount below needs: a failed
+        // mount namespace join leaves this process where it mounts its own (nested) one.
+        return false;
+    }
+    if let Some(cwd) = cwd {
+        let _ = std::env::set_current_dir(cwd);
+    }
+    true
+}
+
+/// The start time of process `pid` (field 22 of `/proc/PID/stat`, clock ticks since boot).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's name, which may hold spaces and parentheses: the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
 }
 
 /// Makes a user namespace mapping only this process's uid and gid to themselves (so the

@@ -286,3 +286,90 @@ fn unpublish_takes_a_held_base_off_the_list_and_it_stays_for_those_holding_it() 
     }
     let _ = std::fs::remove_dir_all(&bases);
 }
+
+/// The namespace `cra-pod layer FILE -- CMD` ran CMD in (`/proc/self/ns/mnt`), and what CMD
+/// printed of the target.
+fn layered(file: &Path, script: &str) -> (String, String) {
+    let out = Command::new(BIN)
+        .args(["layer", file.to_str().unwrap(), "--", "sh", "-c"])
+        .arg(format!("readlink /proc/self/ns/mnt; {script}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8(out.stdout).unwrap();
+    let (ns, rest) = out.split_once('\n').unwrap();
+    (ns.to_string(), rest.to_string())
+}
+
+#[test]
+fn a_held_layer_is_one_mount_every_later_command_joins_and_a_stale_holder_is_not_joined() {
+    let dir = scratch("hold");
+    for d in ["lower", "upper", "work", "target"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::write(dir.join("lower/kept"), "base\n").unwrap();
+    let file = dir.join("layer");
+    let p = |d: &str| dir.join(d).display().to_string();
+    let text = format!(
+        "lower={}\nupper={}\nwork={}\ntarget={}\n",
+        p("lower"),
+        p("upper"),
+        p("work"),
+        p("target")
+    );
+    std::fs::write(&file, &text).unwrap();
+    let t = p("target");
+    let mut holder = Command::new(BIN)
+        .args(["layer", file.to_str().unwrap(), "--hold"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "held\n");
+    let held_ns = std::fs::read_link(format!("/proc/{}/ns/mnt", holder.id()))
+        .unwrap()
+        .display()
+        .to_string();
+    // Two commands, one after the other: both in the holder's namespace, the second sees
+    // what the first wrote, and the writes are in the layer.
+    let (ns1, _) = layered(&file, &format!("echo new > {t}/new"));
+    assert_eq!(ns1, held_ns);
+    let (ns2, seen) = layered(&file, &format!("cat {t}/new; ls {t}"));
+    assert_eq!(ns2, held_ns);
+    assert_eq!(seen, "new\nkept\nnew\n");
+    assert!(dir.join("upper/new").exists());
+    assert!(!dir.join("lower/new").exists());
+    assert!(names(&dir.join("target")).is_empty());
+    // A layer file that changed since (another checkout): not joined, its own mount.
+    let other = format!("{text}\n");
+    std::fs::write(&file, &other).unwrap();
+    let (ns3, seen) = layered(&file, &format!("ls {t}"));
+    assert_ne!(ns3, held_ns);
+    assert_eq!(seen, "kept\nnew\n");
+    std::fs::write(&file, &text).unwrap();
+    // A record whose process is not the holder any more (its start time differs): not joined.
+    let record = dir.join("layer.holder");
+    let real = std::fs::read_to_string(&record).unwrap();
+    let (head, rest) = real.split_once('\n').unwrap();
+    let (pid, started) = head.split_once(' ').unwrap();
+    let stale = format!("{pid} {}\n{rest}", started.parse::<u64>().unwrap() + 1);
+    std::fs::write(&record, stale).unwrap();
+    let (ns4, _) = layered(&file, &format!("ls {t}"));
+    assert_ne!(ns4, held_ns);
+    std::fs::write(&record, &real).unwrap();
+    // The holder ends with its stdin, and takes its record with it.
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    assert!(!record.exists());
+    let (ns5, seen) = layered(&file, &format!("ls {t}"));
+    assert_ne!(ns5, held_ns);
+    assert_eq!(seen, "kept\nnew\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}

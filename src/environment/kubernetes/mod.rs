@@ -457,6 +457,7 @@ async fn prepare(
             };
             match layered {
                 Ok(()) => {
+                    holder.hold_mount(&step).await;
                     layered_on(&pod, &tree, how);
                     (Some(snapshot), history, Some(holder))
                 }

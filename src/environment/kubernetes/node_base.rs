@@ -87,6 +87,9 @@ pub(super) enum Found {
 pub(super) struct Holder {
     exec: Exec,
     out: BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    /// `cra-pod layer FILE --hold`, once the layer is used: the session's one overlay mount,
+    /// which every jailed step joins ([`Holder::hold_mount`]).
+    mount: Option<Exec>,
 }
 
 impl Holder {
@@ -105,6 +108,7 @@ impl Holder {
         let mut holder = Holder {
             exec,
             out: BufReader::new(stdout),
+            mount: None,
         };
         let found = match holder.answer().await? {
             Answer::Hit(tree, snapshot, image_id) => Found::Hit {
@@ -150,6 +154,50 @@ impl Holder {
     pub(super) async fn unpublish(&mut self) {
         let _ = self.exec.stdin.write_all(b"unpublish\n").await;
         let _ = self.exec.stdin.flush().await;
+    }
+
+    /// Mounts the checkout's layer once for the rest of the session (`cra-pod layer FILE
+    /// --hold`): every jailed step after joins that mount, so the agent's walks of the tree
+    /// warm it for the extraction's (a fresh overlay mount's first walk of 100,000 paths took
+    /// ~1 s; docs/benchmarks.md). Best effort: without it each step mounts its own, as
+    /// before, and sees the same files.
+    pub(super) async fn hold_mount(&mut self, step: &Steps<'_>) {
+        let started = step.shell.spawn(RemoteCommand {
+            argv: vec![
+                MUX[0].into(),
+                "layer".into(),
+                LAYER_FILE.into(),
+                "--hold".into(),
+            ],
+            env: step.env.to_vec(),
+            cwd: "/".into(),
+        });
+        let held = async {
+            let mut exec = started.await.map_err(|e| e.message)?;
+            let mut line = String::new();
+            BufReader::new(&mut exec.stdout)
+                .read_line(&mut line)
+                .await
+                .map_err(|e| e.to_string())?;
+            match line.trim() {
+                "held" => Ok(exec),
+                _ => {
+                    let mut said = Vec::new();
+                    let mut stderr = tokio::io::AsyncReadExt::take(&mut exec.stderr, 4096);
+                    let _ = tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut said).await;
+                    Err(String::from_utf8_lossy(&said).trim().to_string())
+                }
+            }
+        };
+        match tokio::time::timeout(STEP_TIMEOUT, held).await {
+            Ok(Ok(exec)) => self.mount = Some(exec),
+            Ok(Err(why)) => {
+                tracing::debug!("the layer is mounted by each step: `cra-pod layer --hold`: {why}")
+            }
+            Err(_) => tracing::debug!(
+                "the layer is mounted by each step: `cra-pod layer --hold` did not answer"
+            ),
+        }
     }
 
     /// Its next line, bounded.

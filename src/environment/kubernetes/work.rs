@@ -28,15 +28,23 @@ pub(super) const MAX_WORK_BUNDLE: u64 = 4 << 30;
 /// every entry recorded since the snapshot: `git::patch`'s module docs), commit the final
 /// tree, and write a bundle of the snapshot and final commits to stdout. `$1` base, `$2`
 /// snapshot commit, `$3` the snapshot's trust limit (Unix seconds).
+///
+/// `update-index --really-refresh` runs only when an entry is marked "assume unchanged" (a
+/// lowercase tag in `ls-files -v`): it is there to clear that mark, which `git add -A` would
+/// obey whatever the file holds. Otherwise `git add -A` decides every entry as the refresh
+/// would (a racily clean or changed one by content), so the tree is the same, and the walk of
+/// the whole tree it costs (~0.4 s at 100,000 files) is spared, as on a local layer.
 pub(super) const EXTRACT_SCRIPT: &str = r#"set -e
 i=/tmp/cra-final.index
 if [ -f .git/index ] && [ ! -L .git/index ]; then
   cp -p .git/index "$i"
   [ "$(stat -c %Y "$i")" -le "$3" ] || touch -m -d "@$3" "$i"
 fi
-GIT_INDEX_FILE=$i $G update-index -q --really-refresh
-GIT_INDEX_FILE=$i $G add -A
-t=$(GIT_INDEX_FILE=$i $G write-tree)
+if GIT_INDEX_FILE=$i $G ls-files -v | grep -q '^[a-z]'; then
+  GIT_INDEX_FILE=$i $G update-index -q --really-refresh
+fi
+GIT_INDEX_FILE=$i $G -c index.skipHash=true add -A
+t=$(GIT_INDEX_FILE=$i $G -c index.skipHash=true write-tree)
 c=$(eval "$C $G commit-tree $t -p $1 -m final")
 $G update-ref refs/cra/snapshot "$2"
 $G update-ref refs/cra/final "$c"
