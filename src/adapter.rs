@@ -123,12 +123,19 @@ impl Adapter {
     }
 
     /// Reads now, in the background, what a session's start would otherwise wait for the first
-    /// time in this process (the backend's [`Backend::warm_up`]); ended by `shutdown()`.
+    /// time in this process (the backend's [`Backend::warm_up`]); ended by `shutdown()`. In the
+    /// adapter's span, so what it logs (and what the tasks it starts log: the warm pods') reaches
+    /// the engine's logger.
     pub async fn warm_up(&self) {
         let env = self.host.cli_env();
         let sandbox = self.host.config.sandbox.as_ref();
+        let warm = self
+            .host
+            .backend
+            .warm_up(&env, sandbox)
+            .instrument(self.host.log_route.span());
         tokio::select! {
-            () = self.host.backend.warm_up(&env, sandbox) => {}
+            () = warm => {}
             () = self.shut_down.cancelled() => {}
         }
     }
@@ -137,7 +144,7 @@ impl Adapter {
     /// Kubernetes backend: their pods); bounded, ended by `shutdown()`, logged.
     pub async fn sweep_backend(&self) {
         let swept = tokio::select! {
-            r = self.host.backend.sweep() => r,
+            r = self.host.backend.sweep().instrument(self.host.log_route.span()) => r,
             () = self.shut_down.cancelled() => return,
         };
         match swept {

@@ -48,11 +48,15 @@ function adapter() {
 const warmPods = (pid = process.pid) =>
   adapterPods().filter((p) => p.metadata.labels?.[WARM] === 'true' && p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${pid} `));
 const running = (pods) => pods.filter((p) => p.status?.phase === 'Running' && !p.metadata.deletionTimestamp);
-/** Resolves with the running warm pods of `pid` once there are `n` (kubectl read once a poll). */
+/** Resolves with the running warm pods of `pid` once there are `n` (kubectl read once a poll)
+ * and, for this process's, once its pool has them ready too: it learns that a pod runs from
+ * the same status, read every 200 ms, and a session started in between would find one fewer
+ * (19 of 20 in a CI run; a session that started its own pod in another). */
 const warmRunning = (n, what, pid = process.pid) =>
   eventually(() => {
     const pods = running(warmPods(pid));
-    return pods.length === n && pods;
+    const ready = (p) => h.logger.entries.some((e) => e.message === 'a warm pod is ready' && e.data?.pod === p.metadata.name);
+    return pods.length === n && (pid !== process.pid || pods.every(ready)) && pods;
   }, 120_000, what);
 
 describe('warm pods (backend.kubernetes.warmPods)', () => {
@@ -129,9 +133,6 @@ describe('warm pods (backend.kubernetes.warmPods)', () => {
     };
     for (let first = 0; first < RACY_RUNS; first += AT_ONCE) {
       await warmRunning(AT_ONCE, `${AT_ONCE} warm pods run`);
-      // The pool learns that a pod runs from the same status, read every 200 ms: a session
-      // started in between would find one fewer (19 of 20 in a CI run).
-      await new Promise((r) => setTimeout(r, 2000));
       await Promise.all(Array.from({ length: Math.min(AT_ONCE, RACY_RUNS - first) }, (_, i) => run(first + i)));
     }
     expect(differ).toEqual([]);

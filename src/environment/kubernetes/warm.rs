@@ -190,6 +190,7 @@ impl WarmPool {
         state.starting -= 1;
         match started {
             Ok(pod) if !self.closed.is_cancelled() && state.kind.as_ref() == Some(kind) => {
+                tracing::debug!(pod = %pod.name, "a warm pod is ready");
                 state.ready.push((pod, since));
                 None
             }
