@@ -110,6 +110,10 @@ try {
         say(`${mode}: ${i + 1}/${N}: start → handle ${fmtMs(runs.at(-1).handleMs)}, end ${fmtMs(runs.at(-1).endMs)}`);
       }
       results.modes[mode] = { warmup: warm, runs };
+      // A session whose layer was mounted by each step (no mount held for the session) ends
+      // a walk of the whole tree slower: say so, with why.
+      const unheld = logger.entries.filter((e) => e.message.startsWith('the layer is mounted by each step'));
+      if (unheld.length) say(`${mode}: ${unheld.length} session(s) without the session's one mount: ${unheld.map((e) => e.message).join('; ')}`);
     } finally {
       await a.shutdown();
     }

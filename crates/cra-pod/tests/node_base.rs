@@ -189,41 +189,40 @@ fn keys_and_names_not_the_adapters_are_refused() {
     let _ = std::fs::remove_dir_all(&bases);
 }
 
-#[test]
-fn layer_shows_the_base_under_the_sessions_own_layer_and_writes_only_the_layer() {
-    let dir = scratch("layer");
+/// A scratch directory with a base (`lower/kept`), an empty layer and a target, and the layer
+/// file naming them as an overlay: (the directory, the file, its text).
+fn overlay_layer(name: &str) -> (PathBuf, PathBuf, String) {
+    let dir = scratch(name);
     for d in ["lower", "upper", "work", "target"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
     std::fs::write(dir.join("lower/kept"), "base\n").unwrap();
-    std::fs::write(dir.join("lower/gone"), "base\n").unwrap();
-    let file = dir.join("layer");
     let p = |d: &str| dir.join(d).display().to_string();
-    std::fs::write(
-        &file,
-        format!(
-            "lower={}\nupper={}\nwork={}\ntarget={}\n",
-            p("lower"),
-            p("upper"),
-            p("work"),
-            p("target")
-        ),
-    )
-    .unwrap();
-    let t = p("target");
-    let out = Command::new(BIN)
-        .args(["layer", file.to_str().unwrap(), "--", "sh", "-c"])
-        .arg(format!(
-            "cat {t}/kept && echo new > {t}/new && rm {t}/gone && echo more >> {t}/kept && ls {t}"
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = format!(
+        "lower={}\nupper={}\nwork={}\ntarget={}\n",
+        p("lower"),
+        p("upper"),
+        p("work"),
+        p("target")
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\nkept\nnew\n");
+    let file = dir.join("layer");
+    std::fs::write(&file, &text).unwrap();
+    (dir, file, text)
+}
+
+#[test]
+fn layer_shows_the_base_under_the_sessions_own_layer_and_writes_only_the_layer() {
+    let (dir, file, _) = overlay_layer("layer");
+    std::fs::write(dir.join("lower/gone"), "base\n").unwrap();
+    let p = |d: &str| dir.join(d).display().to_string();
+    let t = p("target");
+    let (_, out) = layered(
+        &file,
+        &format!(
+            "cat {t}/kept && echo new > {t}/new && rm {t}/gone && echo more >> {t}/kept && ls {t}"
+        ),
+    );
+    assert_eq!(out, "base\nkept\nnew\n");
     // The base is untouched; the layer has the writes; the target is empty outside.
     assert_eq!(names(&dir.join("lower")), vec!["gone", "kept"]);
     assert_eq!(
@@ -307,22 +306,8 @@ fn layered(file: &Path, script: &str) -> (String, String) {
 
 #[test]
 fn a_held_layer_is_one_mount_every_later_command_joins_and_a_stale_holder_is_not_joined() {
-    let dir = scratch("hold");
-    for d in ["lower", "upper", "work", "target"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
-    std::fs::write(dir.join("lower/kept"), "base\n").unwrap();
-    let file = dir.join("layer");
-    let p = |d: &str| dir.join(d).display().to_string();
-    let text = format!(
-        "lower={}\nupper={}\nwork={}\ntarget={}\n",
-        p("lower"),
-        p("upper"),
-        p("work"),
-        p("target")
-    );
-    std::fs::write(&file, &text).unwrap();
-    let t = p("target");
+    let (dir, file, text) = overlay_layer("hold");
+    let t = dir.join("target").display().to_string();
     let mut holder = Command::new(BIN)
         .args(["layer", file.to_str().unwrap(), "--hold"])
         .stdin(Stdio::piped())
