@@ -32,6 +32,9 @@ export const RACY_CASES = {
   ],
   'a Bash edit back-dated with touch -d': () => [bash(`m=$(stat -c %Y src/index.js) && ${SAME_SIZE} && touch -m -d @$m src/index.js`)],
   'a same-size edit then git add, not committed': () => [bash(`${SAME_SIZE} && git add src/index.js`)],
+  // Which `git add -A` obeys: the extraction must clear the mark first (a pod's decides so by
+  // listing the index's tags).
+  'a same-size edit of a file marked assume-unchanged': () => [bash(`git update-index --assume-unchanged src/index.js && ${SAME_SIZE}`)],
 };
 
 /** The one change every case's patch holds. */

@@ -39,13 +39,13 @@ const YOUNG: Duration = Duration::from_secs(600);
 /// `cra-pod layer FILE -- CMD...` (module docs). Exits 125 with one line on stderr, in
 /// `cra-jail`'s words, when the checkout cannot be mounted.
 pub fn layer(args: &[String]) -> ! {
-    let fail = layer_failed;
     let (file, cmd) = match args {
         [file, dash, cmd @ ..] if dash == "--" && !cmd.is_empty() => (file, Some(cmd)),
         [file, hold] if hold == "--hold" => (file, None),
-        _ => fail("usage: cra-pod layer FILE (-- CMD... | --hold)".into()),
+        _ => layer_failed("usage: cra-pod layer FILE (-- CMD... | --hold)".into()),
     };
-    let text = std::fs::read_to_string(file).unwrap_or_else(|e| fail(format!("{file}: {e}")));
+    let text =
+        std::fs::read_to_string(file).unwrap_or_else(|e| layer_failed(format!("{file}: {e}")));
     let holder = PathBuf::from(format!("{file}.holder"));
     if let Some(cmd) = cmd {
         if join_holder(&holder, &text) {
@@ -58,17 +58,17 @@ pub fn layer(args: &[String]) -> ! {
             .map(str::to_string)
     };
     let (Some(lower), Some(target)) = (get("lower"), get("target")) else {
-        fail(format!("{file} names no lower= or no target="))
+        layer_failed(format!("{file} names no lower= or no target="))
     };
     let overlay = match (get("upper"), get("work")) {
         (Some(upper), Some(work)) => Some((upper, work)),
         (None, None) => None,
-        _ => fail(format!(
+        _ => layer_failed(format!(
             "{file} names one of upper= and work= without the other"
         )),
     };
     if let Err(e) = mount_in_namespace(&lower, overlay, &target) {
-        fail(e)
+        layer_failed(e)
     }
     match cmd {
         Some(cmd) => run(cmd),
@@ -96,15 +96,14 @@ fn run(cmd: &[String]) -> ! {
 /// for the extraction, where a fresh mount's first walk of 100,000 paths took ~1 s (and one
 /// upper directory is meant for one mount at a time: overlayfs leaves two undefined).
 fn hold_layer(holder: &Path, text: &str) -> ! {
-    let fail = layer_failed;
     let me = std::process::id();
     let Some(started) = start_time(me) else {
-        fail("cannot read this process's start time".into())
+        layer_failed("cannot read this process's start time".into())
     };
     let temp = holder.with_extension("holder.tmp");
     let record = format!("{me} {started}\n{text}");
     if let Err(e) = std::fs::write(&temp, record).and_then(|_| std::fs::rename(&temp, holder)) {
-        fail(format!("cannot write {}: {e}", holder.display()))
+        layer_failed(format!("cannot write {}: {e}", holder.display()))
     }
     println!("held");
     let _ = std::io::stdout().flush();
