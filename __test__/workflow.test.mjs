@@ -128,9 +128,19 @@ describe('ci.yml', () => {
     expect(pkg.scripts['test:install']).toBe('node scripts/install-check.mjs');
   });
 
-  it('.ci/run lints the macOS and Windows targets from Linux (check:platforms) after the tests', () => {
+  it('.ci/run lints the macOS and Windows targets from Linux (check:platforms) after the tests, on idle CPU beside the later steps, and fails with it', () => {
     const lines = ciLines();
-    expect(lines.indexOf('npm run check:platforms')).toBeGreaterThan(lines.indexOf('npm run test:install'));
+    // Started once the tests and the dirty-checkout check are done, in the background at idle
+    // priority, in a shell that stops at the first failure.
+    const started = lines.indexOf("in_background check-platforms chrt --idle 0 ionice -c 3 bash -euo pipefail -c 'timed npm run check:platforms'");
+    expect(started).toBeGreaterThan(lines.indexOf('dirty=$(git status --porcelain)'));
+    expect(lines[started + 1]).toBe('check_platforms=${background[-1]}');
+    // Waited for (its status is the run's: `set -e`) after the Kubernetes suites, before its
+    // target dir is removed.
+    const waited = lines.indexOf('joined check-platforms "$check_platforms"');
+    expect(waited).toBeGreaterThan(lines.indexOf('scripts/kube-ci.sh test'));
+    expect(lines.indexOf('rm -rf target/platform-check')).toBeGreaterThan(waited);
+    expect(lines).toContain('set -euo pipefail');
     expect(pkg.scripts['check:platforms']).toBe('node scripts/platform-check.mjs');
     const script = readFileSync(join(root, 'scripts', 'platform-check.mjs'), 'utf8');
     expect(script).toContain("const MACOS = ['aarch64-apple-darwin', 'x86_64-apple-darwin'];");
