@@ -406,23 +406,26 @@ mod tests {
         "c",
     ];
 
+    /// `program args` in `dir` with no user or system git config and `env` added; its stdout.
+    fn run_in(dir: &Path, env: &[(&str, &str)], program: &str, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{program} {args:?}: {out:?}");
+        out.stdout
+    }
+
     /// A repository of one commit holding `files`, checked out as the pod's receive does
     /// (`reset --hard`, `core.autocrlf` as given), then the plain snapshot's script run in it:
     /// its answer read as the engine reads it, and the checkout's own `git add -A` tree.
     fn received(files: &[(&str, &[u8])], autocrlf: Option<&str>) -> (Option<PodSnapshot>, bool) {
         let dir = tempfile::tempdir().unwrap();
-        // `program args` in the repository, with no user or system git config; its stdout.
-        let run = |program: &str, args: &[&str]| {
-            let out = std::process::Command::new(program)
-                .args(args)
-                .current_dir(dir.path())
-                .env("GIT_CONFIG_GLOBAL", "/dev/null")
-                .env("GIT_CONFIG_NOSYSTEM", "1")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{program} {args:?}: {out:?}");
-            out.stdout
-        };
+        let run = |program: &str, args: &[&str]| run_in(dir.path(), &[], program, args);
         let git = |args: &[&str]| {
             String::from_utf8(run("git", args))
                 .unwrap()
@@ -511,19 +514,15 @@ mod tests {
             std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        let g = crate::git::command::neutral_git_sh();
+        let env = [
+            ("G", g.as_str()),
+            ("C", super::super::steps::COMMIT_ENV),
+            ("PATH", &path),
+        ];
         let run = |args: &[&str]| {
-            let out = std::process::Command::new(args[0])
-                .args(&args[1..])
-                .current_dir(&repo)
-                .env("GIT_CONFIG_GLOBAL", "/dev/null")
-                .env("GIT_CONFIG_NOSYSTEM", "1")
-                .env("G", crate::git::command::neutral_git_sh())
-                .env("C", super::super::steps::COMMIT_ENV)
-                .env("PATH", &path)
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{args:?}: {out:?}");
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
+            let out = run_in(&repo, &env, args[0], &args[1..]);
+            String::from_utf8_lossy(&out).trim().to_string()
         };
         run(&["git", "init", "-q"]);
         std::fs::write(repo.join("a.txt"), "one\n").unwrap();
@@ -532,16 +531,9 @@ mod tests {
         let base = run(&["git", "rev-parse", "HEAD"]);
         run(&["git", "update-index", "--assume-unchanged", "a.txt"]);
         std::fs::write(repo.join("a.txt"), "two\n").unwrap();
-        let trust = (unix_seconds() + 10).to_string();
+        let trust = (crate::git::patch::unix_now() + 10).to_string();
         run(&["sh", "-c", EXTRACT_SCRIPT, "sh", &base, &base, &trust]);
         run(&["git", "show", "refs/cra/final:a.txt"])
-    }
-
-    fn unix_seconds() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
     }
 
     #[test]
