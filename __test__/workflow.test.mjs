@@ -128,6 +128,25 @@ describe('ci.yml', () => {
     expect(pkg.scripts['test:install']).toBe('node scripts/install-check.mjs');
   });
 
+  it('.ci/run builds the session image beside npm test on idle CPU, and waits for it, failing with it, before the cluster\'s preparation', () => {
+    const lines = ciLines();
+    // After the demo (it installs the CLI the image copies), before the tests, in the
+    // background at idle priority; the cluster itself is not started beside the tests.
+    const started = lines.indexOf('in_background session-image chrt --idle 0 ionice -c 3 scripts/kube-ci.sh session-image');
+    expect(started).toBeGreaterThan(lines.indexOf('npm run demo'));
+    expect(started).toBeLessThan(lines.indexOf('npm test'));
+    expect(lines[started + 1]).toBe('session_image=${background[-1]}');
+    expect(lines.indexOf('in_background kube-prepare scripts/kube-ci.sh prepare')).toBeGreaterThan(lines.indexOf('npm test'));
+    const waited = lines.indexOf('joined session-image "$session_image"');
+    expect(waited).toBeGreaterThan(lines.indexOf('npm run test:install'));
+    expect(waited).toBeLessThan(lines.indexOf('joined kube-prepare "$kube_prepare"'));
+    // kube-ci.sh's prepare waits for a build in progress (its ref written whole at the end)
+    // rather than starting a second one.
+    const kube = readFileSync(join(root, 'scripts', 'kube-ci.sh'), 'utf8');
+    expect(kube).toMatch(/if \[ -f "\$image_ref\.partial" \]; then\n\s*step "waiting for the session image's build" wait_for "\$image_ref"/);
+    expect(kube).toMatch(/>"\$image_ref\.partial"\n\s*mv "\$image_ref\.partial" "\$image_ref"/);
+  });
+
   it('.ci/run lints the macOS and Windows targets from Linux (check:platforms) after the tests, on idle CPU beside the later steps, and fails with it', () => {
     const lines = ciLines();
     // Started once the tests and the dirty-checkout check are done, in the background at idle

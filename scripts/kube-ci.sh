@@ -6,13 +6,16 @@
 #   scripts/kube-ci.sh               everything below in order, the cluster down at the end
 #                                    (also when a step fails or it is interrupted)
 #   scripts/kube-ci.sh test-images   build the test images (needs no cluster and nothing built)
+#   scripts/kube-ci.sh session-image build the session image (needs no cluster; needs the npm
+#                                    packages installed, for the CLI it copies)
 #   scripts/kube-ci.sh prepare       the cluster up, the session image built, every image imported
-#                                    (waits for test-images' refs when another process builds them)
+#                                    (waits for either image build when another process runs it)
 #   scripts/kube-ci.sh test          the tests against the prepared cluster, then the cluster down
 #   scripts/kube-ci.sh down          the cluster down
 #
-# .ci/run runs test-images and prepare in the background while the CPU-bound steps run (image
-# builds and the cluster's start wait mostly on the Debian mirror and the disk), then test.
+# .ci/run runs test-images, session-image and prepare in the background while the CPU-bound steps
+# run (image builds and the cluster's start wait mostly on the Debian mirror and the disk), then
+# test.
 # Says which step failed and exits with its status.
 #
 # CRA_KUBE_DIR: the cluster's scripts (default ../shared/kube, next to the project); the
@@ -22,6 +25,7 @@ cd "$(dirname "$0")/.."
 
 kube_dir=${CRA_KUBE_DIR:-../shared/kube}
 image_tar=target/session-image/session.tar
+image_ref=target/session-image/ref
 refs=target/test-images/refs
 step=
 
@@ -51,7 +55,7 @@ finish() {
   trap - EXIT
   if [ "$status" -ne 0 ]; then
     echo "== kube-ci: FAILED in step '${step:-start}' (exit $status; disk free: $(free_disk))" >&2
-    rm -f "$refs.partial"
+    rm -f "$refs.partial" "$image_ref.partial"
   fi
   case "$1:$status" in
     down:*) cluster_down || status=${status/#0/1} ;;
@@ -83,37 +87,56 @@ test_images() {
   mv "$refs.partial" "$refs"
 }
 
+# The session image (a no-op when its inputs did not change); its reference is written to ref
+# whole at the end, as the test images' refs are.
+session_image() {
+  mkdir -p target/session-image
+  rm -f "$image_ref"
+  step "session image build (scripts/session-image.mjs)" \
+    node scripts/session-image.mjs --out "$image_tar" --mkimage "$kube_dir/mkimage.py" >"$image_ref.partial"
+  mv "$image_ref.partial" "$image_ref"
+  echo "== kube-ci: image $(cat "$image_ref")" >&2
+}
+
 prepare() {
   step "cluster up ($kube_dir/up)" "$kube_dir/up"
   export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
-  mkdir -p target/session-image
-  step "session image build (scripts/session-image.mjs)" \
-    node scripts/session-image.mjs --out "$image_tar" --mkimage "$kube_dir/mkimage.py" >target/session-image/ref
-  echo "== kube-ci: image $(cat target/session-image/ref)" >&2
-  step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar"
+  # Another process (.ci/run's) builds it: wait for its ref, or build it here.
+  if [ -f "$image_ref.partial" ]; then
+    step "waiting for the session image's build" wait_for "$image_ref"
+  else
+    session_image
+  fi
+  # The imports at once (each unpacks into both nodes' containerd: disk-bound, one after another
+  # they took ~105 s, the toolchain image 57 s of it); each says its own time.
+  local imports=() name ref tar
+  step "image import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$image_tar" &
+  imports+=("$!")
   if [ ! -f "$refs" ]; then
-    # Another process (.ci/run's) builds them: wait for its refs, or build them here.
     if [ -f "$refs.partial" ]; then
-      step "waiting for the test images' build" wait_for_refs
+      step "waiting for the test images' build" wait_for "$refs"
     else
       test_images
     fi
   fi
-  local name ref tar
   mapfile -t test_images <"$refs"
   for line in "${test_images[@]}"; do
     read -r name ref tar <<<"$line"
-    step "test image $name import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$tar"
+    step "test image $name import into both nodes ($kube_dir/import-image)" "$kube_dir/import-image" "$tar" &
+    imports+=("$!")
   done
+  step="the images' imports"
+  local pid
+  for pid in "${imports[@]}"; do wait "$pid"; done
 }
 
-# Until the test images' refs exist; fails when their build stopped without them (its log says
-# why) or after 30 minutes.
-wait_for_refs() {
-  local waited=0
-  while [ ! -f "$refs" ]; do
-    if [ ! -f "$refs.partial" ] || [ "$waited" -ge 1800 ]; then
-      echo "== kube-ci: the test images' build ended without $refs" >&2
+# wait_for FILE: until another process's build writes FILE (from FILE.partial); fails when that
+# build stopped without it (its log says why) or after 30 minutes.
+wait_for() {
+  local file=$1 waited=0
+  while [ ! -f "$file" ]; do
+    if [ ! -f "$file.partial" ] || [ "$waited" -ge 1800 ]; then
+      echo "== kube-ci: the build of $file ended without it" >&2
       return 1
     fi
     sleep 2
@@ -123,7 +146,7 @@ wait_for_refs() {
 
 run_tests() {
   export KUBECONFIG="${KUBE_LOCAL_DIR:-/var/tmp/kube-local}/kubeconfig"
-  CRA_KUBE_IMAGE=$(cat target/session-image/ref)
+  CRA_KUBE_IMAGE=$(cat "$image_ref")
   export CRA_KUBE_IMAGE
   echo "== kube-ci: image $CRA_KUBE_IMAGE" >&2
   local name ref tar
@@ -162,6 +185,10 @@ case "${1:-all}" in
     trap 'finish keep' EXIT
     test_images
     ;;
+  session-image)
+    trap 'finish keep' EXIT
+    session_image
+    ;;
   prepare)
     trap 'finish down-on-failure' EXIT
     prepare
@@ -179,7 +206,7 @@ case "${1:-all}" in
     run_tests
     ;;
   *)
-    echo "usage: scripts/kube-ci.sh [test-images|prepare|test|down]" >&2
+    echo "usage: scripts/kube-ci.sh [test-images|session-image|prepare|test|down]" >&2
     exit 2
     ;;
 esac
