@@ -133,6 +133,8 @@ describe('ci.yml', () => {
     // After the demo (it installs the CLI the image copies), before the tests, in the
     // background at idle priority; the cluster itself is not started beside the tests.
     const started = lines.indexOf('in_background session-image chrt --idle 0 ionice -c 3 scripts/kube-ci.sh session-image');
+    // The test images from the start, beside the demo's build, at idle priority too.
+    expect(lines.indexOf('in_background test-images chrt --idle 0 ionice -c 3 scripts/kube-ci.sh test-images')).toBeLessThan(lines.indexOf('npm run demo'));
     expect(started).toBeGreaterThan(lines.indexOf('npm run demo'));
     expect(started).toBeLessThan(lines.indexOf('npm test'));
     expect(lines[started + 1]).toBe('session_image=${background[-1]}');
