@@ -353,8 +353,10 @@ fn a_held_layer_is_one_mount_every_later_command_joins_and_a_stale_holder_is_not
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
     assert!(!record.exists());
-    let (ns5, seen) = layered(&file, &format!("ls {t}"));
-    assert_ne!(ns5, held_ns);
+    // Its namespace is gone with it, and the kernel hands a freed namespace's number to the
+    // next one made, so the number proves nothing here: the command runs in a mount of its
+    // own, which it must, there being no holder to join, and sees the layer.
+    let (_, seen) = layered(&file, &format!("ls {t}"));
     assert_eq!(seen, "kept\nnew\n");
     let _ = std::fs::remove_dir_all(&dir);
 }
