@@ -159,10 +159,13 @@ describe('ci.yml', () => {
     expect(started).toBeGreaterThan(lines.indexOf('dirty=$(git status --porcelain)'));
     expect(lines[started + 1]).toBe('check_platforms=${background[-1]}');
     // Waited for (its status is the run's: `set -e`) after the Kubernetes suites, before its
-    // target dir is removed.
+    // target dir is removed (in memory where /dev/shm has room, exported before it starts).
     const waited = lines.indexOf('joined check-platforms "$check_platforms"');
     expect(waited).toBeGreaterThan(lines.indexOf('scripts/kube-ci.sh test'));
-    expect(lines.indexOf('rm -rf target/platform-check')).toBeGreaterThan(waited);
+    expect(lines.indexOf('rm -rf "${CRA_PLATFORM_CHECK_DIR:-target/platform-check}"')).toBeGreaterThan(waited);
+    const exported = lines.indexOf('export CRA_PLATFORM_CHECK_DIR=/dev/shm/cra-platform-check-$$');
+    expect(exported).toBeGreaterThan(-1);
+    expect(exported).toBeLessThan(started);
     // Which holds while no Rust source compiles code for one architecture only (a `cfg!`
     // expression compiles both branches; an attribute or `cfg_attr` would not).
     const rust = (dir) => readdirSync(dir, { recursive: true }).filter((f) => f.endsWith('.rs')).map((f) => join(dir, f));

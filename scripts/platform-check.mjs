@@ -12,8 +12,8 @@
 //                  zig's MinGW headers and `zig lib` as archiver. The objects are never linked;
 //                  they only let the build scripts finish so the crate itself is checked.
 // Installs what is missing: the Rust targets and clippy (rustup), zig and cargo-zigbuild (pip,
-// the versions CI pins). Its own target dir (target/platform-check): the host's debug build is
-// not touched.
+// the versions CI pins). Its own target dir (target/platform-check, or CRA_PLATFORM_CHECK_DIR):
+// the host's debug build is not touched.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { ZIG_PIP } from './cross-build.mjs';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-const targetDir = join(root, 'target', 'platform-check');
+const targetDir = process.env.CRA_PLATFORM_CHECK_DIR || join(root, 'target', 'platform-check');
 const MACOS = ['aarch64-apple-darwin', 'x86_64-apple-darwin'];
 const WINDOWS = ['x86_64-pc-windows-msvc'];
 

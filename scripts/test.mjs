@@ -2,22 +2,23 @@
 // `npm test`: the Rust workspace's tests (scripts/cargo-test.mjs --workspace) and the JS suites
 // (`vitest run`), every one of both, failing when either fails.
 //
-// The Rust tests are compiled first (`--no-run`: both cores), then run beside vitest rather
-// than before it: their longest binaries (the racy-edit and layer suites) mostly wait for the
-// start of a wall-clock second, 20 times a case, so on their own they left the CPU half idle
-// for ~170 s that the JS suites now use. Their output is prefixed `[cargo] `, line by line, so
-// it stays readable beside vitest's. Arguments are passed to vitest (a file or `-t` filter); the
-// Rust tests always run whole, as they did.
-import { spawn, spawnSync } from 'node:child_process';
-import { dirname, join } from 'node:path';
+// vitest starts at once (it needs only the addon, built by the pre-step); beside it the Rust
+// tests are compiled on idle CPU (`chrt --idle 0` where there is one: SCHED_IDLE, so the
+// compile takes only the time the sessions vitest times leave free), then run. Compiled first,
+// on both cores, they held vitest back ~150 s of a fresh clone's run, while vitest's sessions
+// wait much of theirs (a 60 s API outage, the start of a wall-clock second in the racy cases).
+// The Rust tests' longest binaries (the racy-edit and layer suites) wait the same way, so they
+// run beside vitest too, at normal priority. Their output is prefixed `[cargo] `, line by line,
+// so it stays readable beside vitest's. Arguments are passed to vitest (a file or `-t` filter);
+// the Rust tests always run whole, as they did.
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { delimiter, dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const cargoTest = (extra) => [join(root, 'scripts', 'cargo-test.mjs'), '--workspace', ...extra];
-
-const built = spawnSync(process.execPath, cargoTest(['--no-run']), { stdio: 'inherit', cwd: root });
-if (built.status !== 0) process.exit(built.status ?? 1);
 
 const children = [];
 /** Runs a command to its end: resolves with its exit status (a signal counts as 1). */
@@ -46,8 +47,18 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
   });
 }
 
+const onPath = (bin) => (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, bin)));
+const idle = process.platform === 'linux' && onPath('chrt') ? ['chrt', '--idle', '0'] : [];
+async function rust() {
+  const start = Date.now();
+  const [cmd, ...args] = [...idle, process.execPath, ...cargoTest(['--no-run'])];
+  const built = await run(cmd, args, '[cargo] ');
+  console.error(`test: the Rust tests compiled${idle.length ? ' on idle CPU' : ''} in ${Math.round((Date.now() - start) / 1000)} s (exit ${built})`);
+  return built !== 0 ? built : run(process.execPath, cargoTest([]), '[cargo] ');
+}
+
 const [cargo, vitest] = await Promise.all([
-  run(process.execPath, cargoTest([]), '[cargo] '),
+  rust(),
   run(process.execPath, [join(root, 'node_modules', 'vitest', 'vitest.mjs'), 'run', ...process.argv.slice(2)]),
 ]);
 if (cargo !== 0) console.error(`test: the Rust tests failed (exit ${cargo}); their lines are marked [cargo]`);
