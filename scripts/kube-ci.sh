@@ -158,8 +158,6 @@ run_tests() {
     export "CRA_KUBE_${name^^}_IMAGE=$ref"
     echo "== kube-ci: test image $name: $ref" >&2
   done
-  step "cargo test --test kube_cluster (the cluster client against the live cluster)" \
-    env CRA_KUBE_TESTS=1 node scripts/cargo-test.mjs --test kube_cluster
   # The suites that mostly wait (an API outage held 60 s twice; a kubelet's eviction, 20-100 s
   # after the disk fills; deadlines running out) run beside the others, in a namespace of their
   # own: each suite counts the adapter's pods of its namespace, and the others need the
@@ -171,9 +169,12 @@ run_tests() {
   local waits_ns=cra-ci-waits
   local suite=(npx --no-install vitest run --config vitest.kube.config.mjs)
   step "the addon built (node scripts/ensure-built.mjs, test:kube's pre-step)" node scripts/ensure-built.mjs
+  # The cluster client's own tests (cargo test --test kube_cluster; ~25 s, waiting on the API
+  # server and pods) go first in that lane, in its namespace too.
   step "namespace $waits_ns for the suites that mostly wait" namespace "$waits_ns"
-  beside "test:kube's ${waiting[*]} (CRA_KUBE_NAMESPACE=$waits_ns)" \
-    env CRA_KUBE_NAMESPACE="$waits_ns" "${suite[@]}" "${waiting[@]}"
+  beside "cargo test --test kube_cluster (the cluster client against the live cluster), then test:kube's ${waiting[*]} (CRA_KUBE_NAMESPACE=$waits_ns)" \
+    env CRA_KUBE_NAMESPACE="$waits_ns" CRA_KUBE_TESTS=1 \
+    bash -c 'node scripts/cargo-test.mjs --test kube_cluster && exec "$@"' _ "${suite[@]}" "${waiting[@]}"
   step "test:kube's other suites (KUBECONFIG=$KUBECONFIG CRA_KUBE_IMAGE=$CRA_KUBE_IMAGE)" \
     "${suite[@]}" "${waiting[@]/#/--exclude=}"
   joined

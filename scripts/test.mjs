@@ -23,7 +23,9 @@ const cargoTest = (extra) => [join(root, 'scripts', 'cargo-test.mjs'), '--worksp
 const children = [];
 /** Runs a command to its end: resolves with its exit status (a signal counts as 1). */
 function run(cmd, args, prefix) {
-  const child = spawn(cmd, args, { cwd: root, stdio: prefix ? ['ignore', 'pipe', 'pipe'] : 'inherit' });
+  // Each in a process group of its own (not on Windows), so an interrupt reaches all of it:
+  // vitest's forks and cargo's test binaries, not only the process this one started.
+  const child = spawn(cmd, args, { cwd: root, stdio: prefix ? ['ignore', 'pipe', 'pipe'] : 'inherit', detached: process.platform !== 'win32' });
   children.push(child);
   if (prefix) {
     for (const [from, to] of [[child.stdout, process.stdout], [child.stderr, process.stderr]]) {
@@ -42,7 +44,13 @@ function run(cmd, args, prefix) {
 // Interrupted: both suites end with this process, not after it.
 for (const sig of ['SIGINT', 'SIGTERM']) {
   process.on(sig, () => {
-    for (const c of children) c.kill(sig);
+    for (const c of children) {
+      try {
+        process.kill(process.platform === 'win32' ? c.pid : -c.pid, sig);
+      } catch {
+        // Already ended.
+      }
+    }
     process.exit(130);
   });
 }
