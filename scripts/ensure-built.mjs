@@ -5,13 +5,13 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { onPath } from './on-path.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 
 // Every agent session runs in Claude Code's OS sandbox, which on Linux needs bubblewrap and
 // socat: say so now, with the one install line, rather than fail obscurely in the first test.
 if (process.platform === 'linux') {
-  const onPath = (bin) => (process.env.PATH ?? '').split(':').some((d) => d && existsSync(join(d, bin)));
   const missing = [['bwrap', 'bubblewrap'], ['socat', 'socat']].filter(([bin]) => !onPath(bin)).map(([, pkg]) => pkg);
   if (missing.length > 0) {
     console.error(`\nThe OS sandbox for agent sessions needs ${missing.join(' and ')}. Install with:\n\n  sudo apt-get install -y bubblewrap socat\n`);

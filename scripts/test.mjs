@@ -12,10 +12,10 @@
 // so it stays readable beside vitest's. Arguments are passed to vitest (a file or `-t` filter);
 // the Rust tests always run whole, as they did.
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { delimiter, dirname, join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { onPath } from './on-path.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const cargoTest = (extra) => [join(root, 'scripts', 'cargo-test.mjs'), '--workspace', ...extra];
@@ -55,7 +55,6 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
   });
 }
 
-const onPath = (bin) => (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, bin)));
 const idle = process.platform === 'linux' && onPath('chrt') ? ['chrt', '--idle', '0'] : [];
 async function rust() {
   const start = Date.now();
