@@ -54,16 +54,20 @@
 //! racy-clean rule), the agent's paths passed on stdin, never in the script's text.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::command::{neutral_git_sh, run_with_input, At};
-use super::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
 use super::layer::Layer;
 use super::patch::{
     diff, git_with_index, index_path, patch_of_changes, records_of_raw_diff, stage_all, tree_of,
     unix_now, Snapshot, TempIndex,
 };
 use crate::error::Result;
+use layer_diff::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
+use layer_diff::upper::{
+    changed_paths, git_dir_as_made, nul_list, records, smudge_racy, staging, upper_candidates,
+    MadeAs, RootGit,
+};
 
 /// What the verification of a base established (module docs).
 #[derive(Debug)]
@@ -228,10 +232,7 @@ pub(crate) async fn verify(
     if !same {
         return None;
     }
-    let entries = parsed
-        .iter()
-        .map(|e| (e.path.clone(), e.record_bytes()))
-        .collect();
+    let entries = records(&parsed);
     let after = listing(at, &temp.path).await?;
     let plain = |e: &Entry| {
         e.stage == "0"
@@ -269,281 +270,6 @@ pub(crate) async fn verify(
     })
 }
 
-/// The candidates the layer's `upper/` names (module docs), or None when one of them is not
-/// provably handled by a limited `git add -A`.
-struct Candidates {
-    /// Path → whether it exists in the checkout (false: a whiteout).
-    paths: BTreeMap<Vec<u8>, bool>,
-}
-
-/// The names whose rules reach beyond their own path.
-fn reaches_beyond(name: &[u8]) -> bool {
-    matches!(
-        name,
-        b".gitignore" | b".gitattributes" | b".gitmodules" | b".git"
-    )
-}
-
-/// Walks `upper` (no symlink followed): every non-directory is a candidate, a directory the
-/// base does not have as one is a candidate as a whole, a directory both have is walked.
-fn upper_candidates(upper: &Path, base: &Path, pointer: &[u8]) -> Option<Candidates> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mut out = Candidates {
-        paths: BTreeMap::new(),
-    };
-    // (directory in upper, its path in the checkout)
-    let mut dirs: Vec<(PathBuf, Vec<u8>)> = vec![(upper.to_path_buf(), Vec::new())];
-    while let Some((dir, rel)) = dirs.pop() {
-        for e in std::fs::read_dir(&dir).ok()? {
-            let e = e.ok()?;
-            let name = e.file_name();
-            let name = name.as_bytes();
-            let mut path = rel.clone();
-            if !path.is_empty() {
-                path.push(b'/');
-            }
-            path.extend_from_slice(name);
-            let m = std::fs::symlink_metadata(e.path()).ok()?;
-            let t = m.file_type();
-            if rel.is_empty() && name == b".git" {
-                // The pointer the layer was made with, and nothing else.
-                if !t.is_file() || read_regular(&e.path()).as_deref() != Some(pointer) {
-                    return None;
-                }
-                continue;
-            }
-            if reaches_beyond(name) {
-                return None;
-            }
-            // overlayfs marks in extended attributes a directory opaque (nothing below it is
-            // the base's: a candidate as a whole, as a new one is) or redirected, a whiteout or
-            // a file whose data is below: what is seen through those is not what their place
-            // in `upper/` says, and is not handled here.
-            let opaque = match overlay_marks(&e.path())? {
-                Marks::Bookkeeping => false,
-                Marks::Opaque if t.is_dir() => true,
-                Marks::Opaque | Marks::Other => return None,
-            };
-            if !t.is_dir() {
-                let whiteout = t.is_char_device() && m.rdev() == 0;
-                out.paths.insert(path, !whiteout);
-                continue;
-            }
-            if opaque {
-                out.paths.insert(path, true);
-                continue;
-            }
-            let lower = base.join(std::ffi::OsStr::from_bytes(&path));
-            match std::fs::symlink_metadata(&lower) {
-                Ok(l) if l.is_dir() => {
-                    if l.mode() != m.mode() {
-                        return None;
-                    }
-                    dirs.push((e.path(), path));
-                }
-                _ => {
-                    out.paths.insert(path, true);
-                }
-            }
-        }
-    }
-    Some(out)
-}
-
-/// The extended attributes overlayfs (mounted with `userxattr`) sets on what it copies up,
-/// which say where an entry came from (inode numbers) and change nothing of what is seen.
-const BOOKKEEPING_MARKS: &[&[u8]] = &[
-    b"user.overlay.origin",
-    b"user.overlay.impure",
-    b"user.overlay.uuid",
-    b"user.overlay.nlink",
-];
-
-/// What the extended attributes of an entry of `upper/` say (see [`overlay_marks`]).
-enum Marks {
-    /// None, or [`BOOKKEEPING_MARKS`] only.
-    Bookkeeping,
-    /// Those and `user.overlay.opaque=y`: a directory that hides the base's below it.
-    Opaque,
-    /// Anything else.
-    Other,
-}
-
-/// The extended attributes of `path` (not followed if a symlink); None: unreadable.
-fn overlay_marks(path: &Path) -> Option<Marks> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut names = vec![0u8; 1024];
-    // SAFETY: a valid NUL-terminated path and a buffer of the length given.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n < 0 {
-        // No extended attributes on this file system; anything else (a list longer than
-        // the buffer: ERANGE) is not what overlayfs leaves.
-        let e = std::io::Error::last_os_error();
-        return (e.raw_os_error() == Some(libc::ENOTSUP)).then_some(Marks::Bookkeeping);
-    }
-    names.truncate(n as usize);
-    let mut marks = Marks::Bookkeeping;
-    for name in names.split(|&b| b == 0).filter(|name| !name.is_empty()) {
-        if BOOKKEEPING_MARKS.contains(&name) {
-            continue;
-        }
-        if name != b"user.overlay.opaque" {
-            return Some(Marks::Other);
-        }
-        let mut value = [0u8; 2];
-        // SAFETY: as above; `name` is NUL-terminated in `names` (llistxattr's format).
-        let len = unsafe {
-            libc::lgetxattr(
-                c.as_ptr(),
-                name.as_ptr().cast(),
-                value.as_mut_ptr().cast(),
-                value.len(),
-            )
-        };
-        // "y": opaque; "x" (a directory holding whiteouts as files) and anything else: other.
-        if len != 1 || value[0] != b'y' {
-            return Some(Marks::Other);
-        }
-        marks = Marks::Opaque;
-    }
-    Some(marks)
-}
-
-/// Whether the layer's git dir holds nothing that changes how git stages (module docs): only
-/// files git writes for refs, history, objects and operations in progress, its config as the
-/// base's, `info/` empty, its alternates as made.
-fn git_dir_as_made(git_dir: &Path, layer: &Layer, config: &[u8]) -> bool {
-    const WRITTEN: &[&str] = &[
-        "index",
-        "HEAD",
-        "ORIG_HEAD",
-        "FETCH_HEAD",
-        "MERGE_HEAD",
-        "MERGE_MSG",
-        "MERGE_MODE",
-        "MERGE_RR",
-        "AUTO_MERGE",
-        "CHERRY_PICK_HEAD",
-        "REVERT_HEAD",
-        "REBASE_HEAD",
-        "BISECT_LOG",
-        "BISECT_START",
-        "BISECT_TERMS",
-        "BISECT_EXPECTED_REV",
-        "BISECT_ANCESTORS_OK",
-        "BISECT_NAMES",
-        "COMMIT_EDITMSG",
-        "SQUASH_MSG",
-        "TAG_EDITMSG",
-        "description",
-        "shallow",
-        "packed-refs",
-        "refs",
-        "logs",
-        "hooks",
-        "rebase-merge",
-        "rebase-apply",
-        "sequencer",
-        "rr-cache",
-        "gc.pid",
-        "gc.log",
-    ];
-    let Ok(entries) = std::fs::read_dir(git_dir) else {
-        return false;
-    };
-    for e in entries {
-        let Ok(e) = e else { return false };
-        let name = e.file_name();
-        let Some(name) = name.to_str() else {
-            return false;
-        };
-        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
-            return false;
-        };
-        if m.file_type().is_symlink() {
-            return false;
-        }
-        let ok = match name {
-            n if WRITTEN.contains(&n) => true,
-            // git's lock files and the extraction's own temporary indexes beside the index.
-            n if n.ends_with(".lock") || n.starts_with("index.patch-") => true,
-            n if n.starts_with("sharedindex.") => true,
-            "config" => m.is_file() && read_regular(&e.path()).as_deref() == Some(config),
-            "info" => {
-                m.is_dir() && std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_none())
-            }
-            "objects" => m.is_dir() && objects_as_made(&e.path(), layer),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
-
-/// `objects/info/` holds the alternates the layer was made with, and nothing that changes
-/// which objects exist besides what git writes there itself.
-fn objects_as_made(objects: &Path, layer: &Layer) -> bool {
-    let info = objects.join("info");
-    match std::fs::symlink_metadata(&info) {
-        Ok(m) if m.is_dir() => {}
-        _ => return false,
-    }
-    let Ok(entries) = std::fs::read_dir(&info) else {
-        return false;
-    };
-    let mut expected = layer
-        .base
-        .join(".git/objects")
-        .into_os_string()
-        .into_encoded_bytes();
-    expected.push(b'\n');
-    for e in entries {
-        let Ok(e) = e else { return false };
-        let ok = match e.file_name().to_str() {
-            Some("alternates") => read_regular(&e.path()).as_deref() == Some(expected.as_slice()),
-            Some("packs" | "commit-graph" | "commit-graphs" | "multi-pack-index") => true,
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
-
-/// A regular file's bytes (opened without following a symlink or blocking on a FIFO), when it
-/// is one of at most 1 MiB.
-fn read_regular(path: &Path) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let m = f.metadata().ok()?;
-    if !m.is_file() || m.len() > 1 << 20 {
-        return None;
-    }
-    let mut out = Vec::new();
-    f.take(1 << 20).read_to_end(&mut out).ok()?;
-    Some(out)
-}
-
-/// NUL-terminated paths, for `--pathspec-from-file=- --pathspec-file-nul` and `--stdin -z`.
-fn nul_list<'a>(paths: impl Iterator<Item = &'a Vec<u8>>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for p in paths {
-        out.extend_from_slice(p);
-        out.push(0);
-    }
-    out
-}
-
 /// The agent's patch read from its layer (module docs); None: not provably the full
 /// staging's, the caller takes the full path. Errors only where the full path would fail the
 /// same way (the agent's index unreadable).
@@ -570,7 +296,18 @@ async fn from_layer(
     temp: &Path,
 ) -> Option<String> {
     let git_dir = layer.git_dir();
-    if host_git().await != v.host || !git_dir_as_made(&git_dir, layer, &v.config) {
+    let mut alternates = layer
+        .base
+        .join(".git/objects")
+        .into_os_string()
+        .into_encoded_bytes();
+    alternates.push(b'\n');
+    let made = MadeAs {
+        config: &v.config,
+        alternates: Some(&alternates),
+        empty_info: true,
+    };
+    if host_git().await != v.host || !git_dir_as_made(&git_dir, &made) {
         return None;
     }
     // The racy-clean limit (module docs).
@@ -579,83 +316,34 @@ async fn from_layer(
         return None;
     }
     // What the agent's index changed.
-    let mut changed: Vec<Vec<u8>> = Vec::new();
     let mine = std::fs::read(temp).ok()?;
     let entries = index_file::entries(&mine)?;
-    if mine != v.index {
-        let mut records = BTreeMap::new();
-        for e in &entries {
-            if e.mode == GITLINK_MODE
-                || e.flags & (CE_VALID | CE_INTENT_TO_ADD | CE_SKIP_WORKTREE) != 0
-                || e.stage() != 0
-            {
-                return None;
-            }
-            records.insert(e.path.as_slice(), e.record_bytes());
-        }
-        for (p, r) in &records {
-            if v.entries.get(*p) != Some(r) {
-                changed.push(p.to_vec());
-            }
-        }
-        for p in v.entries.keys() {
-            if !records.contains_key(p.as_slice()) {
-                changed.push(p.clone());
-            }
-        }
-    }
+    let changed = match mine == v.index {
+        true => Vec::new(),
+        false => changed_paths(&entries, &v.entries)?,
+    };
     let upper = layer.dir.join("upper");
     let mut pointer = b"gitdir: ".to_vec();
     pointer.extend_from_slice(git_dir.as_os_str().as_encoded_bytes());
     pointer.push(b'\n');
-    let mut cands = upper_candidates(&upper, &layer.base, &pointer)?;
-    for p in changed {
-        let name = p.rsplit(|&b| b == b'/').next().unwrap_or(&p);
-        if reaches_beyond(name) {
-            return None;
-        }
-        if cands.paths.contains_key(&p) {
-            continue;
-        }
-        let exists = {
-            use std::os::unix::ffi::OsStrExt;
-            std::fs::symlink_metadata(layer.base.join(std::ffi::OsStr::from_bytes(&p))).is_ok()
-        };
-        cands.paths.insert(p, exists);
-    }
-    // A path under another candidate is covered by it (a pathspec names a whole subtree).
-    let covered = |p: &[u8]| {
-        p.iter()
-            .enumerate()
-            .any(|(i, &b)| b == b'/' && cands.paths.contains_key(&p[..i]))
+    let cands = upper_candidates(&upper, &layer.base, RootGit::Pointer(&pointer))?;
+    let in_base = |p: &[u8]| {
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::symlink_metadata(layer.base.join(std::ffi::OsStr::from_bytes(p))).is_ok()
     };
-    let paths: Vec<(Vec<u8>, bool)> = cands
-        .paths
-        .iter()
-        .filter(|(p, _)| !covered(p))
-        .map(|(p, e)| (p.clone(), *e))
-        .collect();
+    let staging = staging(cands, changed, in_base, &entries)?;
     // Nothing changed: the snapshot's tree is the final one, as the full staging finds.
-    if paths.is_empty() {
+    if staging.candidates == 0 {
         return Some(String::new());
     }
-    // Whether an index entry is `p` or lies under it.
-    let in_index = |p: &[u8]| !under(&entries, p).is_empty();
-    // `git add` refuses a pathspec that matches nothing (a whiteout where no index entry is)
-    // and one naming an ignored untracked path: neither is staged by `git add -A` either.
-    // Only a path with nothing tracked at or under it can be left out so; one that has (a
-    // deleted directory whose name a rule ignores) is staged, and should `git add` then
-    // refuse it, the extraction falls back.
-    let (tracked, untracked): (Vec<_>, Vec<_>) = paths
-        .iter()
-        .filter(|(p, exists)| *exists || in_index(p))
-        .partition(|(p, _)| in_index(p));
-    let ignored = if untracked.is_empty() {
+    // A path with something tracked at or under it (a deleted directory whose name a rule
+    // ignores) is staged, and should `git add` then refuse it, the extraction falls back.
+    let ignored = if staging.untracked.is_empty() {
         std::collections::BTreeSet::new()
     } else {
         // Nothing of these is in the index, so it need not be read (100,000 entries: 8 MiB).
         let cmd = at.git(&["check-ignore", "--no-index", "-z", "--stdin"]);
-        let names = nul_list(untracked.iter().map(|(p, _)| p));
+        let names = nul_list(staging.untracked.iter());
         match run_with_input(cmd, "git check-ignore --no-index".into(), names).await {
             Ok(out) => out
                 .stdout
@@ -668,12 +356,13 @@ async fn from_layer(
             Err(_) => return None,
         }
     };
-    let staged: Vec<&Vec<u8>> = tracked
+    // (Nothing untracked has an entry under it: only the tracked ones can be racy.)
+    keep_racy_answers(temp, &mine, &entries, &staging.tracked, limit)?;
+    let staged: Vec<&Vec<u8>> = staging
+        .tracked
         .iter()
-        .chain(untracked.iter().filter(|(p, _)| !ignored.contains(p)))
-        .map(|(p, _)| p)
+        .chain(staging.untracked.iter().filter(|p| !ignored.contains(*p)))
         .collect();
-    keep_racy_answers(temp, &mine, &entries, &staged, limit)?;
     let (tree, changes) = stage_candidates(at, temp, &snapshot.tree, &staged).await?;
     if changes.is_empty() {
         return Some(String::new());
@@ -688,65 +377,18 @@ async fn from_layer(
     patch_of_changes(at, index, base, changes).await.ok()
 }
 
-const EMPTY_BLOB: &str = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391";
-
-/// The entries (sorted as git sorts them) that are `p` or lie under it: one run of them.
-fn under<'e, 'd>(entries: &'e [index_file::Entry<'d>], p: &[u8]) -> &'e [index_file::Entry<'d>] {
-    let mut dir = p.to_vec();
-    dir.push(b'/');
-    let from = entries.partition_point(|e| e.path.as_slice() < p);
-    let exact = entries.get(from).is_some_and(|e| e.path == p);
-    let dirs = from + usize::from(exact);
-    let to = dirs + entries[dirs..].partition_point(|e| e.path.starts_with(&dir));
-    if exact || to > dirs {
-        &entries[from..to]
-    } else {
-        &[]
-    }
-}
-
-/// Rewrites the copy of the agent's index at `temp` (read as `data`) so that writing it is
-/// cheap and staging `paths` decides as under `limit`. Under `limit` (the racy-clean limit the
-/// full staging uses) git compares by content every entry of that second or later and, each
-/// time it writes the index, re-reads every such file it did not stage (its "smudge"): on a
-/// checkout made in the seconds before the snapshot, that is most of 100,000 files read through
-/// the overlay. Only the staged paths' answers matter here (the others are not staged, and a
-/// smudge changes stat data, never the tree), so the copy is stamped now, and the entries
-/// under the staged paths that are racy under `limit` are smudged as git would (size 0): git
-/// then compares them by content, as under `limit`. None where which entries are racy depends
-/// on how git was built (nanoseconds of the limit's second).
+/// Writes the copy of the agent's index at `temp` (read as `data`) as [`smudge_racy`] makes it
+/// and stamps it now: writing it is then cheap, and staging `paths` decides as under `limit`.
 fn keep_racy_answers(
     temp: &Path,
     data: &[u8],
     entries: &[index_file::Entry<'_>],
-    paths: &[&Vec<u8>],
+    paths: &[Vec<u8>],
     limit: (i64, i64),
 ) -> Option<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut out = data.to_vec();
-    for p in paths {
-        for e in under(entries, p) {
-            let (sec, nsec) = e.mtime();
-            let (sec, nsec) = (i64::from(sec), i64::from(nsec));
-            // Racy as git built with `USE_NSEC` says, and as without it (seconds only).
-            let racy_nsec = sec > limit.0 || (sec == limit.0 && nsec >= limit.1);
-            if racy_nsec != (sec >= limit.0) {
-                return None;
-            }
-            // An entry of size 0 naming the empty blob still matches an empty file by stat
-            // data, where under `limit` its content (through a clean filter) was compared.
-            if racy_nsec && e.oid_hex() == EMPTY_BLOB {
-                return None;
-            }
-            if racy_nsec {
-                out[e.offset + index_file::SIZE.start..e.offset + index_file::SIZE.end].fill(0);
-            }
-        }
-    }
-    // The checksum no longer matches: a null one says "not computed" (`index.skipHash`).
-    let trailer = out.len().checked_sub(20)?;
-    out[trailer..].fill(0);
+    let out = smudge_racy(data, entries, paths, limit)?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .truncate(true)

@@ -19,7 +19,7 @@
 //! - [`patch`] (+ [`binary`] for non-UTF-8 content): the agent's work as a patch, measured from
 //!   the post-setup snapshot (spec "Patch Extraction");
 //! - [`layer_patch`]: the patch of a layered checkout read from what its layer changed, the
-//!   base verified once for it (+ [`index_file`]: an index's entries, read in place);
+//!   base verified once for it (its index and `upper/` read by the `layer-diff` crate);
 //! - [`prepare`]: a fresh checkout made ready for an agent (identity, hook, setup, snapshot);
 //! - [`base`]: the shared per-commit base (checked out once, setup run once, refcounted,
 //!   swept) and the layers made over it, where the overlay can be mounted (else the full clone
@@ -42,8 +42,6 @@ pub(crate) mod binary;
 pub mod command;
 pub mod confine;
 pub(crate) mod hooks;
-#[cfg(target_os = "linux")]
-pub(crate) mod index_file;
 pub mod layer;
 #[cfg(target_os = "linux")]
 pub(crate) mod layer_patch;

@@ -6,6 +6,8 @@
 //!   stderr.
 //! - `cra-pod layer` and `cra-pod base`: a checkout's base kept once per node and each
 //!   session's layer over it ([`node_base`]).
+//! - `cra-pod candidates`, `receive` and `pathspecs`: the end of a session on such a layer
+//!   reads only what changed ([`candidates`]).
 //!
 //! Threads, so no frame waits on another channel's consumer: one reader of stdin frames (the
 //! main thread), one writer of stdout frames fed by a channel, a writer thread per process
@@ -22,6 +24,7 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
+mod candidates;
 mod node_base;
 
 use pod_wire::{Decoder, Exit, Failure, Frame, Hello, Kind, Listen, Open, SignalRequest, Spawn};
@@ -38,8 +41,14 @@ fn main() {
         Some("mux") => mux(),
         Some("layer") => node_base::layer(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("base") => node_base::base(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("candidates") => candidates::candidates(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("receive") => candidates::receive(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("pathspecs") => candidates::pathspecs(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
-            eprintln!("usage: cra-pod idle | mux | layer FILE -- CMD... | base BASES KEY NAME");
+            eprintln!(
+                "usage: cra-pod idle | mux | layer FILE -- CMD... | base BASES KEY NAME | \
+                 candidates LAYERFILE LIMIT | receive DIR | pathspecs DIR"
+            );
             std::process::exit(2);
         }
     }

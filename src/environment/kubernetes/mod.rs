@@ -41,12 +41,14 @@ use tracing::Instrument;
 use self::cluster::{Cluster, Pod, PodExec, PodRequest};
 use self::image::{inspect_image, pod_env};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
-use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
+use self::node_base::{bind_base, use_layer, Found, Holder, LayerError, LAYER_FILE};
 use self::steps::{
     confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
 use self::warm::{Kind, WarmPool};
-use self::work::{send_repository, CheckoutAs, Pack, Scratch, EXTRACT_SCRIPT, MAX_WORK_BUNDLE};
+use self::work::{
+    send_repository, CheckoutAs, Pack, Scratch, CANDIDATES_INTO, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
+};
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
@@ -391,23 +393,23 @@ async fn prepare(
             .map(|(s, p)| (s.as_slice(), p.setup_timeout)),
         sandboxed,
     };
-    let (snapshot, history, held) = match node {
+    let (snapshot, history, held, layered_end) = match node {
         Some((mut holder, found)) => {
-            let (layered, tree, snapshot, how, history, base_image) = match found {
+            let (layered, base, how, history) = match found {
                 Found::Hit {
                     tree,
                     snapshot,
+                    verified,
                     image_id,
                 } => {
                     let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
-                    (
-                        layered,
+                    let base = node_base::Published {
                         tree,
                         snapshot,
-                        "kept on the node",
-                        history?,
+                        verified,
                         image_id,
-                    )
+                    };
+                    (layered, base, "kept on the node", history?)
                 }
                 Found::Miss { tree: made_in } => {
                     let as_base = CheckoutAs {
@@ -420,23 +422,28 @@ async fn prepare(
                     )?;
                     phases.mark("repository, sockets, history server and jail probe");
                     bind_base(&step, &made_in).await?;
-                    let made = match received.snapshot {
-                        Some(s) => s,
-                        None => in_pod.setup_and_snapshot(&mut phases).await?,
+                    // A plain snapshot is the commit's tree, every file checked out as the
+                    // commit holds it: verified by construction.
+                    let (made, verified) = match received.snapshot {
+                        Some(s) => (s, true),
+                        None => {
+                            let s = in_pod.setup_and_snapshot(&mut phases).await?;
+                            let verified = step.verify_base(&s, &pod.name).await;
+                            phases.mark("the base's verification");
+                            (s, verified)
+                        }
                     };
                     let image_id = pod.image_id().await;
-                    let (tree, made, base_image) = holder.publish(&made, &image_id).await?;
-                    let how = match tree == made_in {
+                    let base = holder.publish(&made, verified, &image_id).await?;
+                    let how = match base.tree == made_in {
                         true => "made here",
                         false => "another pod's, made at the same time",
                     };
                     (
-                        use_layer(&step, &tree, branch).await,
-                        tree,
-                        made,
+                        use_layer(&step, &base.tree, branch).await,
+                        base,
                         how,
                         history,
-                        base_image,
                     )
                 }
             };
@@ -445,12 +452,13 @@ async fn prepare(
             // pod's: today's path, and the node's list no longer names it.
             let image_id = pod.image_id().await;
             let layered = match layered {
-                Ok(()) if base_image != image_id => {
+                Ok(()) if base.image_id != image_id => {
                     holder.unpublish().await;
                     node_base::drop_layer(&step).await;
                     Err(LayerError::Refused(format!(
-                        "the base of this commit on the node was made in image {base_image}, and \
-                         this pod runs {image_id} (its tag moved): the next pod makes a new one"
+                        "the base of this commit on the node was made in image {}, and \
+                         this pod runs {image_id} (its tag moved): the next pod makes a new one",
+                        base.image_id
                     )))
                 }
                 layered => layered,
@@ -458,21 +466,27 @@ async fn prepare(
             match layered {
                 Ok(()) => {
                     holder.hold_mount(&step).await;
-                    layered_on(&pod, &tree, how);
-                    (Some(snapshot), history, Some(holder))
+                    layered_on(&pod, &base.tree, how);
+                    (Some(base.snapshot), history, Some(holder), base.verified)
                 }
                 Err(LayerError::Failed(e)) => return Err(e),
                 Err(LayerError::Refused(why)) => {
                     node_base::without_base(&pod.name, &pod.node, &why);
                     let received = in_pod.send().await?;
-                    (in_pod.finish(received, &mut phases).await?, history, None)
+                    let snapshot = in_pod.finish(received, &mut phases).await?;
+                    (snapshot, history, None, false)
                 }
             }
         }
         None => {
             let (received, history) = tokio::try_join!(in_pod.send(), beside)?;
             phases.mark("repository, sockets, history server and jail probe");
-            (in_pod.finish(received, &mut phases).await?, history, None)
+            (
+                in_pod.finish(received, &mut phases).await?,
+                history,
+                None,
+                false,
+            )
         }
     };
     let snapshot = snapshot.filter(|_| checkout.is_some());
@@ -490,6 +504,7 @@ async fn prepare(
         base,
         snapshot,
         sandboxed,
+        layered_end,
         _history: history,
         _node_base: held.map(std::sync::Mutex::new),
     })
@@ -650,6 +665,9 @@ pub struct KubernetesEnvironment {
     /// The Implementor's snapshot (None: a read-only session).
     snapshot: Option<PodSnapshot>,
     sandboxed: bool,
+    /// The checkout is a layer on a node's base verified for it: the end reads only what the
+    /// layer changed ([`work::EXTRACT_SCRIPT`]).
+    layered_end: bool,
     /// Serves the pod's `git fetch --unshallow` while the session lives.
     _history: history::HistoryServer,
     /// Holds the node's base the checkout is layered on, while the session lives (in a
@@ -686,7 +704,8 @@ impl KubernetesEnvironment {
 
     async fn read_work(&self, snapshot: &PodSnapshot) -> Result<String> {
         let shell = self.shell()?;
-        let argv = confined(
+        let trust = snapshot.trust_before.to_string();
+        let jailed = confined(
             self.sandboxed.then_some("rw"),
             vec![
                 "sh".to_string(),
@@ -695,12 +714,28 @@ impl KubernetesEnvironment {
                 "sh".into(),
                 self.base.clone(),
                 snapshot.commit.clone(),
-                snapshot.trust_before.to_string(),
+                trust.clone(),
             ],
         );
         let mut env = self.env.clone();
         env.push(("G".into(), neutral_git_sh()));
         env.push(("C".into(), COMMIT_ENV.into()));
+        let argv = match self.layered_end {
+            true => {
+                env.push(("P".into(), MUX[0].into()));
+                let outer = [
+                    "sh",
+                    "-c",
+                    CANDIDATES_INTO,
+                    "sh",
+                    MUX[0],
+                    LAYER_FILE,
+                    &trust,
+                ];
+                outer.into_iter().map(String::from).chain(jailed).collect()
+            }
+            false => jailed,
+        };
         let mut exec = shell
             .spawn(RemoteCommand {
                 argv,
@@ -735,6 +770,10 @@ impl KubernetesEnvironment {
                 "reading the work out of the pod failed ({status:?}): {}",
                 String::from_utf8_lossy(&stderr).trim()
             )));
+        }
+        let said = String::from_utf8_lossy(&stderr);
+        if !said.trim().is_empty() {
+            tracing::debug!(pod = %self.pod.name, "the work read out of the pod: {}", said.trim());
         }
         scratch.patch(&bundle_path, &self.base).await
     }

@@ -34,8 +34,9 @@ use crate::git::command::neutral_git_sh;
 pub(super) const LAYER_FILE: &str = "/var/lib/cra/layer";
 /// The session's own layer, on the pod's `workspace` volume.
 const LAYER_DIR: &str = "/workspace/.layer";
-/// Bumped when what a base holds changes, so that a node's older bases are not taken.
-const FORMAT: &str = "cra-node-base-1";
+/// Bumped when what a base holds changes, so that a node's older bases are not taken (2: its
+/// record says whether the base was verified for a layered end).
+const FORMAT: &str = "cra-node-base-2";
 
 /// Warned once per process: only the operator can change the node or the cluster.
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -71,11 +72,13 @@ pub(super) fn without_base(pod: &str, node: &str, why: &str) {
 
 /// What the node has of a key.
 pub(super) enum Found {
-    /// The base, held: its tree's directory, its snapshot, and the id of the image it was made
+    /// The base, held: its tree's directory, its snapshot, whether it was verified for a
+    /// layered end ([`super::steps::Steps::verify_base`]), and the id of the image it was made
     /// in (which the key, made before the pod's status names it, cannot hold).
     Hit {
         tree: String,
         snapshot: PodSnapshot,
+        verified: bool,
         image_id: String,
     },
     /// None yet: this pod makes it in `tree` and then [`Holder::publish`]es it.
@@ -111,10 +114,11 @@ impl Holder {
             mount: None,
         };
         let found = match holder.answer().await? {
-            Answer::Hit(tree, snapshot, image_id) => Found::Hit {
-                tree,
-                snapshot,
-                image_id,
+            Answer::Hit(base) => Found::Hit {
+                tree: base.tree,
+                snapshot: base.snapshot,
+                verified: base.verified,
+                image_id: base.image_id,
             },
             Answer::Miss(name) => Found::Miss {
                 tree: format!("{}/{name}/tree", bases()),
@@ -123,16 +127,18 @@ impl Holder {
         Ok((holder, found))
     }
 
-    /// Publishes the base this pod made in image `image_id` with its `snapshot` (or takes the
-    /// one another pod published first): the base to use then, and the image it was made in.
+    /// Publishes the base this pod made in image `image_id` with its `snapshot` and whether it
+    /// was `verified` (or takes the one another pod published first): the base to use then.
     pub(super) async fn publish(
         &mut self,
         snapshot: &PodSnapshot,
+        verified: bool,
         image_id: &str,
-    ) -> Result<(String, PodSnapshot, String)> {
+    ) -> Result<Published> {
         let image_id: String = image_id.split_whitespace().collect();
+        let check = if verified { "verified" } else { "unverified" };
         let line = format!(
-            "publish {} {} {image_id}\n",
+            "publish {} {} {check} {image_id}\n",
             snapshot.commit, snapshot.trust_before
         );
         self.exec
@@ -141,7 +147,7 @@ impl Holder {
             .await
             .map_err(|e| provision_error("cannot publish the node's base").with_cause(e))?;
         match self.answer().await? {
-            Answer::Hit(tree, snapshot, image_id) => Ok((tree, snapshot, image_id)),
+            Answer::Hit(base) => Ok(base),
             Answer::Miss(_) => Err(provision_error(
                 "the node's base was not published: `cra-pod base` answered `miss` again",
             )),
@@ -228,13 +234,21 @@ impl Holder {
     }
 }
 
+/// A published base, held (see [`Found::Hit`]).
+pub(super) struct Published {
+    pub tree: String,
+    pub snapshot: PodSnapshot,
+    pub verified: bool,
+    pub image_id: String,
+}
+
 enum Answer {
-    Hit(String, PodSnapshot, String),
+    Hit(Published),
     Miss(String),
 }
 
 impl Answer {
-    /// `hit TREE COMMIT LIMIT IMAGE` or `miss NAME`.
+    /// `hit TREE COMMIT LIMIT verified|unverified IMAGE` or `miss NAME`.
     fn read(line: &str) -> Option<Answer> {
         let line = line.trim();
         if let Some(name) = line.strip_prefix("miss ") {
@@ -242,12 +256,19 @@ impl Answer {
         }
         let rest = line.strip_prefix("hit ")?;
         let (tree, rest) = rest.split_once(' ')?;
-        let (snapshot, image_id) = rest.rsplit_once(' ')?;
-        Some(Answer::Hit(
-            tree.to_string(),
-            PodSnapshot::read(snapshot)?,
-            image_id.to_string(),
-        ))
+        let (rest, image_id) = rest.rsplit_once(' ')?;
+        let (snapshot, check) = rest.rsplit_once(' ')?;
+        let verified = match check {
+            "verified" => true,
+            "unverified" => false,
+            _ => return None,
+        };
+        Some(Answer::Hit(Published {
+            tree: tree.to_string(),
+            snapshot: PodSnapshot::read(snapshot)?,
+            verified,
+            image_id: image_id.to_string(),
+        }))
     }
 }
 
@@ -332,13 +353,20 @@ mod tests {
 
     #[test]
     fn the_answers_of_cra_pod_base_are_read_and_anything_else_is_not() {
-        match Answer::read("hit /workspace/.node/bases/.b-1/tree abc 42 docker.io/x@sha256:1\n") {
-            Some(Answer::Hit(tree, s, image)) => {
-                assert_eq!(tree, "/workspace/.node/bases/.b-1/tree");
-                assert_eq!((s.commit.as_str(), s.trust_before), ("abc", 42));
-                assert_eq!(image, "docker.io/x@sha256:1");
+        for (check, verified) in [("verified", true), ("unverified", false)] {
+            let line = format!(
+                "hit /workspace/.node/bases/.b-1/tree abc 42 {check} docker.io/x@sha256:1\n"
+            );
+            match Answer::read(&line) {
+                Some(Answer::Hit(base)) => {
+                    assert_eq!(base.tree, "/workspace/.node/bases/.b-1/tree");
+                    let s = &base.snapshot;
+                    assert_eq!((s.commit.as_str(), s.trust_before), ("abc", 42));
+                    assert_eq!(base.verified, verified);
+                    assert_eq!(base.image_id, "docker.io/x@sha256:1");
+                }
+                _ => panic!("not a hit"),
             }
-            _ => panic!("not a hit"),
         }
         assert!(matches!(Answer::read("miss .b-2"), Some(Answer::Miss(n)) if n == ".b-2"));
         for nonsense in [
@@ -349,6 +377,8 @@ mod tests {
             "hit /t abc 1",
             "hit /t abc x i",
             "hit /t a 1 2 i",
+            "hit /t abc 1 i",
+            "hit /t abc 1 checked i",
             "ok",
         ] {
             assert!(Answer::read(nonsense).is_none(), "{nonsense:?}");

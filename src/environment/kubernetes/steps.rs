@@ -155,6 +155,54 @@ impl Steps<'_> {
             ))
         })
     }
+
+    /// Whether the node's base just made (its tree at [`WORKDIR`], bound writable) may end its
+    /// layered sessions by their candidates (`cra-pod candidates`; [`super::work::EXTRACT_SCRIPT`]).
+    /// Staged with every entry compared by content (the index's copy dated 1970, so that git
+    /// takes every entry for racily clean), the checkout gives the snapshot's tree, and so does
+    /// the base's index as it is: every tracked file holds its entry's content, and nothing
+    /// untracked is staged. A session's whole staging then leaves every entry the agent did not
+    /// touch as it was, whatever its stat data and the racy-clean limit say. False, and the
+    /// base's sessions stage their whole checkout, where that does not hold or the step fails.
+    pub(super) async fn verify_base(&self, snapshot: &PodSnapshot, pod: &str) -> bool {
+        let g = neutral_git_sh();
+        let script = format!(
+            "set -e; v=/tmp/cra-verify.index; w=/tmp/cra-base.index; cp .git/index \"$v\"; \
+             cp .git/index \"$w\"; touch -m -d @1 \"$v\"; \
+             GIT_INDEX_FILE=$v {g} update-index -q --really-refresh >/dev/null || :; \
+             GIT_INDEX_FILE=$v {g} add -A; a=$(GIT_INDEX_FILE=$v {g} write-tree); \
+             b=$(GIT_INDEX_FILE=$w {g} write-tree); echo \"$a $b $({g} rev-parse \"$1^{{tree}}\")\""
+        );
+        let argv = confined(
+            Some("rw"),
+            vec![
+                "sh".into(),
+                "-c".into(),
+                script,
+                "sh".into(),
+                snapshot.commit.clone(),
+            ],
+        );
+        let why = match self
+            .run("the base's verification", argv, &[], STEP_TIMEOUT, WORKDIR)
+            .await
+        {
+            Ok(out) => {
+                let out = String::from_utf8_lossy(&out);
+                let trees: Vec<&str> = out.split_whitespace().collect();
+                if trees.len() == 3 && trees.iter().all(|t| *t == trees[0]) {
+                    return true;
+                }
+                format!(
+                    "staged by content, its index's own and the snapshot's trees are {:?}",
+                    out.trim()
+                )
+            }
+            Err(e) => e.message,
+        };
+        tracing::debug!(pod = %pod, "the node's base is not verified: its sessions stage their whole checkout: {why}");
+        false
+    }
 }
 
 /// An Implementor's post-setup snapshot in its pod: the commit, and the index timestamp

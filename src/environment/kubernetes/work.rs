@@ -23,35 +23,66 @@ use crate::scratch::ScratchDir;
 /// The largest bundle of the agent's work read back (a checkout's whole new content).
 pub(super) const MAX_WORK_BUNDLE: u64 = 4 << 30;
 
-/// Extraction in the jail: stage everything into a temporary index (the agent's index copied
-/// only when it is a regular file, its mtime capped at `$3` so that git compares by content
-/// every entry recorded since the snapshot: `git::patch`'s module docs), commit the final
-/// tree, and write a bundle of the snapshot and final commits to stdout. `$1` base, `$2`
-/// snapshot commit, `$3` the snapshot's trust limit (Unix seconds).
+/// Extraction in the jail: stage the work into a temporary index, commit the final tree, and
+/// write a bundle of the snapshot and final commits to stdout. `$1` base, `$2` snapshot
+/// commit, `$3` the snapshot's trust limit (Unix seconds).
 ///
-/// `update-index --really-refresh` runs only when an entry is marked "assume unchanged" (a
-/// lowercase tag in `ls-files -v`): it is there to clear that mark, which `git add -A` would
-/// obey whatever the file holds. Otherwise `git add -A` decides every entry as the refresh
-/// would (a racily clean or changed one by content), so the tree is the same, and the walk of
-/// the whole tree it costs (~0.4 s at 100,000 files) is spared, as on a local layer. The list
-/// is NUL-separated (at 100,000 paths 0.03 s, where lines took 0.1 s), and a grep that cannot
-/// read it (exit 2: a user's image's grep without `-z`) refreshes: only "no such entry" spares it.
+/// On a layer of a verified node's base (`$P` set: the runtime's `cra-pod`, the candidates on
+/// stdin from `cra-pod candidates` run outside the jail; its module docs) only the candidates
+/// are staged, into the agent's index as it prepared it: `git add -A` limited to them, the
+/// untracked ones that `git check-ignore` says are ignored left out (`git add` refuses them,
+/// and the whole `git add -A` does not stage them either), as a local layer's end does. Where
+/// the candidates say `full`, or a step of theirs fails, the whole checkout is staged:
+///
+/// The whole checkout: the agent's index copied only when it is a regular file, its mtime
+/// capped at `$3` so that git compares by content every entry recorded since the snapshot
+/// (`git::patch`'s module docs). `update-index --really-refresh` runs only when an entry is
+/// marked "assume unchanged" (a lowercase tag in `ls-files -v`): it is there to clear that
+/// mark, which `git add -A` would obey whatever the file holds. Otherwise `git add -A` decides
+/// every entry as the refresh would (a racily clean or changed one by content), so the tree is
+/// the same, and the walk of the whole tree it costs (~0.4 s at 100,000 files) is spared. The
+/// list is NUL-separated (at 100,000 paths 0.03 s, where lines took 0.1 s), and a grep that
+/// cannot read it (exit 2: a user's image's grep without `-z`) refreshes: only "no such entry"
+/// spares it.
 pub(super) const EXTRACT_SCRIPT: &str = r#"set -e
-i=/tmp/cra-final.index
-if [ -f .git/index ] && [ ! -L .git/index ]; then
-  cp -p .git/index "$i"
-  [ "$(stat -c %Y "$i")" -le "$3" ] || touch -m -d "@$3" "$i"
+layered() {
+  "$P" receive /tmp/cra-c || return 2
+  i=/tmp/cra-c/index
+  if [ -s /tmp/cra-c/untracked ]; then
+    $G check-ignore --no-index -z --stdin </tmp/cra-c/untracked >/tmp/cra-c/ignored || [ $? -eq 1 ] || return 1
+  fi
+  "$P" pathspecs /tmp/cra-c >/tmp/cra-c/paths || return 1
+  if [ -s /tmp/cra-c/paths ]; then
+    GIT_INDEX_FILE=$i $G -c index.skipHash=true --literal-pathspecs add -A --pathspec-from-file=/tmp/cra-c/paths --pathspec-file-nul || return 1
+  fi
+}
+s=2
+if [ -n "${P:-}" ]; then
+  s=0; layered || s=$?
+  [ "$s" -ne 1 ] || echo "cra-pod: staging the candidates failed: the whole checkout is staged" >&2
 fi
-if GIT_INDEX_FILE=$i $G ls-files -v -z | { grep -qz '^[a-z]'; [ $? -ne 1 ]; }; then
-  GIT_INDEX_FILE=$i $G update-index -q --really-refresh
+if [ "$s" -ne 0 ]; then
+  i=/tmp/cra-final.index
+  if [ -f .git/index ] && [ ! -L .git/index ]; then
+    cp -p .git/index "$i"
+    [ "$(stat -c %Y "$i")" -le "$3" ] || touch -m -d "@$3" "$i"
+  fi
+  if GIT_INDEX_FILE=$i $G ls-files -v -z | { grep -qz '^[a-z]'; [ $? -ne 1 ]; }; then
+    GIT_INDEX_FILE=$i $G update-index -q --really-refresh
+  fi
+  GIT_INDEX_FILE=$i $G -c index.skipHash=true add -A
 fi
-GIT_INDEX_FILE=$i $G -c index.skipHash=true add -A
 t=$(GIT_INDEX_FILE=$i $G -c index.skipHash=true write-tree)
 c=$(eval "$C $G commit-tree $t -p $1 -m final")
 $G update-ref refs/cra/snapshot "$2"
 $G update-ref refs/cra/final "$c"
 $G bundle create - refs/cra/snapshot refs/cra/final "^$1" 2>/dev/null
 "#;
+
+/// Runs `cra-pod candidates` (`$1`, the layer file `$2`, the trust limit `$3`) outside the
+/// jail, where the layer's `upper/` is, into the jailed extraction (the rest of the words).
+pub(super) const CANDIDATES_INTO: &str =
+    r#"p=$1 l=$2 t=$3; shift 3; "$p" candidates "$l" "$t" | "$@""#;
 
 /// The commit `default_branch` names, packed alone (its tree, no history: [`history`]) into a
 /// scratch file of the engine's ([`Pack`]), sent once the pod runs ([`send_repository`]).

@@ -1,5 +1,5 @@
 //! The entries of a git index file, read in place (`gitformat-index(5)`): what
-//! [`super::layer_patch`] compares between an agent's index and its base's, 100,000 entries in
+//! the end of a layered session compares between an agent's index and its base's, 100,000 entries in
 //! milliseconds where `git ls-files --stage --debug` in a jail took a third of a second. The
 //! file is the agent's: every length is checked, and anything this does not read exactly as git
 //! would — another version or hash, a split or sparse index, an extension git requires and this
@@ -7,16 +7,16 @@
 
 /// `ce_flags` bits (git's `cache.h`) as [`Entry::flags`] holds them: the on-disk 16-bit flags
 /// in the low half, the extended ones (version 3+) shifted to where git keeps them in memory.
-pub(crate) const CE_VALID: u32 = 0x8000;
-pub(crate) const CE_EXTENDED: u32 = 0x4000;
-pub(crate) const CE_STAGEMASK: u32 = 0x3000;
-pub(crate) const CE_INTENT_TO_ADD: u32 = 1 << 29;
-pub(crate) const CE_SKIP_WORKTREE: u32 = 1 << 30;
+pub const CE_VALID: u32 = 0x8000;
+pub const CE_EXTENDED: u32 = 0x4000;
+pub const CE_STAGEMASK: u32 = 0x3000;
+pub const CE_INTENT_TO_ADD: u32 = 1 << 29;
+pub const CE_SKIP_WORKTREE: u32 = 1 << 30;
 /// The bits of the 16-bit flags that hold the name's length.
 const CE_NAMEMASK: u32 = 0x0fff;
 
 /// The mode of a gitlink (a submodule's commit).
-pub(crate) const GITLINK_MODE: u32 = 0o160000;
+pub const GITLINK_MODE: u32 = 0o160000;
 
 /// stat data (10 × 4 bytes), a SHA-1 oid, the 16-bit flags.
 const FIXED: usize = 40 + 20 + 2;
@@ -25,7 +25,7 @@ const DEV: std::ops::Range<usize> = 16..20;
 
 /// One entry of the index.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     pub path: Vec<u8>,
     /// Everything git keeps of it but its path, as stored: stat data, mode, oid, flags (and
     /// extended flags) — but the device, which differs between two mounts of one overlay and
@@ -39,12 +39,12 @@ pub(crate) struct Entry<'a> {
 }
 
 impl Entry<'_> {
-    pub(crate) fn stage(&self) -> u32 {
+    pub fn stage(&self) -> u32 {
         (self.flags & CE_STAGEMASK) >> 12
     }
 
     /// The object id, in hex.
-    pub(crate) fn oid_hex(&self) -> String {
+    pub fn oid_hex(&self) -> String {
         // (The oid follows the stat data: at 40 of the entry, 20 of `record[1]`.)
         self.record[1][40 - DEV.end..60 - DEV.end]
             .iter()
@@ -53,7 +53,7 @@ impl Entry<'_> {
     }
 
     /// Its mtime as stored: seconds, nanoseconds.
-    pub(crate) fn mtime(&self) -> (u32, u32) {
+    pub fn mtime(&self) -> (u32, u32) {
         let b = self.record[0];
         (
             u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
@@ -62,7 +62,7 @@ impl Entry<'_> {
     }
 
     /// [`Entry::record`] as one byte string.
-    pub(crate) fn record_bytes(&self) -> Vec<u8> {
+    pub fn record_bytes(&self) -> Vec<u8> {
         self.record.concat()
     }
 }
@@ -79,7 +79,7 @@ fn be16(b: &[u8], at: usize) -> Option<u32> {
 /// path, then stage); `None` for anything not read exactly as git reads it (module docs). The
 /// trailing checksum is not verified: git reads the same bytes and refuses them if it is
 /// wrong, which makes the caller's git step fail.
-pub(crate) fn entries(data: &[u8]) -> Option<Vec<Entry<'_>>> {
+pub fn entries(data: &[u8]) -> Option<Vec<Entry<'_>>> {
     if data.get(..4)? != b"DIRC" {
         return None;
     }
@@ -166,7 +166,7 @@ pub(crate) fn entries(data: &[u8]) -> Option<Vec<Entry<'_>>> {
 /// Where an entry's file size is (from its start): git's own "smudge" of an entry it cannot
 /// trust sets it to 0, after which the entry never matches its file by stat data (an entry of
 /// size 0 matches only an empty file, and then only if it names the empty blob).
-pub(crate) const SIZE: std::ops::Range<usize> = 36..40;
+pub const SIZE: std::ops::Range<usize> = 36..40;
 
 /// git's offset varint (`varint.c`): 7 bits a byte, high bit: more, each continuation adds 1.
 fn varint(b: &[u8]) -> Option<(usize, usize)> {
