@@ -114,6 +114,13 @@ try {
       // a walk of the whole tree slower: say so, with why.
       const unheld = logger.entries.filter((e) => e.message.startsWith('the layer is mounted by each step'));
       if (unheld.length) say(`${mode}: ${unheld.length} session(s) without the session's one mount: ${unheld.map((e) => e.message).join('; ')}`);
+      // Which end each pod session took: only what its layer changed, or the whole checkout.
+      const ends = logger.entries.filter((e) => e.message.startsWith('the work read out of the pod: '));
+      if (ends.length) {
+        const fromLayer = ends.filter((e) => e.message.includes('staged from the layer')).length;
+        say(`${mode}: ${fromLayer} of ${ends.length} end(s) read only what the layer changed${fromLayer === ends.length ? '' : `; the others: ${ends.filter((e) => !e.message.includes('staged from the layer')).map((e) => e.message).join('; ')}`}`);
+        results.modes[mode].endsFromLayer = fromLayer;
+      }
     } finally {
       await a.shutdown();
     }

@@ -7,8 +7,10 @@ import { basename } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { setup } from '../support/harness.mjs';
+import { scenario } from '../support/fake-api.mjs';
+import { RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-edits.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
-import { ROLE_BODIES, ROLE_STATE } from '../support/roles.mjs';
+import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, EDGE_FILES, EDGE_WORK, kubeBackend, kubectl, onNode } from './support.mjs';
 
 const AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
@@ -109,6 +111,44 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
     }
     expect(layered(said()).map((m) => m.split(': ').at(-1))).toEqual(['made here', 'kept on the node']);
   });
+
+  // The end of a session on the node's base reads only what its layer changed (cra-pod
+  // candidates): every same-size edit case, on a base made in the second before (its entries
+  // racily clean), as local patches byte for byte; the log says which end each took.
+  const readFromLayer = (logs) => logs.filter((m) => m.includes('staged from the layer'));
+  const wholeCheckout = (logs) => logs.filter((m) => m.includes('cra-pod candidates: the whole checkout is staged'));
+  for (const [name, calls] of Object.entries(RACY_CASES)) {
+    const handled = !name.includes('assume-unchanged');
+    it(`${name}: ${RACY_RUNS} of ${RACY_RUNS} Implementors on the node's base return the local backend's patch, byte for byte, ${handled ? 'their end reading only what the layer changed' : 'their end staging the whole checkout (git obeys the mark whatever the file holds)'}`, { timeout: 120_000 + RACY_RUNS * 15_000 }, async () => {
+      await baseSetup({ local: true, repo: RACY_REPO });
+      const local = await agentRuns(h, 'implementor', calls(`${h.repo.root}/.worktrees/racy-local`), { branchName: 'racy-local' });
+      expect(local.result.patch).toContain(RACY_CHANGE);
+      await h.cleanup();
+      await baseSetup({ repo: RACY_REPO });
+      h.api.setScript(scenario.steps([...calls('/workspace/repo'), ROLES.implementor.done]));
+      const adapter = h.adapter();
+      const differ = [];
+      const run = async (i) => {
+        try {
+          const result = await (await adapter.startAgent(ROLES.implementor.params(`base-racy-${i}`))).result;
+          if (result.patch !== local.result.patch) differ.push(`run ${i}: ${result.patch}`);
+        } catch (e) {
+          differ.push(`run ${i}: ${e.code} ${e.message}`);
+        }
+      };
+      // The first makes the base; the others layer on it, 4 at a time.
+      await run(0);
+      for (let first = 1; first < RACY_RUNS; first += 4) {
+        await Promise.all(Array.from({ length: Math.min(4, RACY_RUNS - first) }, (_, i) => run(first + i)));
+      }
+      expect(differ).toEqual([]);
+      expect(layered(said())).toHaveLength(RACY_RUNS);
+      const ends = handled ? readFromLayer(said()) : wholeCheckout(said());
+      expect(ends, said().join('\n')).toHaveLength(RACY_RUNS);
+      expect(said().filter((m) => m.includes('staging the candidates failed'))).toEqual([]);
+      expect(adapter.sessions()).toEqual([]);
+    });
+  }
 
   it("a node directory the pod's user cannot write is no failure: the checkout is made in the pod as without one, and the log says why, once", { timeout: 300_000 }, async () => {
     // Not made beforehand: the kubelet makes it, root's.

@@ -307,7 +307,7 @@ async fn from_layer(
         alternates: Some(&alternates),
         empty_info: true,
     };
-    if host_git().await != v.host || !git_dir_as_made(&git_dir, &made) {
+    if host_git().await != v.host || git_dir_as_made(&git_dir, &made).is_err() {
         return None;
     }
     // The racy-clean limit (module docs).

@@ -113,9 +113,9 @@ fn prepared(file: &Path, trust: i64) -> Result<Prepared, String> {
             alternates: None,
             empty_info: false,
         };
-        if !git_dir_as_made(&upper_git, &made) {
-            return Err("the agent's git dir is not as made".into());
-        }
+        git_dir_as_made(&upper_git, &made).map_err(|what| {
+            format!("the agent's git dir holds what changes how git stages: {what}")
+        })?;
     }
     // The agent's index: its git's copy in the layer, or the base's where it wrote none.
     let index_path = match std::fs::symlink_metadata(upper_git.join("index")) {

@@ -228,6 +228,12 @@ const CASES: &[(&str, &str, bool)] = &[
         true,
     ),
     ("an empty file written", "echo e > empty", true),
+    // What the pod's history on demand leaves in the git dir (image/git-history).
+    (
+        "the history marker's error kept",
+        "echo fetched > .git/cra-history.err && echo more >> src/a.txt",
+        true,
+    ),
     // Rules that reach beyond their path, and marks git obeys whatever the file holds.
     (
         "a .gitignore edited",

@@ -184,8 +184,8 @@ pub struct MadeAs<'a> {
 
 /// Whether the layer's git dir holds nothing that changes how git stages: only files git
 /// writes for refs, history, objects and operations in progress, its config as made, `info/`
-/// as made, its alternates as made.
-pub fn git_dir_as_made(git_dir: &Path, made: &MadeAs<'_>) -> bool {
+/// as made, its alternates as made. Err names what is not.
+pub fn git_dir_as_made(git_dir: &Path, made: &MadeAs<'_>) -> Result<(), String> {
     const WRITTEN: &[&str] = &[
         "index",
         "HEAD",
@@ -221,23 +221,22 @@ pub fn git_dir_as_made(git_dir: &Path, made: &MadeAs<'_>) -> bool {
         "rr-cache",
         "gc.pid",
         "gc.log",
-        // A pod's marker that the history can be fetched (image/git-history).
+        // A pod's marker that the history can be fetched, and why it could not be
+        // (image/git-history).
         "cra-history",
+        "cra-history.err",
     ];
-    let Ok(entries) = std::fs::read_dir(git_dir) else {
-        return false;
-    };
-    for e in entries {
-        let Ok(e) = e else { return false };
+    let unread = |e: std::io::Error| format!("{}: {e}", git_dir.display());
+    for e in std::fs::read_dir(git_dir).map_err(unread)? {
+        let e = e.map_err(unread)?;
         let name = e.file_name();
+        let shown = name.to_string_lossy().into_owned();
         let Some(name) = name.to_str() else {
-            return false;
+            return Err(shown);
         };
-        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
-            return false;
-        };
+        let m = std::fs::symlink_metadata(e.path()).map_err(unread)?;
         if m.file_type().is_symlink() {
-            return false;
+            return Err(shown);
         }
         let ok = match name {
             n if WRITTEN.contains(&n) => true,
@@ -254,10 +253,10 @@ pub fn git_dir_as_made(git_dir: &Path, made: &MadeAs<'_>) -> bool {
             _ => false,
         };
         if !ok {
-            return false;
+            return Err(shown);
         }
     }
-    true
+    Ok(())
 }
 
 /// `objects/info/` holds the alternates the layer was made with (see [`MadeAs::alternates`]),
