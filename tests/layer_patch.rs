@@ -56,7 +56,11 @@ fn repo() -> (tempfile::TempDir, PathBuf) {
 }
 
 async fn provision(root: &Path, branch: &str) -> Worktree {
-    let mut req = request(branch, Some(SETUP));
+    provision_with(root, branch, SETUP).await
+}
+
+async fn provision_with(root: &Path, branch: &str, setup: &[&str]) -> Worktree {
+    let mut req = request(branch, Some(setup));
     req.layered = true;
     let wt = RepoGit::for_repo(root)
         .provision(&req, &GitJails, &CancellationToken::new())
@@ -210,6 +214,29 @@ async fn every_patch_case_read_from_the_layer_is_byte_identical_to_the_full_stag
         }
         wt.cleanup().await.unwrap();
     }
+    RepoGit::for_repo(&root).release_unused_bases().await;
+}
+
+/// A setup that staged into the base's index (then changed the file again) leaves it other
+/// than the commit's tree: a path the agent does not touch would end as that index has it,
+/// where the full staging ends it as the snapshot has it. Not verified, so every layer takes
+/// the full path, and the patch holds the agent's work alone.
+#[tokio::test]
+async fn a_base_whose_setup_staged_into_its_index_is_not_verified_and_its_patch_holds_only_the_agents_work(
+) {
+    let (_t, root) = repo();
+    let setup = &[
+        "sh",
+        "-c",
+        "echo one > staged.txt && git add staged.txt && echo two >> staged.txt",
+    ];
+    let wt = provision_with(&root, "staged", setup).await;
+    agent(&root, &wt, "echo work > work.txt").await;
+    assert!(!wt.layer_verified(Duration::from_secs(120)).await);
+    let patch = wt.extract_patch().await.unwrap();
+    assert!(patch.contains("+++ b/work.txt"), "{patch}");
+    assert!(!patch.contains("staged.txt"), "{patch}");
+    wt.cleanup().await.unwrap();
     RepoGit::for_repo(&root).release_unused_bases().await;
 }
 

@@ -45,6 +45,8 @@ async function baseSetup({ local = false, fresh = true, config = {}, repo = {} }
 
 const said = () => h.logger.entries.map((e) => e.message);
 const layered = (logs) => logs.filter((m) => m.includes("the checkout layered on the node's base"));
+const readFromLayer = (logs) => logs.filter((m) => m.includes('staged from the layer'));
+const wholeCheckout = (logs) => logs.filter((m) => m.includes('cra-pod candidates: the whole checkout is staged'));
 
 describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)", () => {
   it("the first Implementor on a node makes the base, the next ones layer on it; every patch is the local backend's, byte for byte", { timeout: 400_000 }, async () => {
@@ -97,26 +99,55 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
     expect(layered(said()).at(-1)).toMatch(/: kept on the node$/);
   });
 
-  it('a setup runs once per node and commit: a later Implementor finds its output without running it, and its patch holds only its own work', { timeout: 300_000 }, async () => {
-    await baseSetup({ config: { worktreeSetupCommand: ['sh', '-c', 'echo ran >> setup-runs.txt; pwd > setup-cwd.txt; mkdir -p deps && echo dep > deps/lib.txt'] } });
+  it("a setup runs once per node and commit: a later Implementor finds its output without running it, and its patch holds only its own work, byte for byte the local backend's; each end reads only what the layer changed", { timeout: 300_000 }, async () => {
+    // The setup changes a tracked file and leaves untracked output: the snapshot holds both,
+    // the base's index neither, and the patch neither (each end verified against the local one).
+    const setupCommand = ['sh', '-c', 'echo ran >> setup-runs.txt; pwd > setup-cwd.txt; mkdir -p deps && echo dep > deps/lib.txt; echo setup >> README.md'];
+    const work = ['cat setup-runs.txt setup-cwd.txt deps/lib.txt; echo work > work.txt'];
+    await baseSetup({ local: true, config: { worktreeSetupCommand: setupCommand } });
+    const local = await agentRuns(h, 'implementor', work);
+    await h.cleanup();
+    await baseSetup({ config: { worktreeSetupCommand: setupCommand } });
     const adapter = h.adapter();
     const runs = [];
-    for (let i = 0; i < 2; i++) runs.push(await agentRuns(h, 'implementor', [`cat setup-runs.txt setup-cwd.txt deps/lib.txt; echo work-${i} > work.txt`], { adapter, branchName: `wi-setup-${i}` }));
-    for (const [i, r] of runs.entries()) {
+    for (let i = 0; i < 2; i++) runs.push(await agentRuns(h, 'implementor', work, { adapter, branchName: `wi-setup-${i}` }));
+    expect(local.result.patch).toContain('+work');
+    for (const r of runs) {
       // Run once, where the checkout is: what it wrote names the checkout's own path.
-      expect(r.out[0].trim().split('\n')).toEqual(['ran', '/workspace/repo', 'dep']);
-      expect(r.result.patch).toContain(`+work-${i}`);
+      expect(r.out[0].trim().split('\n').slice(0, 3)).toEqual(['ran', '/workspace/repo', 'dep']);
+      expect(r.result.patch).toBe(local.result.patch);
       expect(r.result.patch).not.toContain('setup-runs.txt');
       expect(r.result.patch).not.toContain('deps/lib.txt');
+      expect(r.result.patch).not.toContain('README.md');
     }
     expect(layered(said()).map((m) => m.split(': ').at(-1))).toEqual(['made here', 'kept on the node']);
+    expect(readFromLayer(said()), said().join('\n')).toHaveLength(2);
+  });
+
+  it("a setup that stages into the base's index leaves it unverified: each end stages the whole checkout, and the patch is the local backend's, byte for byte", { timeout: 300_000 }, async () => {
+    // Its index is then not the commit's, nor the snapshot's: a path the agent does not touch
+    // would end as the index has it, where the whole staging ends it as the snapshot has it.
+    const setupCommand = ['sh', '-c', 'mkdir -p deps && echo dep > deps/lib.txt && git add deps/lib.txt && echo more >> deps/lib.txt'];
+    const work = ['echo work > work.txt'];
+    await baseSetup({ local: true, config: { worktreeSetupCommand: setupCommand } });
+    const local = await agentRuns(h, 'implementor', work);
+    await h.cleanup();
+    await baseSetup({ config: { worktreeSetupCommand: setupCommand } });
+    const adapter = h.adapter();
+    for (let i = 0; i < 2; i++) {
+      const r = await agentRuns(h, 'implementor', work, { adapter, branchName: `wi-staged-${i}` });
+      expect(r.result.patch).toBe(local.result.patch);
+    }
+    expect(local.result.patch).toContain('+work');
+    expect(local.result.patch).not.toContain('deps/lib.txt');
+    expect(said().filter((m) => m.includes("the node's base is not verified"))).toHaveLength(1);
+    expect(readFromLayer(said())).toEqual([]);
+    expect(layered(said())).toHaveLength(2);
   });
 
   // The end of a session on the node's base reads only what its layer changed (cra-pod
   // candidates): every same-size edit case, on a base made in the second before (its entries
   // racily clean), as local patches byte for byte; the log says which end each took.
-  const readFromLayer = (logs) => logs.filter((m) => m.includes('staged from the layer'));
-  const wholeCheckout = (logs) => logs.filter((m) => m.includes('cra-pod candidates: the whole checkout is staged'));
   for (const [name, calls] of Object.entries(RACY_CASES)) {
     const handled = !name.includes('assume-unchanged');
     it(`${name}: ${RACY_RUNS} of ${RACY_RUNS} Implementors on the node's base return the local backend's patch, byte for byte, ${handled ? 'their end reading only what the layer changed' : 'their end staging the whole checkout (git obeys the mark whatever the file holds)'}`, { timeout: 120_000 + RACY_RUNS * 15_000 }, async () => {

@@ -36,6 +36,15 @@
 //! the verification's changes nothing when no entry is racy under one and not the other, or
 //! when every entry that could be is one whose content is its oid (checked at verification).
 //!
+//! Where the setup changed a tracked file or left untracked output, the snapshot holds it and
+//! the base's index (the layer's, outside the candidates) does not: the limited staging's
+//! final tree then differs from the full one there, and its records set such a path as the
+//! index has it. The patch lays records on the base commit ([`super::patch::patch_of_changes`]),
+//! so that is no change as long as the index is the commit's tree, which is verified too: the
+//! full staging lays nothing there (it finds the path as the snapshot has it), the limited one
+//! lays the commit's own entry. A setup that staged into the index fails that, and its base's
+//! layers take the full path.
+//!
 //! A directory of the base the agent removed is a whiteout in `upper/`, one it made anew is
 //! marked opaque (`user.overlay.opaque`, the overlay being mounted with `userxattr`): either is
 //! a candidate as a whole, as a new directory is.
@@ -60,7 +69,7 @@ use super::command::{neutral_git_sh, run_with_input, At};
 use super::layer::Layer;
 use super::patch::{
     diff, git_with_index, index_path, patch_of_changes, records_of_raw_diff, stage_all, tree_of,
-    unix_now, Snapshot, TempIndex,
+    unix_now, write_tree, Snapshot, TempIndex,
 };
 use crate::error::Result;
 use layer_diff::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
@@ -209,6 +218,12 @@ pub(crate) async fn verify(
     let base_tree = tree_of(at, commit).await?;
     let host = host_git().await;
     let git_dir = layer.git_dir();
+    // The base's index is the commit's tree (module docs: where the snapshot and it differ).
+    let own = TempIndex::copy_of(&git_dir.join("index"), None).ok()?;
+    if write_tree(at, &own.path).await.ok()? != base_tree {
+        tracing::debug!(base = %layer.base.display(), "the base's layers take the full extraction: its index is not the commit's tree (its setup staged into it)");
+        return None;
+    }
     let index = std::fs::read(git_dir.join("index")).ok()?;
     let config = std::fs::read(git_dir.join("config")).ok()?;
     let limit_secs = super::patch::stat_trust_limit(Some(snapshot.taken));

@@ -157,13 +157,19 @@ impl Steps<'_> {
     }
 
     /// Whether the node's base just made (its tree at [`WORKDIR`], bound writable) may end its
-    /// layered sessions by their candidates (`cra-pod candidates`; [`super::work::EXTRACT_SCRIPT`]).
-    /// Staged with every entry compared by content (the index's copy dated 1970, so that git
-    /// takes every entry for racily clean), the checkout gives the snapshot's tree, and so does
-    /// the base's index as it is: every tracked file holds its entry's content, and nothing
-    /// untracked is staged. A session's whole staging then leaves every entry the agent did not
-    /// touch as it was, whatever its stat data and the racy-clean limit say. False, and the
-    /// base's sessions stage their whole checkout, where that does not hold or the step fails.
+    /// layered sessions by their candidates (`cra-pod candidates`; [`super::work::EXTRACT_SCRIPT`]):
+    /// - staged with every entry compared by content (the index's copy dated 1970, so that git
+    ///   takes every entry for racily clean), the checkout gives the snapshot's tree: the
+    ///   snapshot says what every file holds;
+    /// - the base's index as it is, which every layer starts from, is the commit's tree.
+    ///
+    /// Then every path the agent did not touch ends, in the patch, as the commit has it on
+    /// either end: the whole staging finds it as the snapshot has it (no change to lay on the
+    /// commit), or as the index has it, which is the commit's; the limited staging keeps the
+    /// index's. So a setup's own changes and untracked output stay out of the patch on both.
+    /// Where the snapshot is the commit's tree, both together mean every file holds its
+    /// entry's content, so the two final trees are the same tree. False, and the base's
+    /// sessions stage their whole checkout, where that does not hold or the step fails.
     pub(super) async fn verify_base(&self, snapshot: &PodSnapshot, pod: &str) -> bool {
         let g = neutral_git_sh();
         let script = format!(
@@ -171,7 +177,8 @@ impl Steps<'_> {
              cp .git/index \"$w\"; touch -m -d @1 \"$v\"; \
              GIT_INDEX_FILE=$v {g} update-index -q --really-refresh >/dev/null || :; \
              GIT_INDEX_FILE=$v {g} add -A; a=$(GIT_INDEX_FILE=$v {g} write-tree); \
-             b=$(GIT_INDEX_FILE=$w {g} write-tree); echo \"$a $b $({g} rev-parse \"$1^{{tree}}\")\""
+             b=$(GIT_INDEX_FILE=$w {g} write-tree); \
+             echo \"$a $b $({g} rev-parse \"$1^{{tree}}\" \"$1^^{{tree}}\" | tr '\\n' ' ')\""
         );
         let argv = confined(
             Some("rw"),
@@ -189,14 +196,19 @@ impl Steps<'_> {
         {
             Ok(out) => {
                 let out = String::from_utf8_lossy(&out);
-                let trees: Vec<&str> = out.split_whitespace().collect();
-                if trees.len() == 3 && trees.iter().all(|t| *t == trees[0]) {
-                    return true;
+                // The tree staged by content, the index's, the snapshot's, the commit's.
+                match out.split_whitespace().collect::<Vec<_>>()[..] {
+                    [by_content, index, snapshot, commit]
+                        if by_content == snapshot && index == commit =>
+                    {
+                        return true
+                    }
+                    _ => format!(
+                        "the trees staged by content, of its index, of the snapshot and of the \
+                         commit are {:?}",
+                        out.trim()
+                    ),
                 }
-                format!(
-                    "staged by content, its index's own and the snapshot's trees are {:?}",
-                    out.trim()
-                )
             }
             Err(e) => e.message,
         };
