@@ -276,6 +276,9 @@ describe('the runtime kept once per node (backend.kubernetes.nodeCache)', () => 
       expect(r.out[1].trim()).toBe('2');
       expect(r.result.patch).toContain('+++ b/new.txt');
       expect(r.logs.some((m) => m.includes('not kept once on node'))).toBe(false);
+      // The checkout layered on the node's base too: its end read only what the layer changed,
+      // with the runtime's cra-pod in the user's image.
+      expect(r.logs.filter((m) => m.includes('staged from the layer')), r.logs.join('\n')).toHaveLength(1);
     }
   });
 

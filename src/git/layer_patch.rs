@@ -74,8 +74,8 @@ use super::patch::{
 use crate::error::Result;
 use layer_diff::index_file::{self, CE_INTENT_TO_ADD, CE_SKIP_WORKTREE, CE_VALID, GITLINK_MODE};
 use layer_diff::upper::{
-    changed_paths, git_dir_as_made, nul_list, records, smudge_racy, staging, upper_candidates,
-    MadeAs, RootGit,
+    changed_paths, git_dir_as_made, nul_list, smudge_racy, staging, upper_candidates, MadeAs,
+    RootGit,
 };
 
 /// What the verification of a base established (module docs).
@@ -83,9 +83,6 @@ use layer_diff::upper::{
 pub(crate) struct Verified {
     /// The base's index, as every layer over it starts with it.
     index: Vec<u8>,
-    /// Its entries: path → everything the index keeps of it but the path and the device
-    /// ([`index_file::Entry::record`]).
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The mtime (seconds, nanoseconds) of the verification's copy of the index.
     limit: (i64, i64),
     /// Every entry at or after `limit`'s second holds its content's oid: a later limit
@@ -247,7 +244,6 @@ pub(crate) async fn verify(
     if !same {
         return None;
     }
-    let entries = records(&parsed);
     let after = listing(at, &temp.path).await?;
     let plain = |e: &Entry| {
         e.stage == "0"
@@ -275,7 +271,6 @@ pub(crate) async fn verify(
     }
     Some(Verified {
         index,
-        entries,
         limit,
         later_limit_ok,
         host,
@@ -335,7 +330,7 @@ async fn from_layer(
     let entries = index_file::entries(&mine)?;
     let changed = match mine == v.index {
         true => Vec::new(),
-        false => changed_paths(&entries, &v.entries)?,
+        false => changed_paths(&entries, &index_file::entries(&v.index)?)?,
     };
     let upper = layer.dir.join("upper");
     let mut pointer = b"gitdir: ".to_vec();

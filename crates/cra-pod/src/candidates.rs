@@ -26,7 +26,7 @@ use std::path::Path;
 
 use layer_diff::index_file;
 use layer_diff::upper::{
-    changed_paths, git_dir_as_made, read_at_most, read_regular, records, smudge_racy, staging,
+    changed_paths, git_dir_as_made, read_at_most, read_regular, smudge_racy, staging,
     upper_candidates, MadeAs, RootGit,
 };
 
@@ -131,7 +131,7 @@ fn prepared(file: &Path, trust: i64) -> Result<Prepared, String> {
         false => (trust, 0),
     };
     let entries = index_file::entries(&mine).ok_or("the agent's index is not read")?;
-    let changed = changed_paths(&entries, &records(&base_entries))
+    let changed = changed_paths(&entries, &base_entries)
         .ok_or("an entry of the agent's index is marked, unmerged or a gitlink")?;
     let cands = upper_candidates(upper, lower, RootGit::Dir)
         .ok_or("the layer holds what a limited staging does not handle")?;

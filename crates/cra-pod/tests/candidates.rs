@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_cra-pod");
 const WORK_RS: &str = include_str!("../../../src/environment/kubernetes/work.rs");
 
@@ -58,9 +60,7 @@ fn layer(name: &str, aged: bool) -> Layer {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("cra-cand-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    for d in ["lower", "upper", "work", "target"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
+    let (file, _) = common::overlay_file(&dir);
     let lower = dir.join("lower");
     sh(
         &lower,
@@ -78,18 +78,8 @@ fn layer(name: &str, aged: bool) -> Layer {
         );
     }
     let base = sh(&lower, "git rev-parse HEAD");
-    let p = |d: &str| dir.join(d).display().to_string();
-    let text = format!(
-        "lower={}\nupper={}\nwork={}\ntarget={}\n",
-        p("lower"),
-        p("upper"),
-        p("work"),
-        p("target")
-    );
-    let file = dir.join("layer");
-    std::fs::write(&file, text).unwrap();
     Layer {
-        target: p("target"),
+        target: dir.join("target").display().to_string(),
         dir,
         file,
         base,

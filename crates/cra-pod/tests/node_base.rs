@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_cra-pod");
 
 fn scratch(name: &str) -> PathBuf {
@@ -193,20 +195,8 @@ fn keys_and_names_not_the_adapters_are_refused() {
 /// file naming them as an overlay: (the directory, the file, its text).
 fn overlay_layer(name: &str) -> (PathBuf, PathBuf, String) {
     let dir = scratch(name);
-    for d in ["lower", "upper", "work", "target"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
+    let (file, text) = common::overlay_file(&dir);
     std::fs::write(dir.join("lower/kept"), "base\n").unwrap();
-    let p = |d: &str| dir.join(d).display().to_string();
-    let text = format!(
-        "lower={}\nupper={}\nwork={}\ntarget={}\n",
-        p("lower"),
-        p("upper"),
-        p("work"),
-        p("target")
-    );
-    let file = dir.join("layer");
-    std::fs::write(&file, &text).unwrap();
     (dir, file, text)
 }
 

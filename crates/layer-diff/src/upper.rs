@@ -321,15 +321,6 @@ pub fn nul_list<'a>(paths: impl Iterator<Item = &'a Vec<u8>>) -> Vec<u8> {
     out
 }
 
-/// Path → everything the index keeps of an entry but the path and the device
-/// ([`index_file::Entry::record`]).
-pub fn records(entries: &[Entry<'_>]) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    entries
-        .iter()
-        .map(|e| (e.path.clone(), e.record_bytes()))
-        .collect()
-}
-
 /// Whether an entry is one a limited staging handles: stage 0, no gitlink, none of the marks
 /// git obeys whatever the file holds (assume-unchanged, skip-worktree, intent-to-add).
 pub fn plain(e: &Entry<'_>) -> bool {
@@ -338,31 +329,41 @@ pub fn plain(e: &Entry<'_>) -> bool {
         && e.stage() == 0
 }
 
-/// The paths whose entry in the agent's index (`mine`) differs from the base's (`base`:
-/// [`records`]), or that only the base has; None when an entry of `mine` is not [`plain`].
-pub fn changed_paths(
-    mine: &[Entry<'_>],
-    base: &BTreeMap<Vec<u8>, Vec<u8>>,
-) -> Option<Vec<Vec<u8>>> {
+/// The paths whose entry in the agent's index (`mine`) differs from the base's (`base`) in
+/// anything git keeps of it but the device ([`index_file::Entry::record`]), or that only one
+/// of them has; None when an entry of `mine` is not [`plain`]. Both are in git's order (by
+/// path: [`index_file::entries`] reads nothing else), so one walk of both decides, without a
+/// map of 100,000 paths.
+pub fn changed_paths(mine: &[Entry<'_>], base: &[Entry<'_>]) -> Option<Vec<Vec<u8>>> {
+    if !mine.iter().all(plain) {
+        return None;
+    }
     let mut changed = Vec::new();
-    let mut records = BTreeMap::new();
-    for e in mine {
-        if !plain(e) {
-            return None;
+    let (mut m, mut b) = (mine.iter().peekable(), base.iter().peekable());
+    loop {
+        match (m.peek(), b.peek()) {
+            (None, None) => return Some(changed),
+            (Some(x), Some(y)) if x.path == y.path => {
+                if x.record != y.record {
+                    changed.push(x.path.clone());
+                }
+                m.next();
+                b.next();
+            }
+            (Some(x), Some(y)) if x.path < y.path => {
+                changed.push(x.path.clone());
+                m.next();
+            }
+            (Some(x), None) => {
+                changed.push(x.path.clone());
+                m.next();
+            }
+            (_, Some(y)) => {
+                changed.push(y.path.clone());
+                b.next();
+            }
         }
-        records.insert(e.path.as_slice(), e.record_bytes());
     }
-    for (p, r) in &records {
-        if base.get(*p) != Some(r) {
-            changed.push(p.to_vec());
-        }
-    }
-    for p in base.keys() {
-        if !records.contains_key(p.as_slice()) {
-            changed.push(p.clone());
-        }
-    }
-    Some(changed)
 }
 
 /// What a limited `git add -A` is given ([`staging`]).
@@ -484,4 +485,61 @@ pub fn smudge_racy(
     let trailer = out.len().checked_sub(20)?;
     out[trailer..].fill(0);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+
+    #[test]
+    fn changed_paths_names_each_path_whose_entry_differs_or_that_one_index_alone_has() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        git(d, &["init", "-q"]);
+        for p in ["a", "b", "c", "e"] {
+            std::fs::write(d.join(p), p).unwrap();
+        }
+        git(d, &["add", "-A"]);
+        let base = std::fs::read(d.join(".git/index")).unwrap();
+        // Removed (b), its mode changed (c), added before and after every other (0, d, f).
+        git(d, &["rm", "-q", "--cached", "b"]);
+        git(d, &["update-index", "--chmod=+x", "c"]);
+        for p in ["0", "d", "f"] {
+            std::fs::write(d.join(p), p).unwrap();
+            git(d, &["add", p]);
+        }
+        let mine = std::fs::read(d.join(".git/index")).unwrap();
+        let (base, mine) = (
+            index_file::entries(&base).unwrap(),
+            index_file::entries(&mine).unwrap(),
+        );
+        let names = |v: Vec<Vec<u8>>| -> Vec<String> {
+            let mut v: Vec<String> = v
+                .into_iter()
+                .map(|p| String::from_utf8(p).unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names(changed_paths(&mine, &base).unwrap()),
+            ["0", "b", "c", "d", "f"]
+        );
+        assert_eq!(changed_paths(&base, &base), Some(Vec::new()));
+        // A marked entry is not one a limited staging handles.
+        git(d, &["update-index", "--assume-unchanged", "a"]);
+        let marked = std::fs::read(d.join(".git/index")).unwrap();
+        assert!(changed_paths(&index_file::entries(&marked).unwrap(), &base).is_none());
+    }
 }

@@ -178,7 +178,7 @@ impl Steps<'_> {
              GIT_INDEX_FILE=$v {g} update-index -q --really-refresh >/dev/null || :; \
              GIT_INDEX_FILE=$v {g} add -A; a=$(GIT_INDEX_FILE=$v {g} write-tree); \
              b=$(GIT_INDEX_FILE=$w {g} write-tree); \
-             echo \"$a $b $({g} rev-parse \"$1^{{tree}}\" \"$1^^{{tree}}\" | tr '\\n' ' ')\""
+             echo \"$a $b\"; {g} rev-parse \"$1^{{tree}}\" \"$1^^{{tree}}\""
         );
         let argv = confined(
             Some("rw"),
