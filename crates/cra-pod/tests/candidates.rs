@@ -56,7 +56,6 @@ fn sh(dir: &Path, script: &str) -> String {
 /// base made just before its first session), or `aged` (every file and the index older than
 /// the trust limit), with an empty layer over it.
 fn layer(name: &str, aged: bool) -> Layer {
-    // Not under /tmp, which each extraction gets a tmpfs of its own on.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("cra-cand-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -91,11 +90,7 @@ impl Layer {
     fn run(&self, script: &str, env: &[(&str, &str)], stdin: Option<Vec<u8>>) -> (String, String) {
         let mut cmd = Command::new(BIN);
         cmd.args(["layer", self.file.to_str().unwrap(), "--", "sh", "-c"])
-            // A /tmp of its own, as the jail gives the extraction.
-            .arg(format!(
-                "mount -t tmpfs tmpfs /tmp && cd {} && {script}",
-                self.target
-            ))
+            .arg(format!("cd {} && {script}", self.target))
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .envs(env.iter().copied())
@@ -139,8 +134,11 @@ impl Layer {
         if layered {
             env.push(("P", BIN));
         }
+        // The jail gives each extraction a /tmp of its own; here the host's is shared, so what
+        // an earlier one left there goes first (the cases run one at a time: `ONE_AT_A_TIME`).
         let run = format!(
-            "sh -c \"$X\" sh {base} {base} {trust} >/dev/null && {G} rev-parse 'refs/cra/final^{{tree}}'",
+            "rm -rf /tmp/cra-c /tmp/cra-final.index /tmp/cra-final.index.lock && \
+             sh -c \"$X\" sh {base} {base} {trust} >/dev/null && {G} rev-parse 'refs/cra/final^{{tree}}'",
             base = self.base
         );
         let x = script.clone();
@@ -242,7 +240,11 @@ const CASES: &[(&str, &str, bool)] = &[
     ),
 ];
 
+/// The extraction's scripts use fixed paths in /tmp (each has its own in the jail).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn each_case(aged: bool) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut differ = Vec::new();
     for (i, (name, edit, handled)) in CASES.iter().enumerate() {
         let l = layer(&format!("{}-{i}", u8::from(aged)), aged);

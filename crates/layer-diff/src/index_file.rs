@@ -1,5 +1,5 @@
-//! The entries of a git index file, read in place (`gitformat-index(5)`): what
-//! the end of a layered session compares between an agent's index and its base's, 100,000 entries in
+//! The entries of a git index file, read in place (`gitformat-index(5)`): what the end of a
+//! layered session compares between an agent's index and its base's, 100,000 entries in
 //! milliseconds where `git ls-files --stage --debug` in a jail took a third of a second. The
 //! file is the agent's: every length is checked, and anything this does not read exactly as git
 //! would — another version or hash, a split or sparse index, an extension git requires and this
@@ -59,11 +59,6 @@ impl Entry<'_> {
             u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
             u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
         )
-    }
-
-    /// [`Entry::record`] as one byte string.
-    pub fn record_bytes(&self) -> Vec<u8> {
-        self.record.concat()
     }
 }
 
