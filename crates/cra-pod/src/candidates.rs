@@ -92,11 +92,7 @@ impl Prepared {
 /// The candidates of the layer FILE describes, or why the whole checkout is to be staged.
 fn prepared(file: &Path, trust: i64) -> Result<Prepared, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let get = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .map(Path::new)
-    };
+    let get = |key: &str| crate::node_base::layer_field(&text, key).map(Path::new);
     let (Some(lower), Some(upper)) = (get("lower"), get("upper")) else {
         return Err("the checkout is not an overlay".into());
     };
@@ -124,7 +120,11 @@ fn prepared(file: &Path, trust: i64) -> Result<Prepared, String> {
         Err(e) => return Err(format!("the agent's index: {e}")),
     };
     let meta = std::fs::symlink_metadata(&index_path).map_err(|e| e.to_string())?;
-    let mine = read_at_most(&index_path, MAX_INDEX).ok_or("the agent's index cannot be read")?;
+    // (The base's, already read, where the agent's git wrote none: 8 MiB at 100,000 files.)
+    let mine = match index_path.starts_with(upper) {
+        true => read_at_most(&index_path, MAX_INDEX).ok_or("the agent's index cannot be read")?,
+        false => base_index.clone(),
+    };
     // The full staging's limit: the index's mtime, capped at the snapshot's trust limit.
     let limit = match meta.mtime() <= trust {
         true => (meta.mtime(), meta.mtime_nsec()),

@@ -52,11 +52,7 @@ pub fn layer(args: &[String]) -> ! {
             run(cmd)
         }
     }
-    let get = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .map(str::to_string)
-    };
+    let get = |key: &str| layer_field(&text, key).map(str::to_string);
     let (Some(lower), Some(target)) = (get("lower"), get("target")) else {
         layer_failed(format!("{file} names no lower= or no target="))
     };
@@ -74,6 +70,12 @@ pub fn layer(args: &[String]) -> ! {
         Some(cmd) => run(cmd),
         None => hold_layer(&holder, &text),
     }
+}
+
+/// The value of `key=` in a layer file's `text` (`lower`, `upper`, `work`, `target`).
+pub fn layer_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Exits 125 with one line on stderr, in `cra-jail`'s words.
