@@ -2,6 +2,8 @@
 // 127.0.0.1 scripted per test, real git repositories in temp dirs.
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import v8 from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { afterEach, describe, expect, it } from 'vitest';
 import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
 import { apiError, bash, latestToolResultText, reply, scenario, structured, text, toolNames } from './support/fake-api.mjs';
@@ -252,6 +254,34 @@ describe('hooks fail closed', () => {
 
   it('a hook that never answers blocks the command once its bound passes', async () => {
     process.env.CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS = '300';
+    // The hook keeps a way to settle its promise, as a slow validator would: the promise
+    // stays reachable, so only the bound can end the wait.
+    const unsettled = [];
+    try {
+      h = await setup({
+        script: scenario.steps([bash('echo late > late.txt'), structured({ role: 'implementor', outcome: 'blocked', summary: 's' })]),
+        state: implementorState,
+        bodies: { 7: 'x' },
+        hook: () => new Promise((resolve) => unsettled.push(resolve)),
+      });
+      const adapter = h.adapter();
+      const result = await (await adapter.startAgent(implementorParams)).result;
+      expect(result.outcome).toBe('blocked');
+      expect(unsettled).toHaveLength(1);
+      expect(latestToolResultText(h.api.mainBodies().at(-1))).toContain('did not answer within 300 ms');
+    } finally {
+      delete process.env.CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS;
+    }
+  });
+
+  it('a hook whose promise nothing can settle blocks the command at once when the collector takes it, saying so', async () => {
+    // `new Promise(() => {})` holds no way to settle it: a full collection may take it with
+    // the reactions that would have answered (CI saw this as "oneshot canceled" before its
+    // bound). Collections are forced here so it happens in every run, long before the bound.
+    v8.setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc');
+    const collecting = setInterval(gc, 20);
+    process.env.CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS = '120000';
     try {
       h = await setup({
         script: scenario.steps([bash('echo late > late.txt'), structured({ role: 'implementor', outcome: 'blocked', summary: 's' })]),
@@ -259,11 +289,15 @@ describe('hooks fail closed', () => {
         bodies: { 7: 'x' },
         hook: () => new Promise(() => {}),
       });
-      const adapter = h.adapter();
-      const result = await (await adapter.startAgent(implementorParams)).result;
+      const started = Date.now();
+      const result = await (await h.adapter().startAgent(implementorParams)).result;
       expect(result.outcome).toBe('blocked');
-      expect(latestToolResultText(h.api.mainBodies().at(-1))).toContain('did not answer within 300 ms');
+      const told = latestToolResultText(h.api.mainBodies().at(-1));
+      expect(told).toContain('Bash validator failed');
+      expect(told).toContain('the promise it returned was garbage-collected unsettled, so it can never answer');
+      expect(Date.now() - started).toBeLessThan(30_000);
     } finally {
+      clearInterval(collecting);
       delete process.env.CLAUDE_RUNTIME_ADAPTER_HOOK_TIMEOUT_MS;
     }
   });

@@ -1,6 +1,10 @@
 //! Reading untrusted JS values: a callback's return value that may or may not be a promise,
 //! and shapes checked in Rust with errors that name the callback and the field.
 
+use std::cell::Cell;
+use std::rc::Rc;
+
+use futures::channel::oneshot::{self, Receiver};
 use napi::bindgen_prelude::*;
 use napi::sys;
 use serde_json::Value;
@@ -9,8 +13,15 @@ use serde_json::Value;
 /// either; the engine's providers are async).
 pub enum MaybePromise<T: FromNapiValue + 'static> {
     Ready(T),
-    Pending(Promise<T>),
+    Pending(Receiver<Result<T>>),
 }
+
+/// Why a promise's reply never came although it neither resolved nor rejected: nothing held
+/// it, or a way to settle it, so the garbage collector took it with the reactions that would
+/// have answered (a `new Promise(() => {})` can go at the next full collection). napi's own
+/// `Promise` calls this "oneshot canceled".
+const COLLECTED_UNSETTLED: &str =
+    "the promise it returned was garbage-collected unsettled, so it can never answer";
 
 impl<T: FromNapiValue + 'static> FromNapiValue for MaybePromise<T> {
     unsafe fn from_napi_value(env: sys::napi_env, value: sys::napi_value) -> Result<Self> {
@@ -19,7 +30,7 @@ impl<T: FromNapiValue + 'static> FromNapiValue for MaybePromise<T> {
         unsafe {
             check_status!(sys::napi_is_promise(env, value, &mut is_promise))?;
             Ok(if is_promise {
-                MaybePromise::Pending(Promise::<T>::from_napi_value(env, value)?)
+                MaybePromise::Pending(settled(PromiseRaw::<T>::from_napi_value(env, value)?)?)
             } else {
                 MaybePromise::Ready(T::from_napi_value(env, value)?)
             })
@@ -31,9 +42,35 @@ impl<T: FromNapiValue + 'static> MaybePromise<T> {
     pub async fn settle(self) -> Result<T> {
         match self {
             MaybePromise::Ready(v) => Ok(v),
-            MaybePromise::Pending(p) => p.await,
+            MaybePromise::Pending(reply) => reply
+                .await
+                .unwrap_or_else(|_| Err(Error::new(Status::GenericFailure, COLLECTED_UNSETTLED))),
         }
     }
+}
+
+/// The receiving end of a promise's settlement, as napi's `Promise` reads it, but with the
+/// sender dropped unsent (the promise collected unsettled) left for `settle` to name.
+fn settled<T: FromNapiValue + 'static>(promise: PromiseRaw<T>) -> Result<Receiver<Result<T>>> {
+    let (tx, rx) = oneshot::channel();
+    // Both reactions run on the JS thread, at most one of them ever.
+    let on_value = Rc::new(Cell::new(Some(tx)));
+    let on_error = on_value.clone();
+    promise
+        .then(move |ctx| {
+            if let Some(tx) = on_value.take() {
+                let _ = tx.send(Ok(ctx.value));
+            }
+            Ok(())
+        })?
+        .catch(move |ctx: CallbackContext<Unknown>| {
+            if let Some(tx) = on_error.take() {
+                // Any value may be thrown, a primitive included: read without coercion.
+                let _ = tx.send(Err(Error::from_unknown_without_coercion(ctx.value)));
+            }
+            Ok(())
+        })?;
+    Ok(rx)
 }
 
 /// A JS value read as JSON, where a conversion problem is data, not an `Err`: the only `Err`
