@@ -176,6 +176,28 @@ describe('the history on demand', () => {
     expect(out).toEqual(localOut.map((o) => o.trimEnd()));
   });
 
+  it('four commands at once that need the history each see all of it, none told it could not be fetched, and nothing of the fetch is left in the git dir', { timeout: 240_000 }, async () => {
+    // The CLI starts several git commands at once, and an agent may: each first fetches the
+    // history, and a second fetch beside the first failed on git's lock (image/git-history).
+    await imageSetup({ image: IMAGES.minimal });
+    longHistory(h.repo.root);
+    const { out } = await agentRuns(h, 'planner', [
+      'for i in 1 2 3 4; do git rev-list --count HEAD 2>&1 & done; wait; ls -a "$(git rev-parse --git-dir)" | grep cra-history || echo none left',
+    ]);
+    expect(out[0].split('\n')).toEqual(['501', '501', '501', '501', 'none left']);
+  });
+
+  it('a fetch\'s lock left by a killed command does not hold the next: it fetches the history', { timeout: 240_000 }, async () => {
+    await imageSetup({ image: IMAGES.minimal });
+    longHistory(h.repo.root);
+    const { out } = await agentRuns(h, 'planner', [
+      'gd=$(git rev-parse --git-dir); test -f "$gd/shallow" && echo shallow; mkdir "$gd/cra-history.lock" && echo 999999 > "$gd/cra-history.lock/pid"; start=$(date +%s); git rev-list --count HEAD; echo "waited $(( $(date +%s) - start )) s"; test -e "$gd/cra-history.lock" || echo "no lock left"',
+    ]);
+    const [shallow, count, waited, left] = out[0].split('\n');
+    expect([shallow, count, left]).toEqual(['shallow', '501', 'no lock left']);
+    expect(Number(/waited (\d+) s/.exec(waited)[1])).toBeLessThan(10);
+  });
+
   it('a pod gets only what defaultBranch reaches: another branch\'s commit is not served', { timeout: 180_000 }, async () => {
     await imageSetup({ image: IMAGES.minimal });
     h.repo.git('checkout', '-q', '-b', 'secret');
