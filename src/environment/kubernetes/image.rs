@@ -49,12 +49,19 @@ pub(super) async fn inspect_image(shell: &RemoteShell, image: &str) -> Result<Im
                 })?
         }
     };
-    // pid 1 (cra-pod idle) runs with the image's own environment.
+    // pid 1 (cra-pod idle) runs with the image's own environment. The container counts as
+    // running once its runtime's init (root, not dumpable) is told to start, a moment before it
+    // has exec'd cra-pod, and until then its environ is refused (CI saw `Permission denied`
+    // once, 16 pods starting at once). So the read is retried for up to ~5 s, then its error
+    // is the answer (an image without `cat` fails every try).
     let environ = run(
         vec![
             "/bin/sh".into(),
             "-c".into(),
-            "exec cat /proc/1/environ".into(),
+            "i=0; until cat /proc/1/environ 2>/dev/null; do \
+             i=$((i + 1)); [ \"$i\" -lt 50 ] || exec cat /proc/1/environ; sleep 0.1 2>/dev/null; \
+             done"
+                .into(),
         ],
         DEFAULT_PATH,
     )
