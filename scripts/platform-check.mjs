@@ -14,12 +14,12 @@
 // `--stand-in-c` (what .ci/run passes): that C is not compiled. A stand-in compiler and archiver
 // (standInC below) write the empty objects and archives the build scripts name, and cargo runs
 // for every target, without zig. The Rust is checked as before. In a cold check, libgit2's build
-// script alone was 151 of 404 unit-seconds, and the Windows target took 129 s instead of 254 s
-// (246 against 492 CPU-seconds). The C itself is compiled for these targets where it is built
-// for real: on the GitHub workflow's macOS and Windows runners.
+// script alone was 151 of 404 unit-seconds, and the Windows target took 129 s instead of 248 s
+// (246 against 472 CPU-seconds; docs/contributing.md). The C itself is compiled for these
+// targets where it is built for real: on the GitHub workflow's macOS and Windows runners.
 // Installs what is missing: the Rust targets and clippy (rustup), zig and cargo-zigbuild (pip,
-// the versions CI pins; not with --stand-in-c). Its own target dir (target/platform-check, or CRA_PLATFORM_CHECK_DIR):
-// the host's debug build is not touched.
+// the versions CI pins; not with --stand-in-c). Its own target dir (target/platform-check, or
+// CRA_PLATFORM_CHECK_DIR): the host's debug build is not touched.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
