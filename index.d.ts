@@ -11,6 +11,8 @@ export interface AgentRunHandle {
   /** settles once, after cleanup */
   result: Promise<AgentResult>
   logFilePath: string | null
+  /** the session's audit record (with config.audit): hash-chained, sealed at the end; check it with verifyAuditRecord */
+  auditRecordPath: string | null
   /** aborted with reason 'cancelled' | 'timeout' before `result` rejects for that cause; never aborted when `result` resolves */
   abortSignal: AbortSignal
   /** settles with `result` (also for failed and cancelled sessions) */
@@ -130,6 +132,16 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * (reads) and 1.25x (writes) of `input`.
    */
   modelPrices?: Record<string, ModelPrice>
+  /**
+   * A record of each session in `dir` (an absolute path, made when missing; no sandbox shows
+   * it): every model request and answer, tool call and verdict, host tried, outage, budget stop
+   * and the end, each entry hash-chained to the one before, sealed at the end with an in-toto
+   * statement naming the patch (docs/audit.md). `signingKey`: a PEM PKCS#8 Ed25519 private key
+   * (Node's `generateKeyPairSync('ed25519')` exports one) that signs the seal; without it the
+   * record is chained, not signed. A record that cannot be created fails the start
+   * (ERR_PROVISION).
+   */
+  audit?: { dir: string; signingKey?: string }
 }
 
 /** USD per million tokens of each kind. */
@@ -337,3 +349,11 @@ export interface SessionInfo {
 
 /** Check one Bash command against the shared rule set. */
 export declare function validateBashCommand(command: string): { allowed: true } | { allowed: false; reason: string }
+
+/**
+ * Checks a session's audit record: the chain, the seal's signature against `publicKey` (a PEM
+ * SPKI Ed25519 key), and its patch subject against `patch` (the patch text). A record that
+ * fails resolves `ok: false` naming the first bad entry; bad arguments (no such file, a key
+ * that is not one) reject `ERR_INVALID_PARAMS`.
+ */
+export declare function verifyAuditRecord(path: string, opts?: { publicKey?: string; patch?: string }): Promise<{ ok: boolean; sealed: boolean; entries: number; firstBad: number | null; reason: string | null }>

@@ -840,3 +840,4 @@ module.exports.RuntimeAdapter = nativeBinding.RuntimeAdapter
 module.exports.createBashValidatorHook = nativeBinding.createBashValidatorHook
 module.exports.createClaudeAdapter = nativeBinding.createClaudeAdapter
 module.exports.validateBashCommand = nativeBinding.validateBashCommand
+module.exports.verifyAuditRecord = nativeBinding.verifyAuditRecord

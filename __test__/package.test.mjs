@@ -78,11 +78,11 @@ describe('loading by package name', () => {
 });
 
 describe('published files', () => {
-  it('npm pack contains exactly the loader, the ESM entry, the types, README, LICENSE and package.json', () => {
+  it('npm pack contains exactly the loader, the ESM entry, the types, the audit verifier bin, README, LICENSE and package.json', () => {
     const out = execFileSync(npm, ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8', shell: process.platform === 'win32' });
     const files = JSON.parse(out.slice(out.indexOf('[')))[0].files.map((f) => f.path).sort();
     // No src/, no tests, no .node: the addon ships in claude-runtime-adapter-<platform>.
-    expect(files).toEqual(['LICENSE', 'README.md', 'index.d.ts', 'index.js', 'index.mjs', 'package.json']);
+    expect(files).toEqual(['LICENSE', 'README.md', 'bin/cra-verify-audit.mjs', 'index.d.ts', 'index.js', 'index.mjs', 'package.json']);
   });
 
   it('exports, main and types point at shipped files', () => {

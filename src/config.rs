@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::audit::{AuditConfig, SigningKey};
 use crate::error::AdapterError;
 use crate::spend::Prices;
 
@@ -74,6 +75,9 @@ pub struct AdapterConfig {
     pub max_budget_usd: Option<f64>,
     /// The price table with `modelPrices` over it, which every session's spend is counted at.
     pub prices: Prices,
+    /// `audit`: a hash-chained record of each session in `audit.dir`, sealed with
+    /// `audit.signingKey` when given; `None`: no record.
+    pub audit: Option<AuditConfig>,
 }
 
 /// `config.backend`.
@@ -432,6 +436,7 @@ pub fn parse_config(
     );
     let fleet_pacing = r.flag("fleetPacing", true);
     let (max_budget_usd, prices) = budget::budget(&mut r, sandbox.as_ref(), &backend);
+    let audit = audit(obj.get("audit"), r.problems);
     if !problems.is_empty() {
         return None;
     }
@@ -460,6 +465,7 @@ pub fn parse_config(
         fleet_pacing,
         max_budget_usd,
         prices,
+        audit,
     })
 }
 
@@ -584,6 +590,62 @@ fn env_vars(v: Option<&Value>, problems: &mut Problems) -> Vec<(String, String)>
         }
     }
     out
+}
+
+/// `audit`: absent or null = no record; else `{ dir, signingKey? }`, `dir` an absolute path (made
+/// when missing) and `signingKey` a PEM PKCS#8 Ed25519 private key.
+fn audit(v: Option<&Value>, problems: &mut Problems) -> Option<AuditConfig> {
+    let obj = match v {
+        None | Some(Value::Null) => return None,
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            problems.add("audit", "must be an object { dir, signingKey? }");
+            return None;
+        }
+    };
+    for k in obj
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "dir" | "signingKey"))
+    {
+        problems.add(
+            &format!("audit.{k}"),
+            "is not a field of audit (dir, signingKey)",
+        );
+    }
+    let dir = match obj.get("dir") {
+        Some(Value::String(d)) if Path::new(d).is_absolute() => Some(PathBuf::from(d)),
+        other => {
+            problems.add(
+                "audit.dir",
+                format!("must be an absolute directory path (got {})", shown(other)),
+            );
+            None
+        }
+    };
+    let key = match obj.get("signingKey") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(pem)) => match SigningKey::from_pem(pem) {
+            Ok(k) => Some(std::sync::Arc::new(k)),
+            Err(e) => {
+                problems.add("audit.signingKey", e);
+                None
+            }
+        },
+        Some(_) => {
+            problems.add(
+                "audit.signingKey",
+                "must be a PEM PKCS#8 Ed25519 private key (a string)",
+            );
+            None
+        }
+    };
+    Some(AuditConfig { dir: dir?, key })
+}
+
+/// A bad value as a message shows it: JSON, cut short.
+fn shown(v: Option<&Value>) -> String {
+    let text = v.map_or_else(|| "nothing".to_string(), Value::to_string);
+    text.chars().take(80).collect()
 }
 
 /// `sandbox`: absent or `{}` = on with defaults; `false` = off; anything else is a problem.

@@ -2,6 +2,7 @@
 
 pub mod adapter;
 pub mod agent_definition;
+pub mod audit;
 pub mod bash_validator;
 pub mod binding;
 pub mod claude;

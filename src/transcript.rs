@@ -82,7 +82,7 @@ pub fn secrets_in(env: &[(String, String)]) -> Vec<String> {
 }
 
 /// `text` with every occurrence of each secret replaced by [`REDACTED`].
-fn redact(text: &str, secrets: &[String]) -> String {
+pub fn redact(text: &str, secrets: &[String]) -> String {
     secrets
         .iter()
         .fold(text.to_string(), |t, s| t.replace(s.as_str(), REDACTED))

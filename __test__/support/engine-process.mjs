@@ -6,8 +6,9 @@ import { join } from 'node:path';
 /**
  * Starts a Node process that creates an adapter from harness `h`'s config (an approving hook, a
  * silent logger) and starts one session with `params` (an Implementor works on item 7).
- * Resolves, once `startAgent` has, with the process and the session's transcript path; the
- * process is pushed onto `engines` for the test's afterEach to kill whatever happened.
+ * Resolves, once `startAgent` has, with the process and the session's transcript and audit
+ * record paths (`audit`: null without `config.audit`); the process is pushed onto `engines` for
+ * the test's afterEach to kill whatever happened.
  */
 export async function engineProcess(h, params, engines) {
   const engine = spawn(process.execPath, ['-e', `
@@ -19,15 +20,15 @@ export async function engineProcess(h, params, engines) {
       workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
       getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
       getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-    adapter.startAgent(${JSON.stringify(params)}).then((h) => console.log(JSON.stringify({ log: h.logFilePath })));
+    adapter.startAgent(${JSON.stringify(params)}).then((h) => console.log(JSON.stringify({ log: h.logFilePath, audit: h.auditRecordPath })));
     setInterval(noop, 1000);
   `], { stdio: ['ignore', 'pipe', 'inherit'] });
   engines.push(engine);
-  const log = await new Promise((resolve, reject) => {
-    engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString()).log));
+  const { log, audit } = await new Promise((resolve, reject) => {
+    engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString())));
     engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
   });
-  return { engine, log };
+  return { engine, log, audit };
 }
 
 /**

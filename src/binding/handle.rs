@@ -92,6 +92,7 @@ pub fn build<'env>(env: &'env Env, started: StartedSession) -> Result<Object<'en
         output,
         result,
         log_file_path,
+        audit_record_path,
     } = started;
     let ctor: Function<(), Unknown> = env.get_global()?.get_named_property("AbortController")?;
     let controller = ctor.new_instance(())?.coerce_to_object()?;
@@ -161,6 +162,10 @@ pub fn build<'env>(env: &'env Env, started: StartedSession) -> Result<Object<'en
     handle.set(
         "logFilePath",
         log_file_path.map(|p| p.display().to_string()),
+    )?;
+    handle.set(
+        "auditRecordPath",
+        audit_record_path.map(|p| p.display().to_string()),
     )?;
     handle.set("abortSignal", signal)?;
     handle.set("stats", stats)?;

@@ -11,6 +11,8 @@ export interface AgentRunHandle {
   /** settles once, after cleanup */
   result: Promise<AgentResult>
   logFilePath: string | null
+  /** the session's audit record (with config.audit): hash-chained, sealed at the end; check it with verifyAuditRecord */
+  auditRecordPath: string | null
   /** aborted with reason 'cancelled' | 'timeout' before `result` rejects for that cause; never aborted when `result` resolves */
   abortSignal: AbortSignal
   /** settles with `result` (also for failed and cancelled sessions) */
@@ -130,6 +132,16 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * (reads) and 1.25x (writes) of `input`.
    */
   modelPrices?: Record<string, ModelPrice>
+  /**
+   * A record of each session in `dir` (an absolute path, made when missing; no sandbox shows
+   * it): every model request and answer, tool call and verdict, host tried, outage, budget stop
+   * and the end, each entry hash-chained to the one before, sealed at the end with an in-toto
+   * statement naming the patch (docs/audit.md). `signingKey`: a PEM PKCS#8 Ed25519 private key
+   * (Node's `generateKeyPairSync('ed25519')` exports one) that signs the seal; without it the
+   * record is chained, not signed. A record that cannot be created fails the start
+   * (ERR_PROVISION).
+   */
+  audit?: { dir: string; signingKey?: string }
 }
 
 /** USD per million tokens of each kind. */

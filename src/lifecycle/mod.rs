@@ -24,6 +24,7 @@
 //! What a session needs of the adapter that starts it (config, callbacks, registry, backend) is
 //! a [`SessionHost`], which the adapter builds: the lifecycle sits below the adapter.
 
+mod audited;
 mod host;
 mod observer;
 mod outcome;
@@ -39,6 +40,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::agent_definition;
+use crate::audit::AuditRecord;
 use crate::claude::command::{self, CliArgs};
 use crate::claude::ids;
 use crate::claude::locate;
@@ -74,6 +76,8 @@ pub struct StartedSession {
     /// The result and the run's stats, together once the session is cleaned up.
     pub result: oneshot::Receiver<(Result<Value>, SessionStats)>,
     pub log_file_path: Option<std::path::PathBuf>,
+    /// The session's audit record (`config.audit`).
+    pub audit_record_path: Option<std::path::PathBuf>,
 }
 
 /// How long reading the agent's work (its patch, or what a failed run left) may go on after a
@@ -114,6 +118,11 @@ pub struct Session {
     outage: Arc<ApiOutage>,
     /// The transcript, for the outage's notices (which can come before it is open).
     noted: Arc<OnceLock<Arc<Transcript>>>,
+    /// The audit record (`config.audit`), opened with the transcript; the outage's notices
+    /// reach it through the cell.
+    audit: Arc<OnceLock<Arc<AuditRecord>>>,
+    /// The commit the session started from, as its record's start named it (for the seal).
+    base_commit: Option<String>,
     /// What the CLI was started with, to start it again on the same conversation.
     spec: Option<SessionSpec>,
     /// CLI runs that continued the conversation after the CLI ended on an API failure.
@@ -165,7 +174,8 @@ impl Session {
         metrics::session_started(params.role().as_str());
         let output = OutputBuffer::new(DEFAULT_BOUND);
         let noted: Arc<OnceLock<Arc<Transcript>>> = Arc::new(OnceLock::new());
-        let outage = outage_watch(host, &id, params.role(), &stop, &output, &noted);
+        let audit: Arc<OnceLock<Arc<AuditRecord>>> = Arc::new(OnceLock::new());
+        let outage = outage_watch(host, &id, params.role(), &stop, &output, &noted, &audit);
         let env = host.cli_env();
         if let Some(limit) = host.config.max_agent_duration {
             let timer = stop.clone();
@@ -203,6 +213,8 @@ impl Session {
             conversation_asked: AtomicBool::new(false),
             outage,
             noted,
+            audit,
+            base_commit: None,
             spec: None,
             resumes: 0,
             outage_failure: None,
@@ -286,8 +298,14 @@ impl Session {
     /// view of the repository, and the sandbox every role runs in. The transcript is opened
     /// first, so the checkout's record names it: a crash's sweep saves the work beside it.
     pub async fn provision(&mut self) -> Result<()> {
+        let host = self.host.clone();
+        self.transcript = host
+            .config
+            .logs_dir
+            .as_ref()
+            .map(|dir| self.create_transcript(dir));
+        self.open_audit()?;
         let cfg = &self.host.config;
-        self.transcript = cfg.logs_dir.as_ref().map(|dir| self.create_transcript(dir));
         let session = SessionRecord {
             session_id: self.id.clone(),
             transcript: self.transcript.as_ref().map(|t| t.path().to_path_buf()),
@@ -322,6 +340,7 @@ impl Session {
                 pacing: cfg.fleet_pacing,
                 spend: self.spend.clone(),
                 trace: Some(self.trace.clone()),
+                audit: self.audit.get().cloned(),
             },
         };
         let provisioned = self
@@ -330,6 +349,29 @@ impl Session {
             .provision(request, self.stop.token())
             .await;
         self.environment = Some(provisioned.map_err(|e| self.or_stopped(e))?);
+        Ok(())
+    }
+
+    /// With `config.audit`: the session's record, its first entry written.
+    fn open_audit(&mut self) -> Result<()> {
+        let Some(config) = &self.host.config.audit else {
+            return Ok(());
+        };
+        let record = audited::open(
+            config,
+            &self.params,
+            &self.id,
+            &self.env,
+            self.host.logger.clone(),
+        )?;
+        self.base_commit = audited::start(
+            &record,
+            &self.host.config,
+            &self.params,
+            &self.options,
+            (&self.id, &self.cli_id),
+        );
+        let _ = self.audit.set(record);
         Ok(())
     }
 
@@ -382,7 +424,10 @@ impl Session {
         let write_scope = self.write_scope();
         // The stores Bash may not read (`denyRead`), under the same HOME; with `sandbox: false`
         // too, like the write scope.
-        let read_guard = ReadGuard::for_cli_env(&env);
+        let mut read_guard = ReadGuard::for_cli_env(&env);
+        if let Some(audit) = &cfg.audit {
+            read_guard = read_guard.and_record(&audit.dir);
+        }
         let schema = schema::output_schema(role).clone();
         let args = command::build_args(&CliArgs {
             role: role.as_str(),
@@ -428,6 +473,9 @@ impl Session {
         if let Some(logs) = &cfg.logs_dir {
             scope = scope.deny(logs);
         }
+        if let Some(audit) = &cfg.audit {
+            scope = scope.deny(&audit.dir);
+        }
         if self.has_checkout() {
             let w = self.workdir();
             scope = scope.allow(&w).deny(&w.join(".git"));
@@ -439,10 +487,17 @@ impl Session {
     /// the engine's log (they are the interesting ones).
     fn egress_sink(&self) -> EgressSink {
         let transcript = self.transcript.clone();
+        let audit = self.audit.get().cloned();
         let logger = self.host.logger.clone();
         let ids = json!({ "sessionID": self.id, "role": self.role().as_str() });
         let role = self.role();
         Arc::new(move |a: &EgressAttempt| {
+            if let Some(record) = &audit {
+                record.append(
+                    "network",
+                    json!({ "protocol": a.protocol, "host": a.host, "port": a.port, "allowed": a.allowed, "reason": a.reason }),
+                );
+            }
             let verdict = if a.allowed { "allowed" } else { "blocked" };
             let why = a
                 .reason
@@ -511,6 +566,7 @@ impl Session {
             role: self.role(),
             trace: self.trace.clone(),
             tools: ToolSpans::default(),
+            audit: self.audit.get().cloned(),
         });
         let environment = self.environment.as_mut().ok_or_else(|| {
             AdapterError::new(ErrorCode::Internal, "the session has no environment")
@@ -525,6 +581,10 @@ impl Session {
         let described = environment.describe();
         if let Some(t) = &self.transcript {
             t.note("sandbox", &described);
+        }
+        // The first run's start; a resume is the outage's notice in the record.
+        if let (Some(record), None) = (self.audit.get(), &self.spec) {
+            audited::agent(record, &spec, &described);
         }
         if environment.limits_are_fallback() {
             self.log(
@@ -846,6 +906,9 @@ impl Session {
         if let Some(t) = &self.transcript {
             t.note("budget", &budget.message);
         }
+        if let Some(record) = self.audit.get() {
+            record.append("budget", json!({ "message": budget.message }));
+        }
         match outcome {
             Err(e) if matches!(e.code, ErrorCode::Cancelled | ErrorCode::Timeout) => Err(e),
             Err(e) if e.code == ErrorCode::Budget => Err(budget),
@@ -946,6 +1009,10 @@ impl Session {
         if let Some(spend) = &stats.spend {
             self.trace.record("cra.cost.usd", spend.usd);
         }
+        if let Some(record) = self.audit.get() {
+            let base = self.base_commit.as_deref();
+            audited::end(record, base, &self.params, &self.id, outcome, stats);
+        }
         let stats_json = serde_json::to_value(stats).unwrap_or(Value::Null);
         if let Some(t) = &self.transcript {
             t.note("stats", &stats_json.to_string());
@@ -1025,6 +1092,7 @@ pub async fn start_agent(
         output: session.output.clone(),
         result: result_rx,
         log_file_path: session.transcript.as_ref().map(|t| t.path().to_path_buf()),
+        audit_record_path: session.audit.get().map(|r| r.path().to_path_buf()),
     };
     tokio::spawn(
         async move {
@@ -1090,7 +1158,7 @@ fn session_span(host: &SessionHost, id: &str, params: &StartParams) -> tracing::
 }
 
 /// The session's outage watch: its notices go to the engine's stream (a line of their own), the
-/// transcript and the engine's log.
+/// transcript, the audit record and the engine's log.
 fn outage_watch(
     host: &Arc<SessionHost>,
     id: &str,
@@ -1098,8 +1166,10 @@ fn outage_watch(
     stop: &StopSignal,
     output: &Arc<OutputBuffer>,
     noted: &Arc<OnceLock<Arc<Transcript>>>,
+    audit: &Arc<OnceLock<Arc<AuditRecord>>>,
 ) -> Arc<ApiOutage> {
     let (output, noted, logger) = (output.clone(), noted.clone(), host.logger.clone());
+    let audit = audit.clone();
     let ids = json!({ "sessionID": id, "role": role.as_str() });
     ApiOutage::new(
         host.config.api_outage_tolerance,
@@ -1108,6 +1178,9 @@ fn outage_watch(
             output.push(&format!("\n[claude-runtime-adapter] {text}\n"));
             if let Some(t) = noted.get() {
                 t.note("api", text);
+            }
+            if let Some(record) = audit.get() {
+                record.append("api", json!({ "notice": text }));
             }
             logger.log(LogLevel::Warn, text, ids.clone());
         }),

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::audit::{sha256_hex, AuditRecord};
 use crate::claude::session::{Access, SessionEvent, SessionObserver};
 use crate::deps::{HookDecision, LogLevel, Logger};
 use crate::domain::Role;
@@ -21,6 +22,8 @@ pub struct Observer {
     /// The session's span: each tool call is a span under it.
     pub trace: tracing::Span,
     pub tools: ToolSpans,
+    /// The session's audit record (`config.audit`).
+    pub audit: Option<Arc<AuditRecord>>,
 }
 
 impl Observer {
@@ -112,8 +115,74 @@ impl Observer {
     }
 }
 
+impl Observer {
+    /// The event in the audit record: every tool call, its verdict and what it returned, the
+    /// CLI's results, follow-ups and stops (text and the CLI's own lines are not the record's).
+    fn audit(&self, event: &SessionEvent<'_>) {
+        let Some(audit) = &self.audit else { return };
+        let verdict = |d: &HookDecision| match d {
+            HookDecision::Approve => (json!("allowed"), Value::Null),
+            HookDecision::Block { reason } => (json!("blocked"), json!(reason)),
+        };
+        match event {
+            SessionEvent::ToolUse { id, name, input } => audit.append(
+                "tool_use",
+                json!({ "id": id, "tool": name, "input": input }),
+            ),
+            SessionEvent::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => audit.append(
+                "tool_result",
+                json!({ "id": tool_use_id, "isError": is_error, "bytes": content.len(), "sha256": sha256_hex(content.as_bytes()) }),
+            ),
+            SessionEvent::Hook {
+                tool_name,
+                tool_use_id,
+                input,
+                decision,
+                failure,
+            } => {
+                let (verdict, reason) = verdict(decision);
+                audit.append(
+                    "tool_verdict",
+                    json!({ "id": tool_use_id, "tool": tool_name, "by": "bashValidatorHook", "command": input.get("command"), "verdict": verdict, "reason": reason, "hookFailure": failure }),
+                )
+            }
+            SessionEvent::FileAccess {
+                access,
+                tool_name,
+                tool_use_id,
+                path,
+                decision,
+            } => {
+                let (verdict, reason) = verdict(decision);
+                let access = match access {
+                    Access::Read => "read",
+                    Access::Write => "write",
+                };
+                audit.append(
+                    "tool_verdict",
+                    json!({ "id": tool_use_id, "tool": tool_name, "by": "fileGuard", "access": access, "path": path, "verdict": verdict, "reason": reason }),
+                )
+            }
+            SessionEvent::Result(r) => audit.append(
+                "cli_result",
+                json!({ "subtype": r.subtype, "isError": r.is_error, "turns": r.num_turns, "costUsd": r.total_cost_usd, "structuredOutput": r.structured_output }),
+            ),
+            SessionEvent::FollowUp(text) => audit.append("follow_up", json!({ "prompt": text })),
+            SessionEvent::Stopping(reason) => {
+                audit.append("stop", json!({ "reason": reason.as_str() }))
+            }
+            SessionEvent::Init(_) | SessionEvent::Text(_) | SessionEvent::UnreadableLine { .. } => {}
+        }
+    }
+}
+
 impl SessionObserver for Observer {
     fn on_event(&self, event: SessionEvent<'_>) {
+        self.audit(&event);
         let t = self.transcript.as_deref();
         match event {
             SessionEvent::Init(v) => {

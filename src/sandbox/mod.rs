@@ -189,6 +189,7 @@ impl Gateway {
         plan.pacing = api.pacing;
         plan.spend = api.spend;
         plan.trace = api.trace;
+        plan.audit = api.audit;
         let relay = ModelRelay::start_plan(&sockets.path().join(MODEL_SOCKET), plan).await?;
         let telemetry = match telemetry_plan {
             Some(plan) => {

@@ -15,16 +15,20 @@ use super::write_scope::{normalize, resolve_rule, resolve_target};
 
 #[derive(Debug, Clone, Default)]
 pub struct ReadGuard {
-    /// Each credential store, as written and resolved.
-    stores: Vec<PathBuf>,
+    /// Each credential store, as written and resolved, with what it is called in a refusal.
+    stores: Vec<(PathBuf, &'static str)>,
 }
 
 impl ReadGuard {
     /// A guard over `stores` (files or directory trees; they need not exist).
     pub fn new(stores: impl IntoIterator<Item = PathBuf>) -> Self {
-        let mut all: Vec<PathBuf> = stores
+        Self::named(stores.into_iter().map(|s| (s, "the credential store")))
+    }
+
+    fn named(stores: impl IntoIterator<Item = (PathBuf, &'static str)>) -> Self {
+        let mut all: Vec<(PathBuf, &'static str)> = stores
             .into_iter()
-            .flat_map(|s| [normalize(&s), resolve_rule(&s)])
+            .flat_map(|(s, what)| [(normalize(&s), what), (resolve_rule(&s), what)])
             .collect();
         all.sort();
         all.dedup();
@@ -36,11 +40,18 @@ impl ReadGuard {
         Self::new(super::credentials::credential_stores(cli_env))
     }
 
+    /// The guard with `tree` kept from the read tools as well (the adapter's own records: the
+    /// audit record is the engine's, not the agent's).
+    pub fn and_record(self, tree: &Path) -> Self {
+        let record = (tree.to_path_buf(), "the adapter's audit records");
+        Self::named(self.stores.into_iter().chain([record]))
+    }
+
     /// `Ok` when the file `target` (absolute, or relative to `cwd`) may be read.
     pub fn check_file(&self, cwd: &Path, target: &Path) -> Result<(), String> {
         let resolved = resolve_target(cwd, target)?;
-        match self.stores.iter().find(|s| resolved.starts_with(s)) {
-            Some(store) => Err(inside(&resolved, store)),
+        match self.stores.iter().find(|(s, _)| resolved.starts_with(s)) {
+            Some((store, what)) => Err(inside(&resolved, store, what)),
             None => Ok(()),
         }
     }
@@ -49,13 +60,13 @@ impl ReadGuard {
     /// nor contain one (a search of the home directory would read them).
     pub fn check_search(&self, cwd: &Path, root: &Path) -> Result<(), String> {
         let resolved = resolve_target(cwd, root)?;
-        for store in &self.stores {
+        for (store, what) in &self.stores {
             if resolved.starts_with(store) {
-                return Err(inside(&resolved, store));
+                return Err(inside(&resolved, store, what));
             }
             if store.starts_with(&resolved) {
                 return Err(format!(
-                    "searching {} would reach the credential store {}",
+                    "searching {} would reach {what} {}",
                     resolved.display(),
                     store.display()
                 ));
@@ -65,12 +76,8 @@ impl ReadGuard {
     }
 }
 
-fn inside(path: &Path, store: &Path) -> String {
-    format!(
-        "{} is inside the credential store {}",
-        path.display(),
-        store.display()
-    )
+fn inside(path: &Path, store: &Path, what: &str) -> String {
+    format!("{} is inside {what} {}", path.display(), store.display())
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ use self::route::{Route, ANTHROPIC_ROUTES};
 use self::trace::Exchange;
 use self::upstream::Upstream;
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
+use crate::audit::AuditRecord;
 use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
 use crate::https::{extra_roots, sources, BoxError};
@@ -72,6 +73,8 @@ pub struct ApiHooks {
     pub spend: Option<Arc<SpendMeter>>,
     /// The session's span: each model request is a span under it ([`crate::otel`]).
     pub trace: Option<tracing::Span>,
+    /// The session's audit record: each request and its answer in it ([`crate::audit`]).
+    pub audit: Option<Arc<AuditRecord>>,
 }
 
 /// A running relay; dropping it stops the listener and every connection it carries and removes
@@ -104,6 +107,8 @@ pub struct RelayPlan {
     pub spend: Option<Arc<SpendMeter>>,
     /// The session's span, the parent of each request's span.
     pub trace: Option<tracing::Span>,
+    /// The session's audit record.
+    pub audit: Option<Arc<AuditRecord>>,
 }
 
 impl RelayPlan {
@@ -124,6 +129,7 @@ impl RelayPlan {
             pacing: false,
             spend: None,
             trace: None,
+            audit: None,
         }
     }
 }
@@ -165,6 +171,7 @@ impl ModelRelay {
             pacing,
             spend,
             trace,
+            audit,
         } = plan;
         if substitutions
             .iter()
@@ -213,6 +220,7 @@ impl ModelRelay {
             bodies: BodyBudget::new(),
             spend,
             trace,
+            audit,
         });
         let limits = Limits {
             max_connections: MAX_RELAY_CONNECTIONS,
@@ -255,6 +263,7 @@ struct Relay {
     pace: Option<Arc<Pace>>,
     spend: Option<Arc<SpendMeter>>,
     trace: Option<tracing::Span>,
+    audit: Option<Arc<AuditRecord>>,
 }
 
 /// What a request header holds of the placeholders.
@@ -275,11 +284,11 @@ impl Relay {
             async move {
                 // The budget is kept around the whole exchange: a spent one refuses the
                 // request before anything of it is read, and every answer is counted.
-                let exchange = Exchange::begin(relay.trace.as_ref());
+                let exchange = Exchange::begin(relay.trace.as_ref(), relay.audit.as_ref());
                 if let Some(refused) = spend::refusal(relay.spend.as_deref()) {
                     return Ok::<_, std::convert::Infallible>(exchange.failed(refused));
                 }
-                let response = relay.handle(req, &exchange.span).await;
+                let response = relay.handle(req, &exchange).await;
                 if !response.status().is_success() {
                     return Ok(exchange.failed(response));
                 }
@@ -292,8 +301,9 @@ impl Relay {
             .await;
     }
 
-    /// `span`: the request's (held, not entered, so its name can still take the model).
-    async fn handle(&self, req: Request<Incoming>, span: &tracing::Span) -> Response<Body> {
+    /// `exchange`: the request's span (held, not entered, so its name can still take the model)
+    /// and audit.
+    async fn handle(&self, req: Request<Incoming>, exchange: &Exchange) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let (method, path) = (parts.method.clone(), parts.uri.path().to_string());
         let target = match parts.uri.path_and_query() {
@@ -381,7 +391,8 @@ impl Relay {
         parts
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        self.send(upstream, parts, bytes, span).await
+        exchange.requested(method.as_str(), &path, &bytes);
+        self.send(upstream, parts, bytes, &exchange.span).await
     }
 
     /// Sends the request upstream, holding it through an outage ([`outage`]) under the fleet's

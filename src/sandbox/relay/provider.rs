@@ -95,6 +95,7 @@ pub async fn provider_relay(
                 pacing: false,
                 spend: None,
                 trace: None,
+                audit: None,
             }
         }
     };

@@ -81,6 +81,9 @@ pub(super) fn metered(
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     counting.reader.push(data);
+                    if let Some(exchange) = &mut counting.exchange {
+                        exchange.saw(data);
+                    }
                     // Counted before the message's last bytes go on: the CLI's next request
                     // (which may need refusing) cannot come before its count.
                     if counting.reader.ended() {
@@ -591,7 +594,7 @@ mod tests {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let body = metered(Some(&meter), response, Exchange::begin(None)).into_body();
+        let body = metered(Some(&meter), response, Exchange::begin(None, None)).into_body();
         assert_eq!(
             meter.stats().requests,
             0,
@@ -694,7 +697,7 @@ mod tests {
         let mut error = Response::new(super::super::super::server::full("{}"));
         *error.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         drop(
-            metered(Some(&meter), error, Exchange::begin(None))
+            metered(Some(&meter), error, Exchange::begin(None, None))
                 .into_body()
                 .collect()
                 .await,
@@ -711,7 +714,7 @@ mod tests {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let mut body = metered(Some(&meter), response, Exchange::begin(None)).into_body();
+        let mut body = metered(Some(&meter), response, Exchange::begin(None, None)).into_body();
         body.frame().await.unwrap().unwrap();
         drop(body);
         let s = meter.stats();

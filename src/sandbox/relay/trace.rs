@@ -1,13 +1,16 @@
 //! A model request as the session's trace and the fleet's metrics see it ([`crate::otel`]): a
 //! span from the request's arrival to the end of its answer (model, status, tokens, cost, the
-//! relay's retries), and the GenAI request metrics.
+//! relay's retries), and the GenAI request metrics; and, with `config.audit`, the request and
+//! its answer in the session's audit record (digests of the bodies, the model, the usage).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::Response;
 use tracing::field::Empty;
 use tracing::Span;
 
+use crate::audit::{sha256_hex, AuditRecord, Digest};
 use crate::otel::{self, metrics, SPANS};
 use crate::sandbox::server::Body;
 use crate::spend::Usage;
@@ -17,10 +20,24 @@ pub(super) struct Exchange {
     /// `Span::none()` while traces are not exported.
     pub span: Span,
     started: Instant,
+    audit: Option<Audited>,
+}
+
+/// What the audit record is told of the answer: its bytes and their digest, as they pass.
+struct Audited {
+    record: Arc<AuditRecord>,
+    answer: Digest,
+    bytes: u64,
+}
+
+/// The one field of a request body the record names.
+#[derive(serde::Deserialize)]
+struct Asked {
+    model: Option<String>,
 }
 
 impl Exchange {
-    pub(super) fn begin(session: Option<&Span>) -> Exchange {
+    pub(super) fn begin(session: Option<&Span>, audit: Option<&Arc<AuditRecord>>) -> Exchange {
         let span = match session {
             Some(parent) if otel::tracing_on() => tracing::info_span!(
                 target: SPANS,
@@ -46,6 +63,31 @@ impl Exchange {
         Exchange {
             span,
             started: Instant::now(),
+            audit: audit.map(|record| Audited {
+                record: record.clone(),
+                answer: Digest::default(),
+                bytes: 0,
+            }),
+        }
+    }
+
+    /// The request as it is sent (once, however often the relay sends it again).
+    pub(super) fn requested(&self, method: &str, path: &str, body: &[u8]) {
+        let Some(a) = &self.audit else { return };
+        let model = serde_json::from_slice::<Asked>(body)
+            .ok()
+            .and_then(|b| b.model);
+        a.record.append(
+            "model_request",
+            serde_json::json!({ "method": method, "path": path, "model": model, "bytes": body.len(), "sha256": sha256_hex(body) }),
+        );
+    }
+
+    /// Bytes of the answer, as they pass to the CLI.
+    pub(super) fn saw(&mut self, bytes: &[u8]) {
+        if let Some(a) = &mut self.audit {
+            a.answer.update(bytes);
+            a.bytes += bytes.len() as u64;
         }
     }
 
@@ -58,6 +100,12 @@ impl Exchange {
         self.span.record("error.type", kind.as_str());
         self.span.record("otel.status_code", "ERROR");
         metrics::model_request(self.started.elapsed(), None, Some(&kind));
+        if let Some(a) = self.audit {
+            a.record.append(
+                "model_answer",
+                serde_json::json!({ "status": status, "error": true }),
+            );
+        }
         response
     }
 
@@ -84,5 +132,20 @@ impl Exchange {
             metrics::model_answer(model, u, cost);
         }
         metrics::model_request(self.started.elapsed(), model, None);
+        if let Some(a) = self.audit {
+            let usage = usage.map(|(u, cost)| {
+                serde_json::json!({
+                    "input": u.input, "output": u.output, "cacheRead": u.cache_read,
+                    "cacheCreation": u.cache_creation, "costUsd": cost,
+                })
+            });
+            // Bytes and digest only where the answer was read through (a metered session).
+            let read = a.bytes > 0;
+            let (bytes, digest) = (read.then_some(a.bytes), read.then(|| a.answer.finish()));
+            a.record.append(
+                "model_answer",
+                serde_json::json!({ "status": 200, "model": model, "usage": usage, "bytes": bytes, "sha256": digest }),
+            );
+        }
     }
 }
