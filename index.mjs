@@ -11,6 +11,7 @@ export const {
   createClaudeAdapter,
   createBashValidatorHook,
   validateBashCommand,
+  verifyAuditRecord,
   outputSchemas,
   RuntimeAdapter,
   OutputStream,

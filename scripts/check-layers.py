@@ -17,7 +17,8 @@ LAYERS = [
     # 1. Foundations: plain data, configuration, checks, and host helpers with no session
     #    knowledge (processes and their owners, the adapter's scratch directories).
     (1, ['error', 'domain', 'stats', 'spend', 'output', 'deps', 'params', 'config', 'schema',
-         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'scratch', 'process']),
+         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'scratch', 'process',
+         'audit']),
     # 2. Git: checkouts, patches, views, the shared base and its copy-on-write layer.
     (2, ['git']),
     # 3. The OS sandbox (bubblewrap, cgroups, overlay, egress proxy, model relay).

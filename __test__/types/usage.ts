@@ -21,6 +21,7 @@ import {
   type SessionStats,
   type WorkItem,
   type KubernetesBackend,
+  verifyAuditRecord,
 } from 'claude-runtime-adapter';
 
 // --- engine-side providers (class instances: the adapter calls them as methods) ---
@@ -281,4 +282,18 @@ export function onACluster(): void {
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: ciImage } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: devcontainerImage } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: cachedRuntime } }, deps);
+}
+
+// --- issue 50: a record of each session, sealed with the engine's key, checked later ---
+const audited: ClaudeAdapterConfig = { ...fullConfig, audit: { dir: '/var/lib/engine/audit', signingKey: '-----BEGIN PRIVATE KEY-----\n…' } };
+export async function auditedRun(params: AgentStartParams, publicKey: string): Promise<boolean> {
+  const handle = await createClaudeAdapter(audited, deps).startAgent(params);
+  const result = await handle.result;
+  const path: string | null = handle.auditRecordPath;
+  if (path === null) return false;
+  const v = await verifyAuditRecord(path, result.role === 'implementor' ? { publicKey, patch: result.patch ?? '' } : { publicKey });
+  const firstBad: number | null = v.firstBad;
+  const reason: string | null = v.reason;
+  logger.info('audit record', { entries: v.entries, sealed: v.sealed, firstBad, reason });
+  return v.ok;
 }
