@@ -138,6 +138,51 @@ describe('a session survives an API outage', () => {
     }
   });
 
+  it.concurrent(`an overload reported inside the stream (HTTP 200, message_start, then an overloaded_error event) for ${OUTAGE_MS / 1000} s: the relay holds it as it holds a 529, and the session completes with the work`, { timeout: OUTAGE_MS + 120_000 }, async () => {
+    const { script, outage } = outageScript({
+      work: 'echo streamed > s.txt && git add -A && git commit -qm s && echo ok',
+      down: { streamError: { type: 'overloaded_error', message: 'Overloaded' } },
+    });
+    const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    try {
+      const handle = await hh.adapter().startAgent(implementorParams);
+      const [result, stats, out] = await Promise.all([handle.result, handle.stats, collect(handle.output)]);
+      expect(result.outcome).toBe('completed');
+      expect(patchFiles(result.patch)).toEqual(['s.txt']);
+      expect(outage.downReplies).toBeGreaterThan(1);
+      // Held and sent again by the relay: the CLI never saw one of them.
+      expect(stats.api.retries).toBe(outage.downReplies);
+      expect(stats.api.resumes).toBe(0);
+      expect(out).toMatch(/the model API failed \(200 then overloaded_error: Overloaded\); the request is held/);
+      expect(latestToolResultText(hh.api.mainBodies().at(-1))).toContain('ok');
+    } finally {
+      await hh.cleanup();
+    }
+  });
+
+  it.concurrent(`an overloaded_error after the answer began to stream, then the API down for ${OUTAGE_MS / 1000} s: that answer is not sent again (it began, it may be billed), the rest is held, and the session completes with the work in one conversation`, { timeout: OUTAGE_MS + 120_000 }, async () => {
+    const { script, outage } = outageScript({
+      work: 'echo begun > t.txt && git add -A && git commit -qm t && echo ok',
+      down: (o) => (o.downReplies === 1 ? { content: [{ type: 'text', text: 'Let me fin' }], streamError: { type: 'overloaded_error', message: 'Overloaded' } } : apiError(529, 'Overloaded')),
+    });
+    const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
+    try {
+      const handle = await hh.adapter().startAgent(implementorParams);
+      const [result, stats] = await Promise.all([handle.result, handle.stats]);
+      expect(result.outcome).toBe('completed');
+      expect(patchFiles(result.patch)).toEqual(['t.txt']);
+      expect(outage.downReplies).toBeGreaterThan(2);
+      // The begun answer reached the CLI and was not sent again; every 529 after it was held.
+      expect(stats.api.retries).toBe(outage.downReplies - 1);
+      // The CLI takes a stream error up itself (it asks again); else the adapter resumes it.
+      expect(stats.api.resumes).toBeLessThanOrEqual(1);
+      expect(JSON.stringify(hh.api.mainBodies().at(-1).messages)).toContain('echo begun > t.txt');
+      expect(readFileSync(handle.logFilePath, 'utf8')).toMatch(/\[assistant\]\n    Let me fin/);
+    } finally {
+      await hh.cleanup();
+    }
+  });
+
   it('an outage longer than apiOutageTolerance: ERR_AGENT_FAILED naming the outage, the work saved beside the transcript, nothing left running', { timeout: 120_000 }, async () => {
     const marker = `cra-outage-${process.pid}-${Date.now()}`;
     const { script } = outageScript({ work: `echo lost? > d.txt && git add -A && git commit -qm d && echo ${marker}`, ms: 3_600_000 });

@@ -1,4 +1,7 @@
-//! The bench itself (unix: the relay listens on a unix socket).
+//! The bench itself (unix: the relay listens on a unix socket): the upstream connections per
+//! session, and the first token of a streamed answer with and without the relay holding the
+//! answer's head until its first content event (issue 49: an overload reported inside a `200`
+//! stream is held and sent again only if none of it reached the CLI).
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -6,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use claude_runtime_adapter::sandbox::{placeholder, ModelRelay};
+use claude_runtime_adapter::sandbox::{placeholder, ApiOutage, ModelRelay, RelayPlan};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Bytes;
 use hyper::{Request, Response};
@@ -84,6 +87,135 @@ async fn fresh_connection(port: u16, tls: &TlsConnector) {
     response.into_body().collect().await.unwrap();
 }
 
+/// A plain-http upstream streaming SSE answers as the Messages API does: `message_start`, then
+/// after `gap` the first content event, then the rest.
+async fn streaming_upstream(gap: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<
+                        Result<hyper::body::Frame<Bytes>, Infallible>,
+                    >(4);
+                    tokio::spawn(async move {
+                        let event = |name: &str| {
+                            Ok(hyper::body::Frame::data(Bytes::from(format!(
+                                "event: {name}\ndata: {{\"type\":\"{name}\"}}\n\n"
+                            ))))
+                        };
+                        let _ = tx.send(event("message_start")).await;
+                        tokio::time::sleep(gap).await;
+                        let _ = tx.send(event("content_block_start")).await;
+                        let _ = tx.send(event("message_stop")).await;
+                    });
+                    let body = http_body_util::StreamBody::new(tokio_stream_of(rx));
+                    let mut response = Response::new(body);
+                    response
+                        .headers_mut()
+                        .insert("content-type", "text/event-stream".parse().unwrap());
+                    Ok::<_, Infallible>(response)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// The receiver as a stream (no tokio-stream in the tree).
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
+}
+
+/// Time from a request's first byte to the first content event of its answer at the client.
+async fn first_token(socket: &Path, request: &[u8]) -> Duration {
+    let started = Instant::now();
+    let mut client = UnixStream::connect(socket).await.unwrap();
+    client.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !got.windows(19).any(|w| w == b"content_block_start") {
+        let n = client.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the answer ended before its content: {got:?}");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    started.elapsed()
+}
+
+/// The relay to `port` (plain http), holding through outages (`hold`) or not.
+fn streaming_relay(dir: &Path, port: u16, hold: bool, key: &str) -> ModelRelay {
+    let socket = dir.join(if hold { "held.sock" } else { "plain.sock" });
+    let mut plan = RelayPlan::anthropic(
+        &format!("http://127.0.0.1:{port}"),
+        vec![(key.to_string(), "sk-ant-bench-secret".into())],
+    );
+    let tolerance = if hold {
+        Duration::from_secs(1800)
+    } else {
+        Duration::ZERO
+    };
+    plan.outage = Some(ApiOutage::new(
+        tolerance,
+        Default::default(),
+        Box::new(|_| {}),
+    ));
+    futures::executor::block_on(ModelRelay::start_plan(&socket, plan)).unwrap()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// First-token latency of streamed answers through the relay, holding their heads or not, for
+/// a gap of 0 and of 20 ms between `message_start` and the first content (the real API's first
+/// content follows its `message_start` within the same read, mostly).
+async fn first_token_bench(dir: &Path, n: usize) {
+    let key = placeholder();
+    let request = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:3129\r\nx-api-key: {key}\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    println!(
+        "\nfirst token of a streamed answer through the relay, {n} requests each, alternating:"
+    );
+    for gap in [Duration::ZERO, Duration::from_millis(20)] {
+        let port = streaming_upstream(gap).await;
+        let held = streaming_relay(dir, port, true, &key);
+        let plain = streaming_relay(dir, port, false, &key);
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            for hold in if i % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            } {
+                let socket = dir.join(if hold { "held.sock" } else { "plain.sock" });
+                let t = first_token(&socket, request.as_bytes()).await;
+                if hold {
+                    with.push(t)
+                } else {
+                    without.push(t)
+                }
+            }
+        }
+        drop((held, plain));
+        let (w, wo) = (median(with), median(without));
+        println!(
+            "  gap {:>2} ms: head held {:.3} ms, not held {:.3} ms (medians), ratio {:.3}×",
+            gap.as_millis(),
+            w.as_secs_f64() * 1e3,
+            wo.as_secs_f64() * 1e3,
+            w.as_secs_f64() / wo.as_secs_f64()
+        );
+    }
+}
+
 fn per_request(total: Duration, n: usize) -> String {
     format!("{:.2} ms", total.as_secs_f64() * 1e3 / n as f64)
 }
@@ -149,5 +281,10 @@ pub fn main() {
             relay_connections as f64 / peer_connections as f64,
             relay_time.as_secs_f64() / peer_time.as_secs_f64()
         );
+        let n = std::env::var("BENCH_FIRST_TOKEN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200);
+        first_token_bench(dir.path(), n).await;
     });
 }

@@ -58,7 +58,7 @@ pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
 pub use relay::outage::{ApiOutage, OutageCounts};
 pub use relay::provider::Provider;
-pub use relay::{placeholder, ApiHooks, ModelRelay};
+pub use relay::{placeholder, ApiHooks, ModelRelay, RelayPlan};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
 pub use telemetry::{TelemetryForwarder, TelemetryPlan};

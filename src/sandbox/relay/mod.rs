@@ -29,6 +29,7 @@ mod provider_spec;
 mod reach;
 mod route;
 mod spend;
+mod stream_head;
 mod trace;
 pub(super) mod upstream;
 mod vertex;
@@ -50,6 +51,7 @@ use self::outage::ApiOutage;
 use self::pacing::Pace;
 use self::provider_spec::Authenticate;
 use self::route::{Route, ANTHROPIC_ROUTES};
+use self::stream_head::Head;
 use self::trace::Exchange;
 use self::upstream::Upstream;
 use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
@@ -443,13 +445,29 @@ impl Relay {
             let (reason, answer, headers, failure) = match sent {
                 Ok(response) => match pacing::Answer::of(response.status()) {
                     pacing::Answer::Came => {
-                        if let Some(pace) = &self.pace {
-                            pace.learn(pacing::Answer::Came, Some(response.headers()));
+                        let (parts, body) = response.into_parts();
+                        // Held only where a failure would be held too.
+                        let holds = self
+                            .outage
+                            .as_ref()
+                            .is_some_and(|o| !o.tolerance().is_zero());
+                        let head = if holds && is_event_stream(&parts.headers) {
+                            stream_head::read(body).await
+                        } else {
+                            Head::Content(Bytes::new(), body)
+                        };
+                        match head {
+                            Head::Failed {
+                                reason,
+                                answer,
+                                bytes,
+                            } => {
+                                let headers = parts.headers.clone();
+                                (reason, answer, Some(headers), Failure::Held(parts, bytes))
+                            }
+                            Head::Content(held, rest) => return self.came(parts, held, Ok(rest)),
+                            Head::Cut(held, e) => return self.came(parts, held, Err(e)),
                         }
-                        if let Some(o) = &self.outage {
-                            o.answered();
-                        }
-                        return self.masked(response);
                     }
                     answer => {
                         let status = response.status();
@@ -463,13 +481,14 @@ impl Relay {
                             reason.trim().to_string(),
                             answer,
                             Some(headers),
-                            Ok(response),
+                            Failure::Answer(response),
                         )
                     }
                 },
                 Err(e) if e.is_connect() => {
                     let reason = self.failure(upstream, &e);
-                    (reason.clone(), pacing::Answer::Failing, None, Err(reason))
+                    let failure = Failure::Unreached(reason.clone());
+                    (reason, pacing::Answer::Failing, None, failure)
                 }
                 Err(e) => {
                     let reason = self.failure(upstream, &e);
@@ -501,8 +520,16 @@ impl Relay {
             if given_up {
                 tracing::warn!("model relay: {method} {path}: {reason}");
                 return match failure {
-                    Ok(response) => self.masked(response),
-                    Err(reason) => api_error(StatusCode::BAD_GATEWAY, "api_error", &reason),
+                    Failure::Answer(response) => {
+                        let (parts, body) = response.into_parts();
+                        self.masked(parts, Bytes::new(), Ok(body), true)
+                    }
+                    // What the API sent before its error, as it sent it (the stream ended).
+                    // Its error event is the failure just recorded, not a cut.
+                    Failure::Held(parts, bytes) => self.masked(parts, bytes, Err(None), false),
+                    Failure::Unreached(reason) => {
+                        api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
+                    }
                 };
             }
             attempt = attempt.saturating_add(1);
@@ -595,9 +622,35 @@ impl Relay {
             .into_owned()
     }
 
-    /// The upstream's response with every secret masked, in its headers and its body.
-    fn masked(&self, response: Response<Incoming>) -> Response<Body> {
-        let (mut parts, body) = response.into_parts();
+    /// An answer came (its head, and for a stream its first events, `held`): the fleet's pace
+    /// and the outage learn it, and it goes to the CLI.
+    fn came(
+        &self,
+        parts: http::response::Parts,
+        held: Bytes,
+        rest: std::result::Result<Incoming, hyper::Error>,
+    ) -> Response<Body> {
+        if let Some(pace) = &self.pace {
+            pace.learn(pacing::Answer::Came, Some(&parts.headers));
+        }
+        if let Some(o) = &self.outage {
+            o.answered();
+        }
+        self.masked(parts, held, rest.map_err(Some), true)
+    }
+
+    /// The upstream's response with every secret masked, in its headers and its body: `held`
+    /// (what the relay read of it already), then `rest` — the body still to come, or how it
+    /// ended (`Err(Some)`: cut; `Err(None)`: nothing more). An answer the API cuts, or (with
+    /// `scan`) reports an error inside after it began ([`stream_head::ErrorScan`]), is recorded
+    /// on the outage.
+    fn masked(
+        &self,
+        mut parts: http::response::Parts,
+        held: Bytes,
+        rest: std::result::Result<Incoming, Option<hyper::Error>>,
+        scan: bool,
+    ) -> Response<Body> {
         strip_hop_by_hop(&mut parts.headers);
         let masks = self.masks_now();
         for value in parts.headers.values_mut() {
@@ -606,47 +659,120 @@ impl Relay {
                 *value = HeaderValue::from_bytes(&masked).unwrap_or(HeaderValue::from_static(""));
             }
         }
-        let masker = Masker::new(masks);
-        let outage = self.outage.clone();
-        let frames = futures::stream::unfold(Some((body, masker)), move |state| {
-            let outage = outage.clone();
-            async move {
-                let (mut body, mut masker) = state?;
-                loop {
-                    match body.frame().await {
-                        // Trailers are dropped: the Messages API sends none, and they are not
-                        // masked.
-                        Some(Ok(frame)) => {
-                            let Ok(data) = frame.into_data() else {
-                                continue;
-                            };
-                            let out = masker.push(&data, false);
-                            if !out.is_empty() {
-                                return Some((
-                                    Ok(Frame::data(Bytes::from(out))),
-                                    Some((body, masker)),
-                                ));
-                            }
+        let scan = (scan && is_event_stream(&parts.headers)).then(stream_head::ErrorScan::default);
+        let data = Data {
+            held: Some(held),
+            rest: Some(rest),
+        };
+        let watch = Watch {
+            masker: Masker::new(masks),
+            scan,
+            outage: self.outage.clone(),
+        };
+        let frames = futures::stream::unfold(Some((data, watch)), |state| async move {
+            let (mut data, mut watch) = state?;
+            loop {
+                match data.next().await {
+                    Some(Ok(bytes)) => {
+                        watch.scanned(&bytes);
+                        let out = watch.masker.push(&bytes, false);
+                        if !out.is_empty() {
+                            return Some((Ok(Frame::data(Bytes::from(out))), Some((data, watch))));
                         }
-                        Some(Err(e)) => {
-                            // Begun, so not sent again: the CLI sees the cut, and the lifecycle
-                            // may continue its conversation.
-                            if let Some(o) = &outage {
-                                o.cut(&format!("the answer was cut: {e}"));
-                            }
-                            return Some((Err(BoxError::from(e)), None));
+                    }
+                    Some(Err(e)) => {
+                        // Begun, so not sent again: the CLI sees the cut, and the lifecycle
+                        // may continue its conversation.
+                        if let Some(o) = &watch.outage {
+                            o.cut(&format!("the answer was cut: {e}"));
                         }
-                        None => {
-                            let tail = masker.push(&[], true);
-                            return (!tail.is_empty())
-                                .then(|| (Ok(Frame::data(Bytes::from(tail))), None));
-                        }
+                        return Some((Err(BoxError::from(e)), None));
+                    }
+                    None => {
+                        let tail = watch.masker.push(&[], true);
+                        return (!tail.is_empty())
+                            .then(|| (Ok(Frame::data(Bytes::from(tail))), None));
                     }
                 }
             }
         });
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
     }
+}
+
+/// What the CLI gets of a failed attempt when the relay gives up on it.
+enum Failure {
+    /// The API's error answer.
+    Answer(Response<Incoming>),
+    /// A streamed answer's head and the error event the API sent in it.
+    Held(http::response::Parts, Bytes),
+    /// No connection: the relay's own error.
+    Unreached(String),
+}
+
+/// What watches an answer on its way to the CLI: the masking of secrets, and the API's error
+/// events inside a stream.
+struct Watch {
+    masker: Masker,
+    scan: Option<stream_head::ErrorScan>,
+    outage: Option<Arc<ApiOutage>>,
+}
+
+impl Watch {
+    fn scanned(&mut self, bytes: &[u8]) {
+        let Some(reason) = self.scan.as_mut().and_then(|s| s.push(bytes)) else {
+            return;
+        };
+        tracing::warn!("model relay: {reason}");
+        if let Some(o) = &self.outage {
+            o.cut(&reason);
+        }
+    }
+}
+
+/// An answer's data: what the relay read of it already, then the rest of its body (trailers
+/// are dropped: the Messages API sends none, and they are not masked), or how it ended.
+struct Data {
+    held: Option<Bytes>,
+    rest: Option<std::result::Result<Incoming, Option<hyper::Error>>>,
+}
+
+impl Data {
+    async fn next(&mut self) -> Option<std::result::Result<Bytes, hyper::Error>> {
+        if let Some(held) = self.held.take() {
+            return Some(Ok(held));
+        }
+        loop {
+            match self.rest.as_mut()? {
+                Ok(body) => match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Some(Ok(data));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        self.rest = None;
+                        return Some(Err(e));
+                    }
+                    None => return None,
+                },
+                Err(_) => {
+                    return match self.rest.take() {
+                        Some(Err(Some(e))) => Some(Err(e)),
+                        _ => None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A streamed answer (`text/event-stream`): the Messages API's, Vertex AI's, Foundry's.
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// How long a request waits before it is sent again without the fleet's pace: doubling from
@@ -1068,6 +1194,68 @@ mod tests {
         assert!(sent.load(std::sync::atomic::Ordering::SeqCst) >= 3);
         let (reason, _, may_wait) = outage.ongoing().unwrap();
         assert!(reason.starts_with("529"), "{reason}");
+        assert!(!may_wait);
+    }
+
+    /// An upstream whose first `failures` answers are `200` streams that report an overload
+    /// right after `message_start`, then a stream with content.
+    async fn stream_error_upstream(failures: usize) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        let port = upstream(move |mut s| {
+            let seen = seen.clone();
+            async move {
+                read_head(&mut s).await;
+                let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+                let tail = if n < failures {
+                    "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+                } else {
+                    "event: content_block_start\ndata: {\"type\":\"content_block_start\"}\n\n"
+                };
+                let body = format!("{start}{tail}");
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        })
+        .await;
+        (port, count)
+    }
+
+    #[tokio::test]
+    async fn an_overload_inside_a_200_stream_is_held_like_a_529_and_past_the_tolerance_the_cli_gets_the_stream_as_sent(
+    ) {
+        let (port, sent) = stream_error_upstream(2).await;
+        let (relay, outage) = holding_relay_to(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_secs(30),
+            false,
+        );
+        let answer = send(&relay.socket, MESSAGES).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(
+            answer.contains("content_block_start") && !answer.contains("overloaded_error"),
+            "{answer}"
+        );
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(outage.counts().retries, 2);
+        assert!(outage.ongoing().is_none(), "the answer ended the outage");
+
+        let (port, sent) = stream_error_upstream(usize::MAX).await;
+        let (relay, outage) = holding_relay_to(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_millis(700),
+            false,
+        );
+        let answer = send(&relay.socket, MESSAGES).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(
+            answer.contains("event: message_start") && answer.contains("overloaded_error"),
+            "{answer}"
+        );
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+        let (reason, _, may_wait) = outage.ongoing().unwrap();
+        assert_eq!(reason, "200 then overloaded_error: Overloaded");
         assert!(!may_wait);
     }
 
