@@ -84,7 +84,7 @@ describe('a session survives an API outage', () => {
     }
   });
 
-  it.concurrent(`an answer cut half-way, then the API down for ${OUTAGE_MS / 1000} s: the session completes with the work`, { timeout: OUTAGE_MS + 120_000 }, async () => {
+  it.concurrent(`an answer cut half-way, then the API down for ${OUTAGE_MS / 1000} s: the CLI asks again by itself and the relay holds that request through the outage — the session completes with the work, no resume, every later failure a held retry, the whole outage counted as waited`, { timeout: OUTAGE_MS + 120_000 }, async () => {
     const { script, outage } = outageScript({
       work: 'echo half > g.txt && git add -A && git commit -qm g && echo ok',
       // The first answer after the work is cut after it began (the CLI sees that); then 529s.
@@ -93,13 +93,30 @@ describe('a session survives an API outage', () => {
     const hh = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents: agentsWithTools(['Bash']) }, config: config() });
     try {
       const handle = await hh.adapter().startAgent(implementorParams);
-      const [result, stats] = await Promise.all([handle.result, handle.stats]);
+      const [result, stats, out] = await Promise.all([handle.result, handle.stats, collect(handle.output)]);
       expect(result.outcome).toBe('completed');
       expect(patchFiles(result.patch)).toEqual(['g.txt']);
       expect(outage.downReplies).toBeGreaterThan(1);
-      // The CLI takes a cut stream up itself (it asks again); whichever way, one conversation.
+      // One conversation: the request after the outage carries the work step.
       expect(JSON.stringify(hh.api.mainBodies().at(-1).messages)).toContain('echo half > g.txt');
-      console.log(`[measure] cut half-way then down: resumes ${stats.api.resumes}, held retries ${stats.api.retries}`);
+      // The CLI takes the cut stream up itself (it sends the request again), so it never ends on
+      // the failure: no resume. The relay cannot hide the cut (the answer had begun), so the
+      // cut is no retry of its own; each 529 after it is held and sent again.
+      expect(stats.api.resumes).toBe(0);
+      expect(stats.api.retries).toBe(outage.downReplies - 1);
+      // The outage began at the cut (or at the first 529 a moment after): the whole of it was waited.
+      expect(stats.api.waitedMs).toBeGreaterThanOrEqual(OUTAGE_MS - 2500);
+      expect(out).toMatch(/\[claude-runtime-adapter\] the model API failed \(529[^)]*\); the request is held/);
+      expect(out).toMatch(/\[claude-runtime-adapter\] the model API answers again, after \d+ s \(529/);
+      expect(out).not.toMatch(/continuing its conversation/);
+      const transcript = readFileSync(handle.logFilePath, 'utf8');
+      expect(transcript).not.toMatch(/continuing its conversation/);
+      expect(transcript).toMatch(/the model API failed \(529[^)]*\); the request is held/);
+      expect(transcript).toMatch(/the model API answers again/);
+      // The stats line of the transcript says the same as the stats.
+      expect(transcript).toMatch(/"api":\{"retries":(\d+),"resumes":0,"waitedMs":\d+\}/);
+      expect(Number(transcript.match(/"api":\{"retries":(\d+)/)[1])).toBe(stats.api.retries);
+      console.log(`[measure] cut half-way then down: ${outage.downReplies} failed answers (the cut one first), resumes ${stats.api.resumes}, held retries ${stats.api.retries}, waited ${stats.api.waitedMs} ms`);
     } finally {
       await hh.cleanup();
     }

@@ -5,8 +5,10 @@
 // collector on 127.0.0.1 decodes OTLP with the official protobuf definitions.
 //
 // The pipeline is the process's (configured once, by the first adapter that finds an endpoint),
-// so this file sets the variables before its first adapter and every test reads what this file
-// ran; the metrics are cumulative.
+// so this file sets the variables before its first adapter. The metrics are cumulative over the
+// process: a test counts what it ran itself and compares it with how much the exported totals
+// grew while it ran, so that each test passes alone (`-t`) as in the file (issue 51: the metrics
+// test used to compare them with a count the trace test had added to).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bash, scenario } from './support/fake-api.mjs';
 import { rejection, setup } from './support/harness.mjs';
@@ -38,10 +40,10 @@ afterAll(async () => {
 
 const spans = () => spansOf(collector);
 const points = (name) => metricPoints(collector, name);
-const total = (name, match = {}) =>
-  points(name)
-    .filter((p) => Object.entries(match).every(([k, v]) => p.attrs[k] === v))
-    .reduce((n, p) => n + (p.value ?? p.count), 0);
+/** A metric's total over its points that have the attributes of `match`. */
+const sum = (pts, match) =>
+  pts.filter((p) => Object.entries(match).every(([k, v]) => p.attrs[k] === v)).reduce((n, p) => n + (p.value ?? p.count), 0);
+const total = (name, match = {}) => sum(points(name), match);
 
 async function eventually(pred, ms, what) {
   const deadline = Date.now() + ms;
@@ -51,12 +53,23 @@ async function eventually(pred, ms, what) {
   }
 }
 
-/** What this file ran, for the metrics: sessions by role and outcome, model requests. */
-const ran = { started: 0, ok: 0, errors: {}, requests: 0, tokens: { input: 0, output: 0 }, denied: 0 };
-/** Counts the model requests harness `h`'s fake API answered. */
-const usageOf = (h) => {
-  ran.requests += h.api.requests.filter((q) => q.path === '/v1/messages').length;
-};
+/** The engine's Bash validator: blocks any command that says `forbidden` (a sandbox denial). */
+const blockForbidden = async (event) =>
+  String(event.tool_input?.command).includes('forbidden') ? { decision: 'block', reason: 'not this one' } : { decision: 'approve' };
+
+/**
+ * The exported totals now, once whatever was recorded before this call has been exported (two
+ * exports arrived after it, so one began after it; none within 3 s: nothing is exported yet,
+ * every total is 0).
+ * Resolves with `grown(name, match)`: how much a total has grown since.
+ */
+async function totalsNow() {
+  const seen = collector.of('metrics').length;
+  const deadline = Date.now() + 3_000;
+  while (collector.of('metrics').length < seen + 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+  const then = new Map([...new Set(collector.metricNames())].map((name) => [name, points(name)]));
+  return (name, match = {}) => total(name, match) - sum(then.get(name) ?? [], match);
+}
 
 describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* variables", () => {
   it("one Implementor session is one trace under the engine's traceparent: its steps in order, each model request and tool call under it, the blocked command marked", { timeout: 120_000 }, async () => {
@@ -64,7 +77,7 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
       state: ROLE_STATE,
       bodies: ROLE_BODIES,
       repo: { agents: agentsWithTools(['Bash']) },
-      hook: async (event) => (String(event.tool_input?.command).includes('forbidden') ? { decision: 'block', reason: 'not this one' } : { decision: 'approve' }),
+      hook: blockForbidden,
     });
     try {
       const adapter = h.adapter();
@@ -78,10 +91,6 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
       const handle = await adapter.startAgent({ ...ROLES.implementor.params('otel-1'), sessionID: 'otel-session-1', traceparent: `00-${TRACE_ID}-${PARENT_ID}-01` });
       const result = await handle.result;
       expect(result.outcome).toBe('completed');
-      ran.started += 1;
-      ran.ok += 1;
-      ran.denied += 1;
-      usageOf(h);
       await adapter.shutdown();
 
       await eventually(() => spans().some((s) => s.name === 'invoke_agent implementor'), 10_000, 'the session span');
@@ -127,42 +136,47 @@ describe("the adapter's own OpenTelemetry, configured by the engine's OTEL_* var
   });
 
   it('the metrics count the sessions by role and outcome, errors by code, tokens and cost by model, the starts and results, the sandbox denials', { timeout: 180_000 }, async () => {
-    const h = await setup({ state: ROLE_STATE, bodies: ROLE_BODIES, repo: { agents: agentsWithTools(['Bash']) } });
+    const h = await setup({
+      state: ROLE_STATE,
+      bodies: ROLE_BODIES,
+      repo: { agents: agentsWithTools(['Bash']) },
+      hook: blockForbidden,
+    });
     try {
+      const grown = await totalsNow();
       const adapter = h.adapter();
       for (const role of ['planner', 'reviewer']) {
         h.api.setScript(scenario.steps([ROLES[role].done]));
         await (await adapter.startAgent(ROLES[role].params())).result;
-        ran.started += 1;
-        ran.ok += 1;
       }
-      // An Implementor that changed nothing: ERR_EMPTY_PATCH.
-      h.api.setScript(scenario.steps([ROLES.implementor.done]));
+      // An Implementor whose one command the engine's validator blocks, and that so changed
+      // nothing: a sandbox denial, then ERR_EMPTY_PATCH.
+      h.api.setScript(scenario.steps([bash('echo forbidden > f.txt'), ROLES.implementor.done]));
       const failed = await rejection((await adapter.startAgent(ROLES.implementor.params('otel-2'))).result);
       expect(failed.code).toBe('ERR_EMPTY_PATCH');
-      ran.started += 1;
-      ran.errors[failed.code] = (ran.errors[failed.code] ?? 0) + 1;
       // Refused at the start (a malformed traceparent): an error, not a session.
       const refused = await rejection(adapter.startAgent({ ...ROLES.planner.params(), traceparent: '00-xyz' }));
       expect(refused.code).toBe('ERR_INVALID_PARAMS');
       expect(refused.message).toContain('params.traceparent');
-      ran.errors.ERR_INVALID_PARAMS = (ran.errors.ERR_INVALID_PARAMS ?? 0) + 1;
-      usageOf(h);
+      const requests = h.api.requests.filter((q) => q.path === '/v1/messages').length;
       await adapter.shutdown();
 
-      await eventually(() => total('cra.sessions.ended') === ran.started, 10_000, `${ran.started} sessions ended in the metrics (got ${total('cra.sessions.ended')})`);
-      expect(total('cra.sessions.started')).toBe(ran.started);
-      expect(total('cra.sessions.started', { 'cra.role': 'planner' })).toBe(1);
-      expect(total('cra.sessions.ended', { 'cra.outcome': 'success' })).toBe(ran.ok);
-      for (const [code, n] of Object.entries(ran.errors)) expect(total('cra.errors', { 'error.type': code })).toBe(n);
-      expect(total('cra.session.start.duration')).toBe(ran.started);
-      expect(total('cra.session.duration')).toBe(ran.started);
-      expect(total('gen_ai.client.operation.duration')).toBe(ran.requests);
-      expect(total('gen_ai.client.token.usage', { 'gen_ai.token.type': 'input' })).toBe(ran.requests);
-      expect(total('cra.model.tokens', { 'gen_ai.token.type': 'output' })).toBeGreaterThanOrEqual(ran.requests);
+      // Three sessions (two ended in success, one in ERR_EMPTY_PATCH), one refused start.
+      await eventually(() => grown('cra.sessions.ended') === 3, 10_000, `3 sessions ended in the metrics (got ${grown('cra.sessions.ended')})`);
+      expect(grown('cra.sessions.started')).toBe(3);
+      expect(grown('cra.sessions.started', { 'cra.role': 'planner' })).toBe(1);
+      expect(grown('cra.sessions.ended', { 'cra.outcome': 'success' })).toBe(2);
+      expect(grown('cra.errors', { 'error.type': 'ERR_EMPTY_PATCH' })).toBe(1);
+      expect(grown('cra.errors', { 'error.type': 'ERR_INVALID_PARAMS' })).toBe(1);
+      expect(grown('cra.session.start.duration')).toBe(3);
+      expect(grown('cra.session.duration')).toBe(3);
+      expect(requests).toBeGreaterThanOrEqual(4);
+      expect(grown('gen_ai.client.operation.duration')).toBe(requests);
+      expect(grown('gen_ai.client.token.usage', { 'gen_ai.token.type': 'input' })).toBe(requests);
+      expect(grown('cra.model.tokens', { 'gen_ai.token.type': 'output' })).toBeGreaterThanOrEqual(requests);
       expect(points('cra.model.cost').every((p) => p.attrs['gen_ai.response.model'])).toBe(true);
-      expect(total('cra.model.cost')).toBeGreaterThan(0);
-      expect(total('cra.sandbox.denials', { 'cra.denial.kind': 'command' })).toBe(ran.denied);
+      expect(grown('cra.model.cost')).toBeGreaterThan(0);
+      expect(grown('cra.sandbox.denials', { 'cra.denial.kind': 'command' })).toBe(1);
       expect(collector.of('metrics').every((e) => e.headers.authorization === `Bearer ${TOKEN}`)).toBe(true);
       // The failed session's span carries its code, with the status ERROR.
       await eventually(() => spans().some((s) => s.attrs['error.type'] === 'ERR_EMPTY_PATCH'), 10_000, 'the failed session span');

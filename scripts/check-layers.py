@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """The crate's layers, checked: every module of src/ may import only from its own layer or a
-lower one. Reads the same imports as /work/shared/tools/import-circles.py — `crate::`, `super::`
-and `self::` paths (with `use x::{a, b::{c}}` groups expanded), test modules left out — and
-prints every import that goes up a layer, and every file the table below does not place.
-Exit 1 when there is either.
+lower one, and no files import each other, directly or round a longer circle. Reads the same
+imports as /work/shared/tools/import-circles.py — `crate::`, `super::` and `self::` paths (with
+`use x::{a, b::{c}}` groups expanded), test modules left out — and prints every import that goes
+up a layer, every file the table below does not place, and every import circle (the files of
+each, and one way round it). Exit 1 when there is any.
+
+The circle check is the project's own, so that a clone without ../shared/tools/ still runs it
+(`__test__/layers.test.mjs` runs this script unconditionally).
 
 Usage: scripts/check-layers.py [SRC_DIR]   (default: the src/ next to this script)
 
@@ -55,9 +59,11 @@ for root, _, files in os.walk(src):
 
 
 def strip_tests(text):
-    """Drops `#[cfg(test)] mod x { ... }` blocks (brace matching), as import-circles.py does."""
+    """Drops `#[cfg(test)] mod x { ... }` blocks (brace matching), as import-circles.py does,
+    and `#[cfg(all(test, ...))]` ones too (which import-circles.py reads as the file's own
+    imports: a unix-only test module's `use super::super::x` made an edge to the wrong file)."""
     out, i = [], 0
-    for m in re.finditer(r'#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{', text):
+    for m in re.finditer(r'#\[cfg\((?:test|all\(\s*test\s*,[^\]]*\))\)\]\s*(pub(\([^)]*\))?\s+)?mod\s+\w+\s*\{', text):
         if m.start() < i:
             continue
         out.append(text[i:m.start()])
@@ -172,9 +178,77 @@ for mod in sorted(mods):
             upward.append(f'{mods[mod]} (layer {own}, {NAMES[own]}) imports {mods[t]} '
                           f'(layer {theirs}, {NAMES[theirs]})')
 
+
+
+def circles(edges):
+    """The strongly connected components of two or more files (Tarjan's, without recursion):
+    each is a set of files every one of which imports, through the others, every other."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def way_round(comp, edges):
+    """One shortest way from the circle's first file back to itself through its files
+    (breadth first; a file never imports itself, so the way has two files at least)."""
+    first, inside = comp[0], set(comp)
+    came, queue = {first: None}, [first]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(edges[v] & inside):
+            if w == first:
+                way = [v]
+                while came[way[-1]] is not None:
+                    way.append(came[way[-1]])
+                return way[::-1] + [first]
+            if w not in came:
+                came[w] = v
+                queue.append(w)
+    return comp  # not reached: the files of a component reach each other
+
+
+found = circles(imports)
+
 for u in upward:
     print('upward:', u)
 for u in unplaced:
     print('not placed:', u)
+for c in found:
+    print(f'circle of {len(c)}: ' + ', '.join(mods[m] for m in c)
+          + ' (' + ' -> '.join(mods[m] for m in way_round(c, imports)) + ')')
 print(f'{len(upward)} upward import(s), {len(unplaced)} unplaced file(s) among {len(mods)} files')
-sys.exit(1 if upward or unplaced else 0)
+print(f'{len(found)} import circle(s) among {len(mods)} files')
+sys.exit(1 if upward or unplaced or found else 0)

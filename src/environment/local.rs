@@ -210,6 +210,12 @@ impl Environment for LocalEnvironment {
         false
     }
 
+    fn limits_unenforced(&self) -> Option<String> {
+        self.running
+            .as_ref()
+            .and_then(SessionSandbox::limits_unenforced)
+    }
+
     fn limit_hit(&self) -> Option<String> {
         self.running.as_ref().and_then(SessionSandbox::limit_hit)
     }

@@ -158,6 +158,11 @@ pub trait Environment: Send + Sync {
     fn describe(&self) -> String;
     /// True when the session's limits could only be set as rlimits (no usable cgroup).
     fn limits_are_fallback(&self) -> bool;
+    /// What of the configured limits the kernel does not enforce at all (rlimits only and an
+    /// engine running as root: no process limit), in words naming the config field.
+    fn limits_unenforced(&self) -> Option<String> {
+        None
+    }
     /// The kernel limit the session ran into (memory, processes), in words naming the config
     /// field; asked after the agent ended, before [`Environment::destroy`].
     fn limit_hit(&self) -> Option<String>;

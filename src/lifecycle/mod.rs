@@ -582,16 +582,25 @@ impl Session {
         if let Some(t) = &self.transcript {
             t.note("sandbox", &described);
         }
+        // An engine running as root without a usable cgroup has no process limit at all
+        // (RLIMIT_NPROC does not bind root): said in the transcript and the warning rather
+        // than left to the rlimits' line.
+        let unenforced = environment.limits_unenforced();
+        if let (Some(t), Some(u)) = (&self.transcript, &unenforced) {
+            t.note("limits", u);
+        }
+        if environment.limits_are_fallback() {
+            let message = match &unenforced {
+                Some(u) => format!(
+                    "no usable cgroup for the session: its memory limit is an rlimit (per process), and {u}"
+                ),
+                None => "no usable cgroup for the session: its memory and process limits are rlimits (per process; per user id)".to_string(),
+            };
+            self.log(LogLevel::Warn, &message, json!({ "sandbox": described }));
+        }
         // The first run's start; a resume is the outage's notice in the record.
         if let (Some(record), None) = (self.audit.get(), &self.spec) {
             audited::agent(record, &spec, &described);
-        }
-        if environment.limits_are_fallback() {
-            self.log(
-                LogLevel::Warn,
-                "no usable cgroup for the session: its memory and process limits are rlimits (per process; per user id)",
-                json!({ "sandbox": described }),
-            );
         }
         self.spec = Some(spec.clone());
         let running = session::start(

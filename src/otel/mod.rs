@@ -84,15 +84,32 @@ impl Signal {
     }
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// Where the `OTEL_*` variables are read: the process's environment ([`process_var`]), or in
+/// the tests a table of their own (so that no test changes the environment of the process,
+/// which other tests running meanwhile read).
+type Vars<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// A variable of the process's environment.
+fn process_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
-/// Whether `signal` is to be exported, by the standard variables: `OTEL_SDK_DISABLED=true` or
+/// A variable of `vars`; a blank value is as good as none.
+fn var_in(vars: Vars, name: &str) -> Option<String> {
+    vars(name).filter(|v| !v.trim().is_empty())
+}
+
+/// A variable of the process's environment; a blank value is as good as none.
+fn env(name: &str) -> Option<String> {
+    var_in(&process_var, name)
+}
+
+/// Whether `signal` is to be exported, by the standard variables in `vars`: `OTEL_SDK_DISABLED=true` or
 /// `OTEL_<SIGNAL>_EXPORTER=none` turn it off; `=otlp` or an OTLP endpoint (the general one or
 /// the signal's) turn it on. Unlike an application's SDK, nothing is exported when nothing is
 /// set: a library does not send data to localhost:4318 unasked. `Err`: what is not supported.
-fn wanted(signal: Signal) -> Result<bool, String> {
+fn wanted(signal: Signal, vars: Vars) -> Result<bool, String> {
+    let env = |name: &str| var_in(vars, name);
     if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
         return Ok(false);
     }
@@ -112,12 +129,13 @@ fn wanted(signal: Signal) -> Result<bool, String> {
     if !on {
         return Ok(false);
     }
-    protocol(signal).map(|_| true)
+    protocol(signal, vars).map(|_| true)
 }
 
-/// The OTLP protocol of `signal`: the signal's variable, else the general one, else
+/// The OTLP protocol of `signal` in `vars`: the signal's variable, else the general one, else
 /// http/protobuf (the OTLP default; set here, as the crate's default follows its features).
-fn protocol(signal: Signal) -> Result<Protocol, String> {
+fn protocol(signal: Signal, vars: Vars) -> Result<Protocol, String> {
+    let env = |name: &str| var_in(vars, name);
     let signal_var = format!("OTEL_EXPORTER_OTLP_{}_PROTOCOL", signal.name());
     let (var, value) = match env(&signal_var) {
         Some(v) => (signal_var, v),
@@ -182,7 +200,7 @@ pub fn configure_from_env() -> Configured {
         return Configured::Nothing;
     }
     let mut refused = Vec::new();
-    let mut want = |s: Signal| match wanted(s) {
+    let mut want = |s: Signal| match wanted(s, &process_var) {
         Ok(on) => on,
         Err(why) => {
             refused.push(why);
@@ -265,7 +283,7 @@ fn over_http<B: WithHttpConfig + WithExportConfig>(
     let client = client::ExportClient::new(timeout).map_err(|e| e.message)?;
     Ok(builder
         .with_http_client(client)
-        .with_protocol(protocol(signal)?)
+        .with_protocol(protocol(signal, &process_var)?)
         .with_timeout(timeout))
 }
 
@@ -545,69 +563,81 @@ mod tests {
 
     #[test]
     fn nothing_is_exported_unless_an_endpoint_or_the_exporter_asks_and_grpc_is_refused_by_name() {
-        // The variables are the process's: one test reads them all, in order.
-        let vars = [
-            "OTEL_SDK_DISABLED",
-            "OTEL_TRACES_EXPORTER",
-            "OTEL_METRICS_EXPORTER",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-        ];
-        let set = |pairs: &[(&str, &str)]| {
-            for v in vars {
-                std::env::remove_var(v);
-            }
-            for (k, v) in pairs {
-                std::env::set_var(k, v);
-            }
+        // Each case is a table of its own, read through the lookup `wanted` is given: the
+        // process's environment is neither read nor changed (other tests read it meanwhile).
+        let wanted_with = |pairs: &[(&str, &str)], signal: Signal| {
+            let table: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            wanted(signal, &|name: &str| table.get(name).cloned())
         };
-        set(&[]);
-        assert_eq!(wanted(Signal::Traces), Ok(false));
-        set(&[(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "http://127.0.0.1:4318/v1/traces",
-        )]);
+        let both = |pairs: &[(&str, &str)]| {
+            (
+                wanted_with(pairs, Signal::Traces),
+                wanted_with(pairs, Signal::Metrics),
+            )
+        };
+        assert_eq!(both(&[]), (Ok(false), Ok(false)));
         assert_eq!(
-            (wanted(Signal::Traces), wanted(Signal::Metrics)),
+            both(&[(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://127.0.0.1:4318/v1/traces",
+            )]),
             (Ok(true), Ok(false))
         );
-        set(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_METRICS_EXPORTER", "none"),
-        ]);
         assert_eq!(
-            (wanted(Signal::Traces), wanted(Signal::Metrics)),
+            both(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_METRICS_EXPORTER", "none"),
+            ]),
             (Ok(true), Ok(false))
         );
-        set(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_SDK_DISABLED", "true"),
-        ]);
-        assert_eq!(wanted(Signal::Traces), Ok(false));
-        set(&[("OTEL_TRACES_EXPORTER", "otlp")]);
-        assert_eq!(wanted(Signal::Traces), Ok(true));
-        set(&[("OTEL_TRACES_EXPORTER", "zipkin")]);
-        assert!(wanted(Signal::Traces)
-            .unwrap_err()
-            .contains("OTEL_TRACES_EXPORTER"));
-        set(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-        ]);
-        let e = wanted(Signal::Metrics).unwrap_err();
+        assert_eq!(
+            wanted_with(
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                    ("OTEL_SDK_DISABLED", "true"),
+                ],
+                Signal::Traces
+            ),
+            Ok(false)
+        );
+        // A blank value is as good as none.
+        assert_eq!(
+            wanted_with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "  ")], Signal::Traces),
+            Ok(false)
+        );
+        assert_eq!(
+            wanted_with(&[("OTEL_TRACES_EXPORTER", "otlp")], Signal::Traces),
+            Ok(true)
+        );
+        assert!(
+            wanted_with(&[("OTEL_TRACES_EXPORTER", "zipkin")], Signal::Traces)
+                .unwrap_err()
+                .contains("OTEL_TRACES_EXPORTER")
+        );
+        let e = wanted_with(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            Signal::Metrics,
+        )
+        .unwrap_err();
         assert!(
             e.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && e.contains("4318"),
             "{e}"
         );
-        set(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
-        ]);
-        assert_eq!(wanted(Signal::Metrics), Ok(true));
-        set(&[]);
+        assert_eq!(
+            wanted_with(
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+                ],
+                Signal::Metrics
+            ),
+            Ok(true)
+        );
     }
 }

@@ -12,6 +12,11 @@
 //!   (not the session's total); `RLIMIT_NPROC` bounds the tasks of the whole user id, so it is
 //!   set to the tasks the user has when the session starts plus the limit (shared with
 //!   everything else the user starts meanwhile). Nothing is known of a limit being hit.
+//!   An engine whose real user is root gets **no process limit** this way: fork(2) does not
+//!   hold the host's root user to `RLIMIT_NPROC`, in the sandbox's user namespace too (its
+//!   processes are still root outside it). The rlimit is set all the same (harmless), but the
+//!   transcript and the engine's logger say that no process limit applies
+//!   ([`SessionLimits::unenforced`]) rather than name a limit the kernel ignores.
 //!
 //! Inside the session's cgroup the agent's commands get one of their own with a smaller share
 //! ([`commands_share`]): the session's cgroup has a child for the CLI (`cli`) and one for the
@@ -77,6 +82,8 @@ pub struct SessionLimits {
     /// The agent's commands' part of `limits` ([`commands_share`]).
     commands: Limits,
     how: How,
+    /// Whether the kernel holds the session's processes to `RLIMIT_NPROC` ([`nproc_binds`]).
+    nproc_binds: bool,
     watcher: Option<tokio::task::JoinHandle<()>>,
     placer: Option<Placer>,
 }
@@ -115,11 +122,13 @@ impl SessionLimits {
     pub fn create(limits: Limits) -> SessionLimits {
         let root = std::env::var_os(CGROUP_ROOT_ENV)
             .map_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT), PathBuf::from);
-        SessionLimits::create_in(&root, limits)
+        SessionLimits::create_in(&root, limits, nproc_binds())
     }
 
-    /// [`SessionLimits::create`] with the cgroup filesystem at `root`.
-    fn create_in(root: &Path, limits: Limits) -> SessionLimits {
+    /// [`SessionLimits::create`] with the cgroup filesystem at `root`; `nproc_binds`: whether
+    /// the kernel holds the engine's processes to `RLIMIT_NPROC` (a parameter so that the
+    /// tests can say both, whichever user runs them).
+    fn create_in(root: &Path, limits: Limits, nproc_binds: bool) -> SessionLimits {
         let commands = commands_share(&limits);
         let how = match Cgroup::create(root, &limits, &commands) {
             Some(cg) => How::Cgroup(cg),
@@ -135,6 +144,7 @@ impl SessionLimits {
             limits,
             commands,
             how,
+            nproc_binds,
             watcher,
             placer: None,
         }
@@ -232,6 +242,11 @@ impl SessionLimits {
                 cg.version,
                 cg.dirs[0].display()
             ),
+            How::Rlimits(_) if !self.nproc_binds && l.tasks.is_some() => format!(
+                "limits by rlimits (no usable cgroup): {mem} per process (RLIMIT_DATA), no process \
+                 limit (the engine runs as root, which RLIMIT_NPROC does not bind: {tasks} asked); \
+                 {tmp}"
+            ),
             How::Rlimits(_) => {
                 let share = c.tasks.map_or_else(String::new, |t| {
                     format!(" (the agent's commands: {t} tasks in the sandbox, RLIMIT_NPROC)")
@@ -247,6 +262,20 @@ impl SessionLimits {
     /// True when the limits are only rlimits (weaker: per process, per user id).
     pub fn is_fallback(&self) -> bool {
         matches!(self.how, How::Rlimits(_))
+    }
+
+    /// What of the configured limits the kernel does not enforce at all, in words naming the
+    /// config field: the process limit, with rlimits only and an engine running as root (which
+    /// `RLIMIT_NPROC` does not bind). `None` when every configured limit applies.
+    pub fn unenforced(&self) -> Option<String> {
+        let tasks = self.limits.tasks?;
+        (self.is_fallback() && !self.nproc_binds).then(|| {
+            format!(
+                "no process limit applies (sandbox.limits.processes = {tasks}), to the session or \
+                 to the agent's commands: there is no usable cgroup and the engine runs as root, \
+                 which the kernel exempts from RLIMIT_NPROC (in the sandbox's user namespace too)"
+            )
+        })
     }
 
     /// The kernel limit the session ran into, if any, in words naming the config field.
@@ -852,6 +881,40 @@ fn rlimits(limits: &Limits) -> Vec<(RlimitResource, u64)> {
     out
 }
 
+/// Whether fork(2) holds the engine's processes to `RLIMIT_NPROC`: not when their real user is
+/// the host's root (the kernel exempts it, and its processes stay root outside any user
+/// namespace the sandbox makes). An engine that is root only in a user namespace of its own (a
+/// rootless container: `/proc/self/uid_map` maps its uid 0 to another user outside) is held to
+/// it like any user. A non-root engine with `CAP_SYS_RESOURCE` or `CAP_SYS_ADMIN` in the host's
+/// user namespace is exempt too; not looked for here.
+fn nproc_binds() -> bool {
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    uid != 0
+        || !root_outside(
+            std::fs::read_to_string("/proc/self/uid_map")
+                .ok()
+                .as_deref(),
+        )
+}
+
+/// Whether uid 0 of this user namespace is uid 0 of its parent by `uid_map` (`inside outside
+/// count` lines); unreadable: taken to be (the cautious answer: no process limit is claimed).
+/// A namespace nested in another that maps 0 elsewhere is not seen through.
+fn root_outside(uid_map: Option<&str>) -> bool {
+    let Some(map) = uid_map else {
+        return true;
+    };
+    map.lines().any(|line| {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // The range that holds uid 0 inside maps it to its first outside uid.
+        matches!(f[..], [0, 0, count] if count > 0)
+    })
+}
+
 /// Tasks (threads) of the engine's real user id now, as `RLIMIT_NPROC` counts them.
 fn user_tasks() -> u64 {
     // SAFETY: getuid(2) cannot fail.
@@ -913,8 +976,10 @@ mod tests {
     #[tokio::test]
     async fn without_a_usable_cgroup_the_limits_are_rlimits_set_before_exec() {
         let empty = tempfile::tempdir().unwrap();
-        let limits = SessionLimits::create_in(empty.path(), LIMITS);
+        // An engine that RLIMIT_NPROC binds (the rlimits set are the same for root's).
+        let limits = SessionLimits::create_in(empty.path(), LIMITS, true);
         assert!(limits.is_fallback());
+        assert_eq!(limits.unenforced(), None);
         assert!(limits.describe().starts_with("limits by rlimits (no usable cgroup): memory 1024 MiB per process (RLIMIT_DATA), 64 tasks more for the user id (RLIMIT_NPROC)"), "{}", limits.describe());
         let mut child = start(&limits);
         let pid = child.id();
@@ -930,6 +995,92 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn without_a_usable_cgroup_an_engine_running_as_root_has_no_process_limit_and_the_words_say_so(
+    ) {
+        let empty = tempfile::tempdir().unwrap();
+        let limits = SessionLimits::create_in(empty.path(), LIMITS, false);
+        assert!(limits.is_fallback());
+        let said = limits.describe();
+        assert!(said.starts_with("limits by rlimits (no usable cgroup): memory 1024 MiB per process (RLIMIT_DATA), no process limit (the engine runs as root, which RLIMIT_NPROC does not bind: 64 tasks asked)"), "{said}");
+        assert!(!said.contains("more for the user id"), "{said}");
+        let unenforced = limits.unenforced().unwrap();
+        assert!(
+            unenforced.starts_with("no process limit applies (sandbox.limits.processes = 64)")
+                && unenforced.contains("root")
+                && unenforced.contains("RLIMIT_NPROC"),
+            "{unenforced}"
+        );
+        // Without a process limit configured, nothing is missing.
+        let memory_only = Limits {
+            tasks: None,
+            ..LIMITS
+        };
+        let limits = SessionLimits::create_in(empty.path(), memory_only, false);
+        assert_eq!(limits.unenforced(), None);
+        assert!(limits.describe().contains("no task limit"));
+    }
+
+    /// What [`nproc_binds`] says of this process's user is what the kernel does: a shell whose
+    /// `RLIMIT_NPROC` is 1 (its user has more tasks than that: this test's own threads) starts
+    /// a command, which takes a fork that only an exempt user (root) gets.
+    #[test]
+    fn rlimit_nproc_stops_a_fork_exactly_when_nproc_binds_says_it_does() {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "/bin/true && echo forked"]);
+        // SAFETY: setrlimit(2) with a valid struct, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let one = libc::rlimit {
+                    rlim_cur: 1,
+                    rlim_max: 1,
+                };
+                match libc::setrlimit(libc::RLIMIT_NPROC, &one) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+        let out = cmd.output().unwrap();
+        let forked = String::from_utf8_lossy(&out.stdout).contains("forked");
+        assert_eq!(forked, !nproc_binds(), "{out:?}");
+        if nproc_binds() {
+            return;
+        }
+        // As root, the same shell as another user (nobody) is refused its fork: the kernel
+        // exempts root, not everyone on this host.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "/bin/true && echo forked"]);
+        // SAFETY: setrlimit(2) and setuid(2), async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let one = libc::rlimit {
+                    rlim_cur: 1,
+                    rlim_max: 1,
+                };
+                if libc::setrlimit(libc::RLIMIT_NPROC, &one) != 0 || libc::setuid(65534) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("forked"),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn root_is_the_host_s_root_only_where_uid_map_maps_0_to_0() {
+        assert!(root_outside(Some("         0          0 4294967295\n")));
+        // A rootless container: its root is uid 100000 outside.
+        assert!(!root_outside(Some("         0     100000      65536\n")));
+        // bubblewrap's own map of one user (1000 inside as 1000 outside): no 0 at all.
+        assert!(!root_outside(Some("      1000       1000          1\n")));
+        assert!(root_outside(None));
+    }
+
+    #[tokio::test]
     async fn no_limit_configured_sets_no_rlimit() {
         let empty = tempfile::tempdir().unwrap();
         let none = Limits {
@@ -937,7 +1088,7 @@ mod tests {
             tasks: None,
             tmpfs: None,
         };
-        let limits = SessionLimits::create_in(empty.path(), none);
+        let limits = SessionLimits::create_in(empty.path(), none, nproc_binds());
         let mut child = start(&limits);
         assert_eq!(limit_of(child.id(), "Max data size"), "unlimited");
         child.kill().unwrap();
@@ -953,6 +1104,8 @@ mod tests {
             return;
         };
         let dirs = cg.dirs.clone();
+        // A cgroup's pids.max binds root too.
+        assert_eq!(limits.unenforced(), None);
         let mut child = start(&limits);
         let procs = std::fs::read_to_string(dirs[0].join(CLI).join("cgroup.procs")).unwrap();
         assert!(
@@ -1006,7 +1159,7 @@ mod tests {
     #[tokio::test]
     async fn with_rlimits_the_prefix_gets_the_commands_task_share() {
         let empty = tempfile::tempdir().unwrap();
-        let mut limits = SessionLimits::create_in(empty.path(), LIMITS);
+        let mut limits = SessionLimits::create_in(empty.path(), LIMITS, nproc_binds());
         let pipe = tempfile::tempdir().unwrap();
         let env = limits.commands_setup(pipe.path()).unwrap();
         assert_eq!(env, [("CRA_TOOLS_NPROC".to_string(), "32".to_string())]);

@@ -478,6 +478,14 @@ impl SessionSandbox {
         self.limits.is_fallback()
     }
 
+    /// What of the configured limits the kernel does not enforce at all, if anything.
+    pub fn limits_unenforced(&self) -> Option<String> {
+        #[cfg(target_os = "linux")]
+        return self.limits.unenforced();
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
     /// The kernel limit the session ran into, if any.
     pub fn limit_hit(&self) -> Option<String> {
         #[cfg(target_os = "linux")]
