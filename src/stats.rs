@@ -97,6 +97,11 @@ fn u64_at(v: &Value, key: &str) -> u64 {
 }
 
 impl RunStats {
+    /// The turns the CLI's results reported (`None`: no run reported any).
+    pub fn turns(&self) -> Option<u64> {
+        self.turns
+    }
+
     /// `system/init` of the session: the main loop's model.
     pub fn add_init(&mut self, init: &Value) {
         if self.init_model.is_none() {

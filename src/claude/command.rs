@@ -37,14 +37,34 @@ pub fn build_args(a: &CliArgs<'_>) -> Vec<String> {
 }
 
 /// `args` of a session's CLI changed to continue its conversation (`--resume`, which keeps the
-/// session id and reads the conversation from the CLI's config dir) instead of starting it.
-pub fn resume_args(args: &[String]) -> Vec<String> {
+/// session id and reads the conversation from the CLI's config dir) instead of starting it,
+/// with `--max-turns` lowered by the `used` turns of the runs before: a resumed run never gets
+/// more turns than were left. `None` when none are left.
+pub fn resume_args(args: &[String], used: u64) -> Option<Vec<String>> {
     args.iter()
-        .map(|a| match a.strip_prefix("--session-id=") {
-            Some(id) => format!("--resume={id}"),
-            None => a.clone(),
+        .map(|a| {
+            if let Some(id) = a.strip_prefix("--session-id=") {
+                return Some(format!("--resume={id}"));
+            }
+            match a.strip_prefix("--max-turns=").map(str::parse::<u64>) {
+                Some(Ok(max)) => {
+                    let left = max.checked_sub(used).filter(|l| *l > 0)?;
+                    Some(format!("--max-turns={left}"))
+                }
+                _ => Some(a.clone()),
+            }
         })
         .collect()
+}
+
+/// Whether a CLI `result` says the run ended at a limit of its own (its turns, its budget, its
+/// structured output retries) rather than on a failure: such a run is not resumed, whatever
+/// the API did before it.
+pub fn ended_at_own_limit(subtype: &str) -> bool {
+    matches!(
+        subtype,
+        "error_max_turns" | "error_max_budget_usd" | "error_max_structured_output_retries"
+    )
 }
 
 /// Variables of the engine's own environment the CLI gets; everything else stays with the
@@ -133,6 +153,40 @@ pub fn build_env(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_run_gets_only_the_turns_that_were_left() {
+        let schema = serde_json::json!({"type": "object"});
+        let args = build_args(&CliArgs {
+            role: "implementor",
+            schema: &schema,
+            max_turns: Some(10),
+            model: None,
+            session_id: "s1",
+        });
+        let resumed = resume_args(&args, 4).unwrap();
+        assert!(
+            resumed.contains(&"--max-turns=6".to_string()),
+            "{resumed:?}"
+        );
+        assert!(resumed.contains(&"--resume=s1".to_string()));
+        assert!(!resumed.iter().any(|a| a.starts_with("--session-id")));
+        assert_eq!(resume_args(&args, 10), None);
+        assert_eq!(resume_args(&args, 12), None);
+        // Without a turn limit there is nothing to lower.
+        let unlimited = build_args(&CliArgs {
+            role: "implementor",
+            schema: &schema,
+            max_turns: None,
+            model: None,
+            session_id: "s1",
+        });
+        let resumed = resume_args(&unlimited, 40).unwrap();
+        assert!(!resumed.iter().any(|a| a.starts_with("--max-turns")));
+        assert!(ended_at_own_limit("error_max_turns"));
+        assert!(!ended_at_own_limit("error_during_execution"));
+        assert!(!ended_at_own_limit("success"));
+    }
 
     #[test]
     fn max_turns_and_model_only_when_given() {

@@ -123,7 +123,7 @@ pub struct Session {
     audit: Arc<OnceLock<Arc<AuditRecord>>>,
     /// The commit the session started from, as its record's start named it (for the seal).
     base_commit: Option<String>,
-    /// What the CLI was started with, to start it again on the same conversation.
+    /// What the CLI was first started with, to start it again on the same conversation.
     spec: Option<SessionSpec>,
     /// CLI runs that continued the conversation after the CLI ended on an API failure.
     resumes: u32,
@@ -602,7 +602,10 @@ impl Session {
         if let (Some(record), None) = (self.audit.get(), &self.spec) {
             audited::agent(record, &spec, &described);
         }
-        self.spec = Some(spec.clone());
+        // The first run's: a resume is made from it (its turn limit less what was used).
+        if self.spec.is_none() {
+            self.spec = Some(spec.clone());
+        }
         let running = session::start(
             exec,
             spec,
@@ -648,7 +651,7 @@ impl Session {
                 .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
                 .await;
             stats.then(std::mem::take(&mut end.stats));
-            let resume = match self.resumable(&end).await {
+            let resume = match self.resumable(&end, stats.turns().unwrap_or(0)).await {
                 Ok(resume) => resume,
                 Err(failure) => {
                     self.outage_failure = failure;
@@ -691,15 +694,23 @@ impl Session {
     /// The CLI run that `end` ended is to be resumed: `Ok(Some((why, the spec to run)))`.
     /// `Err(Some(why))`: it ended on an outage past `apiOutageTolerance` (the session fails
     /// naming it); `Ok(None)`/`Err(None)`: it ended for another reason (a result, a stop, a
-    /// crash, an environment lost under it: a pod its node killed is not an API failure).
+    /// crash, an environment lost under it: a pod its node killed is not an API failure; a
+    /// limit of the run's own — its turns, its budget — is not one either, whatever the API
+    /// did before it). `turns_used`: what the runs so far reported, taken off the resumed run's
+    /// `--max-turns` (none left: not resumed).
     async fn resumable(
         &self,
         end: &SessionEnd,
+        turns_used: u64,
     ) -> std::result::Result<Option<(String, SessionSpec)>, Option<String>> {
         if end.stopped.is_some() || self.stop.reason().is_some() {
             return Ok(None);
         }
-        if end.result.as_ref().is_some_and(|r| !r.is_error) {
+        if end
+            .result
+            .as_ref()
+            .is_some_and(|r| !r.is_error || command::ended_at_own_limit(&r.subtype))
+        {
             return Ok(None);
         }
         let Some((reason, lasted, may_wait)) = self.outage.ongoing() else {
@@ -729,7 +740,10 @@ impl Session {
             return Ok(None);
         };
         let mut spec = spec.clone();
-        spec.args = command::resume_args(&spec.args);
+        let Some(args) = command::resume_args(&spec.args, turns_used) else {
+            return Ok(None);
+        };
+        spec.args = args;
         spec.prompt = RESUME_PROMPT.to_string();
         Ok(Some((reason, spec)))
     }
