@@ -7,8 +7,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { apiError, bash, latestToolResultText, reply, scenario } from './support/fake-api.mjs';
-import { collect, markedProcesses, rejection, setup } from './support/harness.mjs';
+import { apiError, assistantTurns, bash, latestToolResultText, reply, scenario, userText } from './support/fake-api.mjs';
+import { collect, engineState, markedProcesses, rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
 
@@ -200,6 +200,48 @@ describe('a session survives an API outage', () => {
     }
   });
 
+  it('a 529, then one request that does not answer for 30 s: three sessions started beside it take their normal time (the hung probe holds the fleet for its bound only), and the hung one goes on and completes', { timeout: 120_000 }, async () => {
+    const items = ['1', '2', '3', '4'];
+    const seen = { failed: 0, hung: 0 };
+    const script = (body) => {
+      const item = /Work Item #(\d+)/.exec(userText(body))?.[1];
+      if (assistantTurns(body) === 0) return reply(bash(`echo ${item} > w${item}.txt && echo ok`));
+      if (item !== '1') return implementorDone();
+      if (seen.failed++ === 0) return apiError(529, 'Overloaded');
+      seen.hung += 1;
+      return { ...reply(implementorDone('answered after 30 s')), delayMs: 30_000 };
+    };
+    h = await setup({
+      state: engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'in-progress', linkedRevision: null })) }),
+      bodies: Object.fromEntries(items.map((id) => [id, `Add w${id}.txt.`])),
+      script,
+      repo: { agents: agentsWithTools(['Bash']) },
+      config: config(),
+    });
+    const adapter = h.adapter();
+    const start = (id) => adapter.startAgent({ role: 'implementor', workItemID: id, branchName: `wi-${id}` });
+    const hung = await start('1');
+    // Its retry is the fleet's one probe, and it hangs.
+    for (let i = 0; i < 200 && seen.hung === 0; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(seen.hung).toBe(1);
+    const started = Date.now();
+    const beside = await Promise.all(['2', '3', '4'].map(async (id) => {
+      const handle = await start(id);
+      const result = await handle.result;
+      return { result, ms: Date.now() - started };
+    }));
+    for (const { result, ms } of beside) {
+      expect(result.outcome).toBe('completed');
+      // Their own time plus at most the probe's bound (5 s), not the 30 s of the hung request.
+      expect(ms).toBeLessThan(20_000);
+    }
+    const result = await hung.result;
+    expect(result.outcome).toBe('completed');
+    expect(result.summary).toBe('answered after 30 s');
+    expect(Date.now() - started).toBeGreaterThanOrEqual(28_000);
+    console.log(`[measure] beside a hung request: ${beside.map((b) => `${(b.ms / 1000).toFixed(1)} s`).join(', ')}; the hung one ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  });
+
   it('an outage longer than apiOutageTolerance: ERR_AGENT_FAILED naming the outage, the work saved beside the transcript, nothing left running', { timeout: 120_000 }, async () => {
     const marker = `cra-outage-${process.pid}-${Date.now()}`;
     const { script } = outageScript({ work: `echo lost? > d.txt && git add -A && git commit -qm d && echo ${marker}`, ms: 3_600_000 });
@@ -235,6 +277,29 @@ describe('a session survives an API outage', () => {
     const err = await rejection(handle.result);
     expect(err.code).toBe('ERR_AGENT_FAILED');
     expect(outage.downReplies).toBe(1);
+  });
+});
+
+describe("the CLI's own request timeout", () => {
+  it('is raised to the tolerance plus 10 minutes only where the relay holds requests: sandboxed, not with sandbox false (a hung request would wait 40 minutes for nothing)', { timeout: 60_000 }, async () => {
+    const seen = {};
+    for (const [name, sandbox] of [['sandboxed', {}], ['unsandboxed', false]]) {
+      const hh = await setup({
+        state: implementorState,
+        bodies: { 7: 'Add a file.' },
+        script: scenario.steps([reply(bash('echo "timeout=${API_TIMEOUT_MS:-unset}" | tee t.txt')), implementorDone()]),
+        repo: { agents: agentsWithTools(['Bash']) },
+        config: { sandbox, apiOutageTolerance: 1800 },
+      });
+      try {
+        const handle = await hh.adapter().startAgent(implementorParams);
+        await handle.result;
+        seen[name] = latestToolResultText(hh.api.mainBodies().at(-1)).trim();
+      } finally {
+        await hh.cleanup();
+      }
+    }
+    expect(seen).toEqual({ sandboxed: `timeout=${(1800 + 600) * 1000}`, unsandboxed: 'timeout=unset' });
   });
 });
 

@@ -2,9 +2,10 @@
 // CLI: no model key anywhere it can read, nothing of the pod or the engine outside its
 // checkout, no network but the egress proxy's allowlist, no push — and its ordinary work
 // (commit, build) still works.
+import { readFileSync, rmSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
-import { setup } from '../support/harness.mjs';
+import { addon, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE } from '../support/roles.mjs';
 import { kubeBackend, kubectl } from './support.mjs';
@@ -59,9 +60,10 @@ describe('the boundary inside the pod', () => {
     expect(out[0].trim().split('\n').at(-1)).toBe('repo');
   });
 
-  it("the egress proxy refuses a host not allowed, and push fails (to a URL: no route; to origin, the history's read-only transport: refused)", { timeout: 180_000 }, async () => {
-    await kubeSetup();
-    const { out } = await implementorRuns([
+  it("the egress proxy refuses a host not allowed, and push fails (to a URL: no route; to origin, the history's read-only transport: refused); the engine's audit record holds the pod's tool calls and the refused host, and verifies", { timeout: 180_000 }, async () => {
+    const auditDir = `/var/tmp/cra-kube-audit-${process.pid}`;
+    await kubeSetup({ audit: { dir: auditDir } });
+    const { out, handle, result } = await implementorRuns([
       "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n' >&3 && head -1 <&3",
       'git push https://example.com/x.git HEAD 2>&1; echo "push rc=$?"; git push origin HEAD:refs/heads/x 2>&1; echo "origin rc=$?"',
     ]);
@@ -69,6 +71,18 @@ describe('the boundary inside the pod', () => {
     expect(out[1]).toMatch(/push rc=[1-9]/);
     expect(out[1]).toMatch(/transport 'ext' not allowed/);
     expect(out[1]).toMatch(/origin rc=[1-9]/);
+    // Issue 50: the pod's tool calls and proxy decisions reach the engine's record.
+    const record = readFileSync(handle.auditRecordPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(record[1].environment).toMatch(/^Kubernetes pod /);
+    const pushed = record.findIndex((e) => e.kind === 'tool_use' && e.input.command.startsWith('git push https://example.com'));
+    const refused = record.findIndex((e) => e.kind === 'network' && e.host === 'example.com' && e.port === 443 && !e.allowed);
+    expect(pushed).toBeGreaterThan(0);
+    expect(refused).toBeGreaterThan(0);
+    expect(refused).toBeLessThan(pushed);
+    expect(record.some((e) => e.kind === 'tool_verdict' && e.verdict === 'allowed' && e.command?.startsWith('git push'))).toBe(true);
+    expect(record.filter((e) => e.kind === 'model_answer' && e.status === 200).length).toBeGreaterThanOrEqual(3);
+    expect(await addon.verifyAuditRecord(handle.auditRecordPath, { patch: result.patch })).toMatchObject({ ok: true, sealed: true });
+    rmSync(auditDir, { recursive: true, force: true });
   });
 
   it('the direct probe: the node the pod runs on is reachable from the pod, not from the agent', { timeout: 180_000 }, async () => {

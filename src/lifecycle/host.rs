@@ -34,7 +34,12 @@ impl SessionHost {
     pub fn cli_env(&self) -> Vec<(String, String)> {
         let mut env = command::build_env(std::env::vars(), &self.config.env);
         let tolerance = self.config.api_outage_tolerance;
-        if !tolerance.is_zero() && !env.iter().any(|(k, _)| k == "API_TIMEOUT_MS") {
+        // Only where a relay holds requests: without one (`sandbox: false` locally) a request
+        // that hangs would wait the raised timeout for nothing.
+        let held = self
+            .backend
+            .meters_model_requests(self.config.sandbox.as_ref());
+        if held && !tolerance.is_zero() && !env.iter().any(|(k, _)| k == "API_TIMEOUT_MS") {
             // The CLI gives up on a request after API_TIMEOUT_MS (10 minutes by default); one
             // the relay holds through an outage may take the whole tolerance.
             let ms = (tolerance + Duration::from_secs(600)).as_millis();

@@ -412,10 +412,22 @@ impl Relay {
         span: &tracing::Span,
     ) -> Response<Body> {
         let (method, path) = (template.method.clone(), template.uri.path().to_string());
+        let head_bound = head_bound(&bytes);
         let mut attempt: u32 = 0;
         loop {
             let permit = match &self.pace {
-                Some(pace) => Some(pace.acquire().await),
+                Some(pace) => match self.turn(pace).await {
+                    Some(permit) => Some(permit),
+                    None => {
+                        let reason = "the model API kept failing while the request waited its turn in the fleet's pace, past apiOutageTolerance";
+                        tracing::warn!("model relay: {method} {path}: {reason}");
+                        return api_error(
+                            StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+                            "overloaded_error",
+                            reason,
+                        );
+                    }
+                },
                 None => None,
             };
             let mut request = Request::new(full(bytes.clone()));
@@ -437,13 +449,25 @@ impl Relay {
                     );
                 }
             }
-            let sent = upstream
-                .client
-                .request(Request::from_parts(parts, body))
-                .await;
+            let sent = tokio::time::timeout(
+                head_bound,
+                upstream.client.request(Request::from_parts(parts, body)),
+            )
+            .await;
             drop(permit);
+            let sent = match sent {
+                Ok(sent) => Ok(sent),
+                Err(_) => {
+                    // No head: a failure like a connection not made, held and sent again.
+                    let reason = format!(
+                        "no answer from the model API within {} s",
+                        head_bound.as_secs()
+                    );
+                    Err(HeadTimeout(reason))
+                }
+            };
             let (reason, answer, headers, failure) = match sent {
-                Ok(response) => match pacing::Answer::of(response.status()) {
+                Ok(Ok(response)) => match pacing::Answer::of(response.status()) {
                     pacing::Answer::Came => {
                         let (parts, body) = response.into_parts();
                         // Held only where a failure would be held too.
@@ -485,12 +509,16 @@ impl Relay {
                         )
                     }
                 },
-                Err(e) if e.is_connect() => {
+                Err(HeadTimeout(reason)) => {
+                    let failure = Failure::Unreached(reason.clone());
+                    (reason, pacing::Answer::Failing, None, failure)
+                }
+                Ok(Err(e)) if e.is_connect() => {
                     let reason = self.failure(upstream, &e);
                     let failure = Failure::Unreached(reason.clone());
                     (reason, pacing::Answer::Failing, None, failure)
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     let reason = self.failure(upstream, &e);
                     tracing::warn!("model relay: {reason}");
                     if let Some(o) = &self.outage {
@@ -622,6 +650,26 @@ impl Relay {
             .into_owned()
     }
 
+    /// Waits for the request's turn in the fleet's pace. A wait longer than a moment is part of
+    /// the session's outage and counts toward `apiOutageTolerance`: `None` once past it (or
+    /// stopped meanwhile). Without a tolerance the wait is the pace's alone.
+    async fn turn(&self, pace: &Arc<Pace>) -> Option<pacing::Permit> {
+        let acquire = pace.acquire();
+        tokio::pin!(acquire);
+        tokio::select! {
+            permit = &mut acquire => return Some(permit),
+            _ = tokio::time::sleep(QUEUED) => {}
+        }
+        let Some(deadline) = self.outage.as_ref().and_then(|o| o.queued()) else {
+            return Some(acquire.await);
+        };
+        let outage = self.outage.as_ref()?;
+        tokio::select! {
+            permit = &mut acquire => Some(permit),
+            _ = outage.wait(deadline) => None,
+        }
+    }
+
     /// An answer came (its head, and for a stream its first events, `held`): the fleet's pace
     /// and the outage learn it, and it goes to the CLI.
     fn came(
@@ -699,6 +747,33 @@ impl Relay {
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
     }
 }
+
+/// A request waiting this long for its turn in the fleet's pace is held by an outage: its wait
+/// counts toward the session's tolerance.
+const QUEUED: Duration = Duration::from_secs(1);
+/// How long a streamed request may wait for its answer's head: the Messages API sends the head
+/// of a stream when it takes the request, before anything is generated; past this the request
+/// is a failure like a connection not made (held and sent again within the tolerance). A
+/// request that is not streamed gets its head with the whole answer: the CLI's own default
+/// timeout (10 minutes).
+const STREAM_HEAD_BOUND: Duration = Duration::from_secs(120);
+const WHOLE_ANSWER_BOUND: Duration = Duration::from_secs(600);
+
+/// The bound on the wait for a request's answer's head ([`STREAM_HEAD_BOUND`]).
+fn head_bound(body: &[u8]) -> Duration {
+    #[derive(serde::Deserialize)]
+    struct Streamed {
+        #[serde(default)]
+        stream: bool,
+    }
+    match serde_json::from_slice::<Streamed>(body) {
+        Ok(Streamed { stream: true }) => STREAM_HEAD_BOUND,
+        _ => WHOLE_ANSWER_BOUND,
+    }
+}
+
+/// No head came within [`head_bound`].
+struct HeadTimeout(String);
 
 /// What the CLI gets of a failed attempt when the relay gives up on it.
 enum Failure {

@@ -115,6 +115,23 @@ impl ApiOutage {
         }
     }
 
+    /// A request waits its turn in the fleet's pace (the API fails for the fleet, or its rate
+    /// limit is spent): the session's outage begins, if it had not, and the wait counts toward
+    /// the tolerance. Until when it may wait; `None` without a tolerance.
+    pub(crate) fn queued(&self) -> Option<Instant> {
+        if self.tolerance.is_zero() {
+            return None;
+        }
+        let mut s = self.state();
+        let since = *s.since.get_or_insert_with(Instant::now);
+        if s.reason.is_empty() {
+            s.reason =
+                "waiting in the fleet's pace while the model API fails or its rate limit is spent"
+                    .to_string();
+        }
+        Some(since + self.tolerance)
+    }
+
     /// A failure the CLI saw (an answer cut after it began): the outage begins, if it had not.
     pub(crate) fn cut(&self, reason: &str) {
         let mut s = self.state();

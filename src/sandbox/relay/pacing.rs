@@ -24,6 +24,9 @@ const MAX_IN_FLIGHT: f64 = 256.0;
 /// How long a probe waits after a failure without a `retry-after`: the recovery is seen within
 /// this (the issue's target: the next request within 2 s of the API's recovery).
 pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// While the API fails, a probe whose answer's head has not come after this no longer holds
+/// the next one back: one request that never answers must not hold the fleet (issue 49).
+pub(super) const PROBE_BOUND: Duration = Duration::from_secs(5);
 /// A `retry-after` or a reset further away than this is taken as this (a clock skew or a
 /// nonsense value must not park the fleet).
 const LONGEST_HOLD: Duration = Duration::from_secs(300);
@@ -49,6 +52,8 @@ struct PaceState {
     blocked_until: Option<Instant>,
     /// The API is failing: one request at a time probes it.
     down: bool,
+    /// When the last probe was let go (while `down`).
+    probed: Option<Instant>,
     /// Requests left until `reset`, as the answers said (the least of those of one window:
     /// answers come out of order, and requests in flight spend it too).
     remaining: Option<(u64, Instant)>,
@@ -84,6 +89,7 @@ pub(super) fn pace_for(origin: &str, credential: &str) -> Arc<Pace> {
                     in_flight: 0,
                     blocked_until: None,
                     down: false,
+                    probed: None,
                     remaining: None,
                     window: None,
                 }),
@@ -128,6 +134,11 @@ impl Pace {
             let wake = {
                 let mut s = self.lock();
                 let now = Instant::now();
+                // Asleep until the hung probe's bound, if that comes first.
+                let probe_due = s
+                    .probed
+                    .filter(|_| s.down && s.in_flight > 0)
+                    .map(|p| p + PROBE_BOUND);
                 if let Some((left, reset)) = s.remaining {
                     if reset <= now {
                         // A new window: its budget, until an answer says when it resets.
@@ -140,7 +151,11 @@ impl Pace {
                     Some(until) => Some(until),
                     None => {
                         let allowed = if s.down { 1.0 } else { s.limit.floor() };
-                        if (s.in_flight as f64) < allowed {
+                        // A probe that hangs past its bound lets the next one go.
+                        let probe_hung = s.down
+                            && s.probed
+                                .is_some_and(|p| now.duration_since(p) >= PROBE_BOUND);
+                        if (s.in_flight as f64) < allowed || probe_hung {
                             s.in_flight += 1;
                             if let Some((left, _)) = &mut s.remaining {
                                 *left = left.saturating_sub(1);
@@ -148,10 +163,11 @@ impl Pace {
                             if s.down {
                                 // The next probe waits its turn even when this one hangs.
                                 s.blocked_until = Some(now + PROBE_INTERVAL);
+                                s.probed = Some(now);
                             }
                             return Permit { pace: self.clone() };
                         }
-                        None
+                        probe_due
                     }
                 }
             };
@@ -189,6 +205,7 @@ impl Pace {
             Answer::Came => {
                 if s.down {
                     s.down = false;
+                    s.probed = None;
                     s.blocked_until = None;
                 } else if s.limit < s.threshold {
                     s.limit = (s.limit + 1.0).min(MAX_IN_FLIGHT);
@@ -392,6 +409,34 @@ mod tests {
             w.await.unwrap();
         }
         assert!(started.elapsed() < Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_never_answers_holds_the_next_one_back_only_for_its_bound() {
+        let pace = fresh();
+        pace.learn(Answer::Failing, None);
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        // The probe hangs (its permit is never given back).
+        let _hung = pace.acquire().await;
+        let started = Instant::now();
+        let next = pace.clone();
+        let second = tokio::spawn(async move { next.acquire().await });
+        tokio::time::sleep(PROBE_BOUND - Duration::from_millis(500)).await;
+        assert!(
+            !second.is_finished(),
+            "one probe at a time while it may still answer"
+        );
+        let _second = tokio::time::timeout(Duration::from_secs(2), second)
+            .await
+            .expect("past the bound the next probe goes")
+            .unwrap();
+        assert!(started.elapsed() >= PROBE_BOUND - Duration::from_millis(50));
+        // Its answer lets everyone go at once, the hung one still in flight.
+        pace.learn(Answer::Came, None);
+        let many = (0..4).map(|_| pace.acquire());
+        tokio::time::timeout(Duration::from_millis(500), futures::future::join_all(many))
+            .await
+            .expect("everyone goes once an answer came");
     }
 
     #[tokio::test]
