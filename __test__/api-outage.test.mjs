@@ -242,6 +242,42 @@ describe('a session survives an API outage', () => {
     console.log(`[measure] beside a hung request: ${beside.map((b) => `${(b.ms / 1000).toFixed(1)} s`).join(', ')}; the hung one ${((Date.now() - started) / 1000).toFixed(1)} s`);
   });
 
+  it('a request the API answers 500 every time while it answers the others: that session fails within a few tries naming the status, not after the tolerance, and the sessions beside it complete', { timeout: 120_000 }, async () => {
+    const items = ['1', '2', '3'];
+    const seen = { failed: 0 };
+    const script = (body) => {
+      const item = /Work Item #(\d+)/.exec(userText(body))?.[1];
+      const turn = assistantTurns(body);
+      if (item === '1') {
+        if (turn === 0) return reply(bash('echo one > w1.txt && echo ok'));
+        seen.failed += 1;
+        return apiError(500, 'Internal server error');
+      }
+      // The others keep the API answering: a few short steps each.
+      return turn < 8 ? reply(bash(`sleep 0.5; echo ${item}-${turn} >> w${item}.txt`)) : implementorDone();
+    };
+    h = await setup({
+      state: engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'in-progress', linkedRevision: null })) }),
+      bodies: Object.fromEntries(items.map((id) => [id, `Add w${id}.txt.`])),
+      script,
+      repo: { agents: agentsWithTools(['Bash']) },
+      config: config(),
+    });
+    const adapter = h.adapter();
+    const started = Date.now();
+    const handles = await Promise.all(items.map((id) => adapter.startAgent({ role: 'implementor', workItemID: id, branchName: `wi-${id}` })));
+    const [failed, ...others] = await Promise.allSettled(handles.map((x) => x.result));
+    expect(failed.status).toBe('rejected');
+    expect(failed.reason.code).toBe('ERR_AGENT_FAILED');
+    expect(failed.reason.message).toMatch(/500/);
+    expect(seen.failed).toBeLessThanOrEqual(8);
+    expect(Date.now() - started).toBeLessThan(60_000);
+    for (const o of others) expect(o.status === 'fulfilled' && o.value.outcome, JSON.stringify(o.reason ?? '')).toBe('completed');
+    const out = await collect(handles[0].output);
+    expect(out).toMatch(/the request's failure, not an outage/);
+    console.log(`[measure] a request always answered 500: ${seen.failed} tries, session failed after ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  });
+
   it('an outage longer than apiOutageTolerance: ERR_AGENT_FAILED naming the outage, the work saved beside the transcript, nothing left running', { timeout: 120_000 }, async () => {
     const marker = `cra-outage-${process.pid}-${Date.now()}`;
     const { script } = outageScript({ work: `echo lost? > d.txt && git add -A && git commit -qm d && echo ${marker}`, ms: 3_600_000 });

@@ -202,8 +202,8 @@ impl ModelRelay {
             .chain(headers.iter().filter_map(|(_, v)| v.to_str().ok()))
             .collect::<Vec<_>>()
             .join("\n");
-        let pace = pacing.then(|| {
-            pacing::pace_for(
+        let account = pacing.then(|| {
+            pacing::account(
                 upstreams.first().map_or("", |u| u.origin.as_str()),
                 &account,
             )
@@ -211,7 +211,7 @@ impl ModelRelay {
         let relay = Arc::new(Relay {
             upstreams,
             outage,
-            pace,
+            account,
             api,
             routes,
             substitutions,
@@ -261,8 +261,9 @@ struct Relay {
     /// The session's share of the engine's memory for request bodies.
     bodies: BodyBudget,
     outage: Option<Arc<ApiOutage>>,
-    /// The account's pace, shared with every relay sending to it.
-    pace: Option<Arc<Pace>>,
+    /// The account whose pace (one per model, shared with every relay sending to it) the
+    /// requests keep; `None`: not paced.
+    account: Option<pacing::Account>,
     spend: Option<Arc<SpendMeter>>,
     trace: Option<tracing::Span>,
     audit: Option<Arc<AuditRecord>>,
@@ -412,10 +413,15 @@ impl Relay {
         span: &tracing::Span,
     ) -> Response<Body> {
         let (method, path) = (template.method.clone(), template.uri.path().to_string());
-        let head_bound = head_bound(&bytes);
+        let asks = Asks::of(&bytes);
+        let head_bound = asks.head_bound();
+        let pace = self
+            .account
+            .map(|a| pacing::pace_for(a, asks.model.as_deref()));
         let mut attempt: u32 = 0;
+        let mut tries = Tries::default();
         loop {
-            let permit = match &self.pace {
+            let permit = match &pace {
                 Some(pace) => match self.turn(pace).await {
                     Some(permit) => Some(permit),
                     None => {
@@ -489,8 +495,12 @@ impl Relay {
                                 let headers = parts.headers.clone();
                                 (reason, answer, Some(headers), Failure::Held(parts, bytes))
                             }
-                            Head::Content(held, rest) => return self.came(parts, held, Ok(rest)),
-                            Head::Cut(held, e) => return self.came(parts, held, Err(e)),
+                            Head::Content(held, rest) => {
+                                return self.came(pace.as_deref(), parts, held, Ok(rest))
+                            }
+                            Head::Cut(held, e) => {
+                                return self.came(pace.as_deref(), parts, held, Err(e))
+                            }
                         }
                     }
                     answer => {
@@ -527,9 +537,18 @@ impl Relay {
                     return api_error(StatusCode::BAD_GATEWAY, "api_error", &reason);
                 }
             };
-            let wait = match &self.pace {
-                Some(pace) => pace.learn(answer, headers.as_ref()),
-                None => headers
+            let own = matches!(failure, Failure::Answer(_))
+                && pace.as_deref().is_some_and(|p| tries.own_failure(p));
+            if own && tries.own >= OWN_FAILURES {
+                if let Some(o) = &self.outage {
+                    o.not_an_outage(&format!("the model API answered this request {reason} {} times while it answered others: the request's failure, not an outage; the CLI gets it", tries.own + 1));
+                }
+                tracing::warn!("model relay: {method} {path}: {reason}, the request's own");
+                return self.failed(failure);
+            }
+            let wait = match (&pace, own) {
+                (Some(pace), false) => pace.learn(answer, headers.as_ref()),
+                _ => headers
                     .as_ref()
                     .and_then(pacing::retry_after)
                     .unwrap_or_else(|| backoff(attempt)),
@@ -547,18 +566,7 @@ impl Relay {
             };
             if given_up {
                 tracing::warn!("model relay: {method} {path}: {reason}");
-                return match failure {
-                    Failure::Answer(response) => {
-                        let (parts, body) = response.into_parts();
-                        self.masked(parts, Bytes::new(), Ok(body), true)
-                    }
-                    // What the API sent before its error, as it sent it (the stream ended).
-                    // Its error event is the failure just recorded, not a cut.
-                    Failure::Held(parts, bytes) => self.masked(parts, bytes, Err(None), false),
-                    Failure::Unreached(reason) => {
-                        api_error(StatusCode::BAD_GATEWAY, "api_error", &reason)
-                    }
-                };
+                return self.failed(failure);
             }
             attempt = attempt.saturating_add(1);
             span.record("cra.retries", i64::from(attempt));
@@ -650,6 +658,20 @@ impl Relay {
             .into_owned()
     }
 
+    /// What the CLI gets of a failed attempt the relay gives up on.
+    fn failed(&self, failure: Failure) -> Response<Body> {
+        match failure {
+            Failure::Answer(response) => {
+                let (parts, body) = response.into_parts();
+                self.masked(parts, Bytes::new(), Ok(body), true)
+            }
+            // What the API sent before its error, as it sent it (the stream ended). Its error
+            // event is the failure just recorded, not a cut.
+            Failure::Held(parts, bytes) => self.masked(parts, bytes, Err(None), false),
+            Failure::Unreached(reason) => api_error(StatusCode::BAD_GATEWAY, "api_error", &reason),
+        }
+    }
+
     /// Waits for the request's turn in the fleet's pace. A wait longer than a moment is part of
     /// the session's outage and counts toward `apiOutageTolerance`: `None` once past it (or
     /// stopped meanwhile). Without a tolerance the wait is the pace's alone.
@@ -674,11 +696,12 @@ impl Relay {
     /// and the outage learn it, and it goes to the CLI.
     fn came(
         &self,
+        pace: Option<&Pace>,
         parts: http::response::Parts,
         held: Bytes,
         rest: std::result::Result<Incoming, hyper::Error>,
     ) -> Response<Body> {
-        if let Some(pace) = &self.pace {
+        if let Some(pace) = pace {
             pace.learn(pacing::Answer::Came, Some(&parts.headers));
         }
         if let Some(o) = &self.outage {
@@ -759,20 +782,64 @@ const QUEUED: Duration = Duration::from_secs(1);
 const STREAM_HEAD_BOUND: Duration = Duration::from_secs(120);
 const WHOLE_ANSWER_BOUND: Duration = Duration::from_secs(600);
 
-/// The bound on the wait for a request's answer's head ([`STREAM_HEAD_BOUND`]).
-fn head_bound(body: &[u8]) -> Duration {
-    #[derive(serde::Deserialize)]
-    struct Streamed {
-        #[serde(default)]
-        stream: bool,
+/// What a request body says of how the relay sends it: its model (whose pace it keeps) and
+/// whether its answer streams (how long its head may take).
+#[derive(Default, serde::Deserialize)]
+struct Asks {
+    #[serde(default)]
+    stream: bool,
+    model: Option<String>,
+}
+
+impl Asks {
+    fn of(body: &[u8]) -> Asks {
+        serde_json::from_slice(body).unwrap_or_default()
     }
-    match serde_json::from_slice::<Streamed>(body) {
-        Ok(Streamed { stream: true }) => STREAM_HEAD_BOUND,
-        _ => WHOLE_ANSWER_BOUND,
+
+    /// The bound on the wait for the answer's head ([`STREAM_HEAD_BOUND`]).
+    fn head_bound(&self) -> Duration {
+        if self.stream {
+            STREAM_HEAD_BOUND
+        } else {
+            WHOLE_ANSWER_BOUND
+        }
     }
 }
 
-/// No head came within [`head_bound`].
+/// A failing status that one request keeps getting while its model's pace sees answers to
+/// others is that request's own (the API cannot serve it), not an outage: it does not put the
+/// fleet's pace down, and after this many the CLI gets it instead of the tolerance's wait.
+const OWN_FAILURES: u32 = 3;
+
+/// One request's failures, told apart from the API's.
+#[derive(Default)]
+struct Tries {
+    /// The pace's answers when this request first failed.
+    answered_at_first: Option<u64>,
+    /// Its failures since, while others were answered.
+    own: u32,
+}
+
+impl Tries {
+    /// Whether this failure is the request's own: others of its model were answered since
+    /// its first.
+    fn own_failure(&mut self, pace: &Pace) -> bool {
+        let answered = pace.answered();
+        match self.answered_at_first {
+            None => {
+                self.answered_at_first = Some(answered);
+                false
+            }
+            Some(first) if answered > first => {
+                self.own += 1;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+}
+
+/// No head came within [`Asks::head_bound`].
 struct HeadTimeout(String);
 
 /// What the CLI gets of a failed attempt when the relay gives up on it.

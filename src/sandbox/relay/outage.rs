@@ -115,6 +115,18 @@ impl ApiOutage {
         }
     }
 
+    /// The failures since the last answer were one request's own (the API answers others):
+    /// no outage, nothing to resume; what they were is told (`text`).
+    pub(crate) fn not_an_outage(&self, text: &str) {
+        let mut s = self.state();
+        if let Some(since) = s.since.take() {
+            s.waited += since.elapsed();
+            s.reason.clear();
+        }
+        drop(s);
+        (self.notice)(text);
+    }
+
     /// A request waits its turn in the fleet's pace (the API fails for the fleet, or its rate
     /// limit is spent): the session's outage begins, if it had not, and the wait counts toward
     /// the tolerance. Until when it may wait; `None` without a tolerance.

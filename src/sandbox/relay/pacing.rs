@@ -1,6 +1,9 @@
 //! One rate limit for the whole fleet. Every session's model requests pass through a relay of
-//! this process, so the relays pace them together, per account (upstream and credential),
-//! from what the API says: a `429` halves the requests allowed in flight and holds every new
+//! this process, so the relays pace them together, per account (upstream and credential) and
+//! model, from what the API says (the API's rate limits are per model, and an overload is too:
+//! one model's `529`s or spent budget must not slow another's traffic; the model is keyed
+//! without its snapshot date, `claude-sonnet-4-5-20250929` as `claude-sonnet-4-5`, since the
+//! API counts a model's snapshots together): a `429` halves the requests allowed in flight and holds every new
 //! one for its `retry-after`; an overload or an outage (`529`, a `5xx`, no connection) lets one
 //! request probe at a time until an answer comes, then lets everyone go at once; the
 //! `anthropic-ratelimit-*-remaining`/`-reset` headers of each answer are a budget spent
@@ -54,6 +57,8 @@ struct PaceState {
     down: bool,
     /// When the last probe was let go (while `down`).
     probed: Option<Instant>,
+    /// Answers that came, ever (a request's own failures are told apart by it).
+    answered: u64,
     /// Requests left until `reset`, as the answers said (the least of those of one window:
     /// answers come out of order, and requests in flight spend it too).
     remaining: Option<(u64, Instant)>,
@@ -74,10 +79,29 @@ impl Drop for Permit {
     }
 }
 
-/// The pace of the account `origin` + `credential` (hashed: the secret is not kept here).
-pub(super) fn pace_for(origin: &str, credential: &str) -> Arc<Pace> {
+/// An account: `origin` + `credential`, hashed (the secret is not kept here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Account(u64);
+
+pub(super) fn account(origin: &str, credential: &str) -> Account {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (origin, credential).hash(&mut h);
+    Account(h.finish())
+}
+
+/// A model as the API's limits count it: its id without a snapshot date (`-YYYYMMDD`).
+fn model_class(model: Option<&str>) -> &str {
+    let model = model.unwrap_or("");
+    match model.rsplit_once('-') {
+        Some((class, date)) if date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()) => class,
+        _ => model,
+    }
+}
+
+/// The pace of `model` on `account`.
+pub(super) fn pace_for(account: Account, model: Option<&str>) -> Arc<Pace> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (account.0, model_class(model)).hash(&mut h);
     let mut fleet = FLEET.lock().unwrap_or_else(|e| e.into_inner());
     fleet
         .entry(h.finish())
@@ -90,6 +114,7 @@ pub(super) fn pace_for(origin: &str, credential: &str) -> Arc<Pace> {
                     blocked_until: None,
                     down: false,
                     probed: None,
+                    answered: 0,
                     remaining: None,
                     window: None,
                 }),
@@ -183,6 +208,11 @@ impl Pace {
         }
     }
 
+    /// How many answers came so far.
+    pub(super) fn answered(&self) -> u64 {
+        self.lock().answered
+    }
+
     /// Learns from an answer's status and headers (`None`: no answer, the connection failed).
     /// Returns how long this request should wait before it is sent again.
     pub(super) fn learn(&self, answer: Answer, headers: Option<&HeaderMap>) -> Duration {
@@ -203,6 +233,7 @@ impl Pace {
         }
         let wait = match answer {
             Answer::Came => {
+                s.answered += 1;
                 if s.down {
                     s.down = false;
                     s.probed = None;
@@ -332,7 +363,34 @@ mod tests {
     use super::*;
 
     fn fresh() -> Arc<Pace> {
-        pace_for("http://test", &uuid::Uuid::new_v4().to_string())
+        pace_for(
+            account("http://test", &uuid::Uuid::new_v4().to_string()),
+            None,
+        )
+    }
+
+    #[test]
+    fn each_model_of_an_account_has_its_own_pace_and_its_snapshots_share_it() {
+        let a = account("http://test", &uuid::Uuid::new_v4().to_string());
+        let opus = pace_for(a, Some("claude-opus-4-1"));
+        assert!(Arc::ptr_eq(
+            &opus,
+            &pace_for(a, Some("claude-opus-4-1-20250805"))
+        ));
+        assert!(!Arc::ptr_eq(&opus, &pace_for(a, Some("claude-sonnet-4-5"))));
+        assert!(!Arc::ptr_eq(
+            &opus,
+            &pace_for(account("http://other", "k"), Some("claude-opus-4-1"))
+        ));
+        assert_eq!(
+            model_class(Some("claude-3-5-haiku-latest")),
+            "claude-3-5-haiku-latest"
+        );
+        assert_eq!(model_class(None), "");
+        // One model failing leaves another's requests free to go.
+        opus.learn(Answer::Failing, None);
+        assert!(opus.lock().down);
+        assert!(!pace_for(a, Some("claude-sonnet-4-5")).lock().down);
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
