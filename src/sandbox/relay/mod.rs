@@ -473,7 +473,7 @@ impl Relay {
                 }
             };
             let (reason, answer, headers, failure) = match sent {
-                Ok(Ok(response)) => match pacing::Answer::of(response.status()) {
+                Ok(Ok(response)) => match self.answer_of(upstream, response.status()) {
                     pacing::Answer::Came => {
                         let (parts, body) = response.into_parts();
                         // Held only where a failure would be held too.
@@ -656,6 +656,19 @@ impl Relay {
     fn mask_text(&self, text: &str) -> String {
         String::from_utf8_lossy(&Masker::new(self.masks_now()).push(text.as_bytes(), true))
             .into_owned()
+    }
+
+    /// How the relay takes an answer's status. A `502` or `504` of a gateway of the user's own
+    /// (`ANTHROPIC_BASE_URL` naming another host than the API's) may come after the API behind
+    /// it generated the answer, and sending it again would bill it twice: it goes to the CLI as
+    /// it came. The API's own (and a model provider's) `502`/`504` come from its edge, before
+    /// the model took the request, and are held like a `529`.
+    fn answer_of(&self, upstream: &Upstream, status: StatusCode) -> pacing::Answer {
+        let gateway = self.api == "Messages API" && !is_anthropic_api(&upstream.origin);
+        match status.as_u16() {
+            502 | 504 if gateway => pacing::Answer::Came,
+            _ => pacing::Answer::of(status),
+        }
     }
 
     /// What the CLI gets of a failed attempt the relay gives up on.
@@ -907,6 +920,13 @@ impl Data {
             }
         }
     }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) is Anthropic's own API.
+fn is_anthropic_api(origin: &str) -> bool {
+    let host = origin.split("://").nth(1).unwrap_or(origin);
+    let host = host.split(':').next().unwrap_or(host);
+    host.eq_ignore_ascii_case("api.anthropic.com")
 }
 
 /// A streamed answer (`text/event-stream`): the Messages API's, Vertex AI's, Foundry's.
@@ -1399,6 +1419,43 @@ mod tests {
         let (reason, _, may_wait) = outage.ongoing().unwrap();
         assert_eq!(reason, "200 then overloaded_error: Overloaded");
         assert!(!may_wait);
+    }
+
+    #[tokio::test]
+    async fn a_gateways_502_or_504_goes_to_the_cli_at_once_and_is_never_sent_again() {
+        for status in ["502 Bad Gateway", "504 Gateway Timeout"] {
+            let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let seen = count.clone();
+            let port = upstream(move |mut s| {
+                let seen = seen.clone();
+                async move {
+                    read_head(&mut s).await;
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno"
+                    );
+                    let _ = s.write_all(answer.as_bytes()).await;
+                }
+            })
+            .await;
+            // 127.0.0.1 is not api.anthropic.com: a gateway of the user's.
+            let (relay, outage) = holding_relay_to(
+                &format!("http://127.0.0.1:{port}"),
+                Duration::from_secs(30),
+                true,
+            );
+            let answer = send(&relay.socket, MESSAGES).await;
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{answer}"
+            );
+            assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert!(outage.ongoing().is_none());
+        }
+        assert!(is_anthropic_api("https://api.anthropic.com"));
+        assert!(is_anthropic_api("https://API.anthropic.com:443"));
+        assert!(!is_anthropic_api("https://llm-gateway.example.com"));
+        assert!(!is_anthropic_api("https://api.anthropic.com.evil.example"));
     }
 
     #[tokio::test]
