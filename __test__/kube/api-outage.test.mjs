@@ -74,4 +74,18 @@ describe('a session in a pod survives an API outage', () => {
       expect(adapterPods(handle.sessionID)).toEqual([]);
     });
   });
+
+  it.concurrent(`an overload reported inside the stream (200, message_start, overloaded_error) for ${OUTAGE_MS / 1000} s after the work: held by the engine's relay like a 529, and the session in its pod completes with the work`, { timeout: OUTAGE_MS + 180_000 }, async () => {
+    const { script, outage } = outageScript('echo streamed > s.txt && git add -A && git commit -qm s && echo ok', () => ({ streamError: { type: 'overloaded_error', message: 'Overloaded' } }));
+    await withSetup(script, async (h) => {
+      const handle = await h.adapter().startAgent(implementorParams);
+      const [result, stats] = await Promise.all([handle.result, handle.stats]);
+      expect(result.outcome).toBe('completed');
+      expect(result.patch).toContain('+++ b/s.txt');
+      expect(outage.downReplies).toBeGreaterThan(1);
+      expect(stats.api.retries).toBe(outage.downReplies);
+      expect(stats.api.resumes).toBe(0);
+      expect(adapterPods(handle.sessionID)).toEqual([]);
+    });
+  });
 });
