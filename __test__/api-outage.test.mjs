@@ -54,6 +54,18 @@ function expectNothingLeft(root, marker) {
   if (marker) expect(markedProcesses(marker)).toEqual([]);
 }
 
+/** One adapter's Implementors on `items` (work item `id` adds `w<id>.txt`), the fake API's
+ * replies by `script` (each request's work item is in its first user turn). */
+function fleetSetup(items, script) {
+  return setup({
+    state: engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'in-progress', linkedRevision: null })) }),
+    bodies: Object.fromEntries(items.map((id) => [id, `Add w${id}.txt.`])),
+    script,
+    repo: { agents: agentsWithTools(['Bash']) },
+    config: config(),
+  });
+}
+
 describe('a session survives an API outage', () => {
   it.concurrent.each([
     ['after the Implementor committed its work', 'echo committed > a.txt && git add -A && git commit -qm a && echo ok'],
@@ -211,13 +223,7 @@ describe('a session survives an API outage', () => {
       seen.hung += 1;
       return { ...reply(implementorDone('answered after 20 s')), delayMs: 20_000 };
     };
-    h = await setup({
-      state: engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'in-progress', linkedRevision: null })) }),
-      bodies: Object.fromEntries(items.map((id) => [id, `Add w${id}.txt.`])),
-      script,
-      repo: { agents: agentsWithTools(['Bash']) },
-      config: config(),
-    });
+    h = await fleetSetup(items, script);
     const adapter = h.adapter();
     const start = (id) => adapter.startAgent({ role: 'implementor', workItemID: id, branchName: `wi-${id}` });
     const hung = await start('1');
@@ -256,13 +262,7 @@ describe('a session survives an API outage', () => {
       // The others keep the API answering: a few short steps each.
       return turn < 8 ? reply(bash(`sleep 0.5; echo ${item}-${turn} >> w${item}.txt`)) : implementorDone();
     };
-    h = await setup({
-      state: engineState({ workItems: items.map((id) => ({ id, title: `Item ${id}`, status: 'in-progress', linkedRevision: null })) }),
-      bodies: Object.fromEntries(items.map((id) => [id, `Add w${id}.txt.`])),
-      script,
-      repo: { agents: agentsWithTools(['Bash']) },
-      config: config(),
-    });
+    h = await fleetSetup(items, script);
     const adapter = h.adapter();
     const started = Date.now();
     const handles = await Promise.all(items.map((id) => adapter.startAgent({ role: 'implementor', workItemID: id, branchName: `wi-${id}` })));

@@ -1275,26 +1275,35 @@ mod tests {
         assert_eq!(header(&head, "content-length"), Some("7"));
     }
 
-    /// A port nothing listens on.
     /// An upstream that answers `529` to its first `failures` requests (each with the
     /// `retry-after-ms` given), then `ok`; counts what it was sent.
     async fn failing_upstream(
         failures: usize,
         retry_after_ms: u64,
     ) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        counting_upstream(move |n| {
+            if n < failures {
+                format!("HTTP/1.1 529 Overloaded\r\nretry-after-ms: {retry_after_ms}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
+            } else {
+                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok".to_string()
+            }
+        })
+        .await
+    }
+
+    /// An upstream answering its `n`th request (from 0) with `answer(n)`; counts them.
+    async fn counting_upstream(
+        answer: impl Fn(usize) -> String + Send + Sync + 'static,
+    ) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
         let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let seen = count.clone();
+        let answer = Arc::new(answer);
         let port = upstream(move |mut s| {
-            let seen = seen.clone();
+            let (seen, answer) = (seen.clone(), answer.clone());
             async move {
                 read_head(&mut s).await;
                 let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let answer = if n < failures {
-                    format!("HTTP/1.1 529 Overloaded\r\nretry-after-ms: {retry_after_ms}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
-                } else {
-                    "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok".to_string()
-                };
-                let _ = s.write_all(answer.as_bytes()).await;
+                let _ = s.write_all(answer(n).as_bytes()).await;
             }
         })
         .await;
@@ -1362,60 +1371,51 @@ mod tests {
     /// An upstream whose first `failures` answers are `200` streams that report an overload
     /// right after `message_start`, then a stream with content.
     async fn stream_error_upstream(failures: usize) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
-        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let seen = count.clone();
-        let port = upstream(move |mut s| {
-            let seen = seen.clone();
-            async move {
-                read_head(&mut s).await;
-                let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
-                let tail = if n < failures {
-                    "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
-                } else {
-                    "event: content_block_start\ndata: {\"type\":\"content_block_start\"}\n\n"
-                };
-                let body = format!("{start}{tail}");
-                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-                let _ = s.write_all(answer.as_bytes()).await;
-            }
+        counting_upstream(move |n| {
+            let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+            let tail = if n < failures {
+                "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+            } else {
+                "event: content_block_start\ndata: {\"type\":\"content_block_start\"}\n\n"
+            };
+            let body = format!("{start}{tail}");
+            format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len())
         })
-        .await;
-        (port, count)
+        .await
     }
 
     #[tokio::test]
     async fn an_overload_inside_a_200_stream_is_held_like_a_529_and_past_the_tolerance_the_cli_gets_the_stream_as_sent(
     ) {
-        let (port, sent) = stream_error_upstream(2).await;
-        let (relay, outage) = holding_relay_to(
-            &format!("http://127.0.0.1:{port}"),
-            Duration::from_secs(30),
-            false,
-        );
-        let answer = send(&relay.socket, MESSAGES).await;
-        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        // One request through a relay holding up to `tolerance` to an upstream whose first
+        // `failures` streams report an overload: the answer, the upstream's count, the outage.
+        let through = |failures, tolerance| async move {
+            let (port, sent) = stream_error_upstream(failures).await;
+            let (relay, outage) =
+                holding_relay_to(&format!("http://127.0.0.1:{port}"), tolerance, false);
+            let answer = send(&relay.socket, MESSAGES).await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+            (
+                answer,
+                sent.load(std::sync::atomic::Ordering::SeqCst),
+                outage,
+            )
+        };
+        let (answer, sent, outage) = through(2, Duration::from_secs(30)).await;
         assert!(
             answer.contains("content_block_start") && !answer.contains("overloaded_error"),
             "{answer}"
         );
-        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(sent, 3);
         assert_eq!(outage.counts().retries, 2);
         assert!(outage.ongoing().is_none(), "the answer ended the outage");
 
-        let (port, sent) = stream_error_upstream(usize::MAX).await;
-        let (relay, outage) = holding_relay_to(
-            &format!("http://127.0.0.1:{port}"),
-            Duration::from_millis(700),
-            false,
-        );
-        let answer = send(&relay.socket, MESSAGES).await;
-        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        let (answer, sent, outage) = through(usize::MAX, Duration::from_millis(700)).await;
         assert!(
             answer.contains("event: message_start") && answer.contains("overloaded_error"),
             "{answer}"
         );
-        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+        assert!(sent >= 2);
         let (reason, _, may_wait) = outage.ongoing().unwrap();
         assert_eq!(reason, "200 then overloaded_error: Overloaded");
         assert!(!may_wait);
@@ -1424,18 +1424,8 @@ mod tests {
     #[tokio::test]
     async fn a_gateways_502_or_504_goes_to_the_cli_at_once_and_is_never_sent_again() {
         for status in ["502 Bad Gateway", "504 Gateway Timeout"] {
-            let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let seen = count.clone();
-            let port = upstream(move |mut s| {
-                let seen = seen.clone();
-                async move {
-                    read_head(&mut s).await;
-                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let answer = format!(
-                        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno"
-                    );
-                    let _ = s.write_all(answer.as_bytes()).await;
-                }
+            let (port, count) = counting_upstream(move |_| {
+                format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
             })
             .await;
             // 127.0.0.1 is not api.anthropic.com: a gateway of the user's.
@@ -1494,6 +1484,7 @@ mod tests {
         assert!(outage.ongoing().unwrap().0.contains("cannot connect"));
     }
 
+    /// A port nothing listens on.
     async fn closed_port() -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         listener.local_addr().unwrap().port()
