@@ -537,7 +537,9 @@ impl Relay {
                     return api_error(StatusCode::BAD_GATEWAY, "api_error", &reason);
                 }
             };
+            // A rate limit is the account's, never one request's.
             let own = matches!(failure, Failure::Answer(_))
+                && answer == pacing::Answer::Failing
                 && pace.as_deref().is_some_and(|p| tries.own_failure(p));
             if own && tries.own >= OWN_FAILURES {
                 if let Some(o) = &self.outage {
