@@ -128,10 +128,10 @@ try {
     for (const f of p.files) console.log(`  ${String(f.size).padStart(10)}  ${f.path}`);
   }
   console.log('');
-  // What a user needs and nothing else: the loader, the ESM entry, the types (and npm's README,
-  // LICENSE, package.json); the binary package holds only the addon.
+  // What a user needs and nothing else: the loader, the ESM entry, the types, the audit record's
+  // verifier (and npm's README, LICENSE, package.json); the binary package holds only the addon.
   const files = (p) => p.files.map((f) => f.path).sort().join(' ');
-  const mainWant = ['LICENSE', 'README.md', 'index.d.ts', 'index.js', 'index.mjs', 'package.json'].join(' ');
+  const mainWant = ['LICENSE', 'README.md', 'bin/cra-verify-audit.mjs', 'index.d.ts', 'index.js', 'index.mjs', 'package.json'].join(' ');
   if (files(mainPack) !== mainWant) fail(`${mainPack.filename} holds ${files(mainPack)}; expected ${mainWant}`);
   const subWant = ['README.md', nodeFile, 'package.json'].sort().join(' ');
   if (files(subPack) !== subWant) fail(`${subPack.filename} holds ${files(subPack)}; expected ${subWant}`);
@@ -185,6 +185,11 @@ try {
   const cliPkgs = readdirSync(join(nm, '@anthropic-ai')).filter((n) => n.startsWith('claude-agent-sdk-'));
   console.log(`install-check: installed ${pkg.name}, ${sub.name} (resolves its optional dependency), @anthropic-ai/${cliPkgs.join(', @anthropic-ai/')}`);
   for (const b of ['cargo', 'rustc']) if (inProject(['sh', '-c', `command -v ${b}`]).status === 0 && process.platform !== 'win32') fail(`${b} is reachable in the project`);
+  // The verifier's bin is linked and loads the addon: a record that is not there is bad usage
+  // (exit 2, naming it), not a crash.
+  const verifier = inProject([npm, 'exec', '--no', '--', 'cra-verify-audit', join(project, 'no-such-record.jsonl')]);
+  if (verifier.status !== 2 || !verifier.stderr.includes('cannot read the audit record')) fail(`cra-verify-audit exited ${verifier.status}: ${verifier.stderr}`);
+  console.log('install-check: cra-verify-audit runs from the project (a missing record: exit 2, named)');
 
   // ---------------------------------------------------------------------------- sessions
   const sessionEnv = { ...env, IS_SANDBOX: '1', NO_COLOR: '1' };
