@@ -134,8 +134,12 @@ fn find_blank_line(bytes: &[u8]) -> Option<usize> {
 /// began: each call with the next bytes says the reason once one is seen.
 #[derive(Default)]
 pub(super) struct ErrorScan {
-    /// The bytes of the event under way (bounded: a long event is not an error event).
+    /// The bytes of the event under way, up to [`MAX_HELD`]: a longer one (a big text delta)
+    /// is not an error event, and is only followed to its end.
     event: Vec<u8>,
+    longer: bool,
+    /// The byte before, for the blank line that ends an event across any split.
+    last: u8,
     seen: bool,
 }
 
@@ -147,9 +151,16 @@ impl ErrorScan {
         for &b in bytes {
             if self.event.len() < MAX_HELD {
                 self.event.push(b);
+            } else {
+                self.longer = true;
             }
-            if self.event.ends_with(b"\n\n") {
+            let ended = self.last == b'\n' && b == b'\n';
+            self.last = b;
+            if ended {
                 let event = std::mem::take(&mut self.event);
+                if std::mem::take(&mut self.longer) {
+                    continue;
+                }
                 if let Event::Error(kind, message) = classify(&event) {
                     if retryable(&kind).is_some() {
                         self.seen = true;
@@ -222,6 +233,14 @@ mod tests {
             );
             assert_eq!(scan.push(OVERLOADED.as_bytes()), None);
         }
+        // After an event longer than the scan keeps, the next error is still seen.
+        let mut scan = ErrorScan::default();
+        let long = format!(
+            "event: content_block_delta\ndata: {}\n\n",
+            "x".repeat(MAX_HELD * 2)
+        );
+        assert_eq!(scan.push(long.as_bytes()), None);
+        assert!(scan.push(OVERLOADED.as_bytes()).is_some());
         let mut scan = ErrorScan::default();
         let refused = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"no\"}}\n\n";
         assert_eq!(scan.push(refused.as_bytes()), None);
