@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 import { apiError, bash, latestToolResultText, reply, scenario, structured, text } from './support/fake-api.mjs';
-import { collect, engineState, rejection, setup } from './support/harness.mjs';
+import { collect, engineState, rejection, setup, sleepMarker } from './support/harness.mjs';
 
 let h;
 afterEach(async () => {
@@ -31,7 +31,7 @@ const done = (summary = 'done') => structured({ role: 'implementor', outcome: 'c
 const emptyPlan = { role: 'planner', create: [], close: [], update: [] };
 /** A CLI-accepted long command (a bare `sleep N` is refused) whose argv marks this test run. */
 const sleeper = () => {
-  const marker = `sleep 31.${Math.floor(Math.random() * 1e6)}`;
+  const marker = `sleep ${sleepMarker(31)}`;
   return { marker, command: `echo start; ${marker}` };
 };
 const wait = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -6,7 +6,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'n
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
-import { addon, collect, engineState, rejection, setup, thrown } from './support/harness.mjs';
+import { addon, collect, engineState, rejection, setup, thrown, sleepMarker } from './support/harness.mjs';
 
 let h;
 afterEach(async () => {
@@ -196,7 +196,7 @@ describe('abortSignal and result never disagree', () => {
   });
 
   it('a session cancelled while it runs aborts the signal with "cancelled" and rejects ERR_CANCELLED', async () => {
-    const marker = `30.${Date.now() % 100000}`;
+    const marker = sleepMarker(30);
     h = await setup({
       script: scenario.steps([bash(`echo start; sleep ${marker}`), structured({ role: 'implementor', outcome: 'blocked', summary: 'x' })]),
       state: implementorState,
@@ -226,7 +226,7 @@ describe('provisioning obeys the stop signal', () => {
     ['shutdown()', (adapter) => adapter.shutdown(), 'ERR_CANCELLED'],
   ]) {
     it(`${how} one second into a hung setup command: startAgent rejects ${code} at once, the setup is killed, nothing is left`, async () => {
-      const marker = `40.${Date.now() % 100000}`;
+      const marker = sleepMarker(40);
       h = await setup({ script: plannerOk, state: implementorState, bodies: { 7: 'x' }, config: hung(marker) });
       const adapter = h.adapter();
       const started = adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'run-hung' });
@@ -248,7 +248,7 @@ describe('provisioning obeys the stop signal', () => {
   }
 
   it('the time limit reaches a hung setup command: ERR_TIMEOUT', async () => {
-    const marker = `41.${Date.now() % 100000}`;
+    const marker = sleepMarker(41);
     h = await setup({ script: plannerOk, state: implementorState, bodies: { 7: 'x' }, config: { ...hung(marker), maxAgentDuration: 1 } });
     const adapter = h.adapter();
     const err = await rejection(adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7' }));

@@ -15,7 +15,7 @@ process.env.TMPDIR = '/var/tmp/cra-sandbox-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
 import { scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { agentRuns, unsandboxed as bash } from './support/agent-bash.mjs';
-import { basesOf, rejection, setup } from './support/harness.mjs';
+import { basesOf, rejection, setup, sleepMarker } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
 
@@ -140,7 +140,7 @@ describe("Planner and Reviewer: the default branch's content and history, none o
 
   it('a cancelled Reviewer: its view held none of the secrets, and nothing of it remains', async () => {
     const root = await repoWithSecrets();
-    const marker = `33.${Date.now() % 100000}`;
+    const marker = sleepMarker(33);
     h.api.setScript(scenario.steps([bash('pwd; cat .env .git/config; git config --list'), bash(`echo waiting; sleep ${marker}`), ROLES.reviewer.done]));
     const adapter = h.adapter();
     const handle = await adapter.startAgent(ROLES.reviewer.params());

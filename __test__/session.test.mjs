@@ -7,7 +7,7 @@ import { runInNewContext } from 'node:vm';
 import { afterEach, describe, expect, it } from 'vitest';
 import { implementorDone, implementorParams, implementorState } from './support/roles.mjs';
 import { apiError, bash, latestToolResultText, reply, scenario, structured, text, toolNames } from './support/fake-api.mjs';
-import { collect, engineState, isViewOf, rejection, setup } from './support/harness.mjs';
+import { collect, engineState, isViewOf, rejection, setup, sleepMarker } from './support/harness.mjs';
 
 const done = implementorDone;
 
@@ -20,12 +20,16 @@ afterEach(async () => {
   h = undefined;
 });
 
-/** Live processes whose command line contains `marker` (read from /proc). */
+/**
+ * Live processes whose command line, its arguments joined by spaces, contains `marker` (read
+ * from /proc): the shell running `sleep <marker>` and the `sleep` itself (argv `sleep`,
+ * `<marker>`), which a shell that execs its last command leaves alone.
+ */
 function processesWith(marker) {
   const found = [];
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     try {
-      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
       const state = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
       if (cmd.includes(marker) && state !== 'Z') found.push(Number(pid));
     } catch {
@@ -354,7 +358,7 @@ describe('result rejections carry the right code', () => {
 
 describe('cancel and timeout stop everything', () => {
   it('cancelAgent during a long Bash command: ERR_CANCELLED, abort reason, no process left', async () => {
-    const marker = `31.${Date.now() % 100000}`;
+    const marker = sleepMarker(31);
     h = await setup({ script: scenario.steps([bash(`echo start; sleep ${marker}`), done()]), state: implementorState, bodies: { 7: 'x' } });
     const adapter = h.adapter();
     const handle = await adapter.startAgent(implementorParams);
@@ -381,7 +385,7 @@ describe('cancel and timeout stop everything', () => {
   });
 
   it('maxAgentDuration elapsing: ERR_TIMEOUT, abort reason timeout, no process left', async () => {
-    const marker = `32.${Date.now() % 100000}`;
+    const marker = sleepMarker(32);
     // 10 s: the limit counts from startAgent, and the start (provisioning on a 2-core machine
     // busy with the rest of the suite) must fit in it for a handle to exist; 3 s once did not.
     h = await setup({ script: scenario.steps([bash(`echo start; sleep ${marker}`), done()]), state: implementorState, bodies: { 7: 'x' }, config: { maxAgentDuration: 10 } });

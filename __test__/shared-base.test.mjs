@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured, toolResults } from './support/fake-api.mjs';
-import { addon, basesOf, engineState, rejection, setup } from './support/harness.mjs';
+import { addon, basesOf, engineState, rejection, setup, sleepMarker } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
 
@@ -92,7 +92,7 @@ describe('one base per commit, made once', () => {
 
   it('a base in use is kept after defaultBranch moved, and goes when its last session ends', { timeout: 120_000 }, async () => {
     h = await setup({ state: items, bodies });
-    const marker = `31.${Date.now() % 100000}`;
+    const marker = sleepMarker(31);
     h.api.setScript(
       scenario.steps([
         (body) => (itemOf(body) === '0' ? bash(`echo mine > mine.txt && sleep ${marker}`) : bash(`echo x > file-${itemOf(body)}.txt && git status --porcelain`)),

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, reply, scenario, structured, toolUse } from './support/fake-api.mjs';
-import { addon, engineState, logEntry, markedProcesses, rejection, setup, SWEPT } from './support/harness.mjs';
+import { addon, engineState, logEntry, markedProcesses, rejection, setup, SWEPT, sleepMarker } from './support/harness.mjs';
 
 const FAKE_CLI = fileURLToPath(new URL('./support/fake-cli.mjs', import.meta.url));
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
@@ -87,7 +87,7 @@ describe('the implementor works in a worktree and its patch loses nothing', () =
 
 describe('work is never silently lost', () => {
   it('a cancelled implementor leaves its changes as a .patch next to the transcript', async () => {
-    const marker = `34.${Date.now() % 100000}`;
+    const marker = sleepMarker(34);
     h = await setup({ state: items(1), bodies: bodies(1), script: scenario.steps([bash('echo wip > wip.txt'), bash(`echo waiting; sleep ${marker}`), structured({ role: 'implementor', outcome: 'completed', summary: 's' })]) });
     const adapter = h.adapter();
     const handle = await adapter.startAgent({ role: 'implementor', workItemID: '0', branchName: 'wi-wip' });

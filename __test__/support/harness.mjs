@@ -165,6 +165,13 @@ export function markedProcesses(marker) {
   return found;
 }
 
+/**
+ * The argument of a `sleep` that marks one test's command among every process of the machine
+ * (the other fork's tests run theirs at the same time): `seconds` then a fixed width of this
+ * process's pid and the time, so no marker is a substring of another.
+ */
+export const sleepMarker = (seconds) => `${seconds}.${String(process.pid).padStart(7, '0')}${String(Date.now() % 100000).padStart(5, '0')}`;
+
 export { addon };
 
 const VIEW_NAME = /^\.base-[0-9a-f-]{36}$/;
