@@ -394,8 +394,11 @@ impl Relay {
         parts
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        exchange.requested(method.as_str(), &path, &bytes);
-        self.send(upstream, parts, bytes, &exchange.span).await
+        // Read once: its model for the record and the pace, whether it streams for its bound.
+        let asks = Asks::of(&bytes);
+        exchange.requested(method.as_str(), &path, &bytes, asks.model.as_deref());
+        self.send(upstream, parts, bytes, &asks, &exchange.span)
+            .await
     }
 
     /// Sends the request upstream, holding it through an outage ([`outage`]) under the fleet's
@@ -410,10 +413,10 @@ impl Relay {
         upstream: &Upstream,
         template: http::request::Parts,
         bytes: Bytes,
+        asks: &Asks,
         span: &tracing::Span,
     ) -> Response<Body> {
         let (method, path) = (template.method.clone(), template.uri.path().to_string());
-        let asks = Asks::of(&bytes);
         let head_bound = asks.head_bound();
         let pace = self
             .account

@@ -30,12 +30,6 @@ struct Audited {
     bytes: u64,
 }
 
-/// The one field of a request body the record names.
-#[derive(serde::Deserialize)]
-struct Asked {
-    model: Option<String>,
-}
-
 impl Exchange {
     pub(super) fn begin(session: Option<&Span>, audit: Option<&Arc<AuditRecord>>) -> Exchange {
         let span = match session {
@@ -72,11 +66,8 @@ impl Exchange {
     }
 
     /// The request as it is sent (once, however often the relay sends it again).
-    pub(super) fn requested(&self, method: &str, path: &str, body: &[u8]) {
+    pub(super) fn requested(&self, method: &str, path: &str, body: &[u8], model: Option<&str>) {
         let Some(a) = &self.audit else { return };
-        let model = serde_json::from_slice::<Asked>(body)
-            .ok()
-            .and_then(|b| b.model);
         a.record.append(
             "model_request",
             serde_json::json!({ "method": method, "path": path, "model": model, "bytes": body.len(), "sha256": sha256_hex(body) }),
