@@ -86,6 +86,12 @@ const POD_DIRS: [(&str, &str); 3] = [
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on one ordinary request (create, get, list, delete, the start of an exec).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The waits before a request that failed in transport is sent again ([`bounded`]).
+const TRANSPORT_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+];
 const POLL: Duration = Duration::from_millis(200);
 /// Bound on one try to start the pod's stream before its status says it runs.
 const EARLY_EXEC: Duration = Duration::from_secs(3);
@@ -352,18 +358,16 @@ impl Cluster {
     /// The namespace exists (a cheap GET, once before the first session).
     pub async fn preflight(&self) -> Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        match bounded(namespaces.get(&self.namespace)).await {
+        match bounded(|| namespaces.get(&self.namespace)).await {
             Ok(_) => Ok(()),
             Err(Failure::Api(s)) if s.is_not_found() => Err(self.no_namespace()),
             // Credentials limited to the namespace may not read the Namespace object; listing
             // pods there, which the adapter needs anyway, then shows the API server answers.
             Err(Failure::Api(s)) if s.is_forbidden() => {
-                bounded(self.pods().list(&ListParams::default().limit(1)))
-                    .await
-                    .map(drop)
-                    .map_err(|f| {
-                        self.failed(&format!("list pods in namespace {}", self.namespace), f)
-                    })
+                let (pods, params) = (self.pods(), ListParams::default().limit(1));
+                bounded(|| pods.list(&params)).await.map(drop).map_err(|f| {
+                    self.failed(&format!("list pods in namespace {}", self.namespace), f)
+                })
             }
             Err(f) => Err(self.failed(&format!("read namespace {}", self.namespace), f)),
         }
@@ -630,8 +634,13 @@ impl Cluster {
             active_deadline: req.active_deadline.map(deadline_seconds),
         };
         let params = PostParams::default();
+        let mut sent = 0;
+        let create = bounded(|| {
+            sent += 1;
+            pod.api.create(&params, &spec)
+        });
         let created = tokio::select! {
-            r = bounded(pod.api.create(&params, &spec)) => r,
+            r = create => r,
             _ = stop.cancelled() => {
                 let _ = pod.delete().await;
                 return Err(cancelled(&name));
@@ -639,6 +648,9 @@ impl Cluster {
         };
         match created {
             Ok(_) => {}
+            // Sent again after a transport failure: the first one had made it (the name is
+            // this call's own, a fresh uuid).
+            Err(Failure::Api(s)) if s.code == 409 && sent > 1 => {}
             Err(Failure::Api(s)) if s.is_not_found() => return Err(self.no_namespace()),
             // Refused: nothing was made.
             Err(f @ Failure::Api(_)) => {
@@ -702,13 +714,11 @@ impl Cluster {
         if let Some(seconds) = deadline {
             patch["spec"] = serde_json::json!({ "activeDeadlineSeconds": seconds });
         }
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
         let claimed = async {
-            bounded(
-                warm.api
-                    .patch(&warm.name, &PatchParams::default(), &Patch::Merge(&patch)),
-            )
-            .await
-            .map_err(|f| self.failed(&format!("claim warm pod {}", warm.name), f))?;
+            bounded(|| warm.api.patch(&warm.name, &params, &patch))
+                .await
+                .map_err(|f| self.failed(&format!("claim warm pod {}", warm.name), f))?;
             warm.exec(argv).await
         };
         let claimed = tokio::select! {
@@ -738,7 +748,7 @@ impl Cluster {
         let (api, name, image) = (&pod.api, &pod.name, &pod.image);
         loop {
             let last;
-            match bounded(api.get(name)).await {
+            match bounded(|| api.get(name)).await {
                 Ok(p) => match start_state(&p, image, &self.config.runtime_image) {
                     Start::Running(node) => {
                         self.notes.log(&p, name, &node);
@@ -796,14 +806,13 @@ impl Cluster {
         let host = Owner::current().host;
         let selector = format!("{MANAGED_BY}={MANAGER},{LABEL_HOST}={}", label_value(&host));
         let api = self.pods();
-        let list = bounded(api.list(&ListParams::default().labels(&selector)))
-            .await
-            .map_err(|f| {
-                self.failed(
-                    &format!("list the adapter's pods in namespace {}", self.namespace),
-                    f,
-                )
-            })?;
+        let params = ListParams::default().labels(&selector);
+        let list = bounded(|| api.list(&params)).await.map_err(|f| {
+            self.failed(
+                &format!("list the adapter's pods in namespace {}", self.namespace),
+                f,
+            )
+        })?;
         let dead: Vec<String> = list
             .items
             .iter()
@@ -817,9 +826,9 @@ impl Cluster {
             })
             .filter_map(|p| p.metadata.name.clone())
             .collect();
-        let api = &api;
+        let (api, grace) = (&api, &grace_zero());
         let deletions = dead.iter().map(|name| async move {
-            match bounded(api.delete(name, &grace_zero())).await {
+            match bounded(|| api.delete(name, grace)).await {
                 Ok(_) => Some(name.clone()),
                 Err(Failure::Api(s)) if s.is_not_found() => None,
                 Err(f) => {
@@ -872,11 +881,45 @@ fn deadline_seconds(d: Duration) -> i64 {
     (d.as_secs() + u64::from(d.subsec_nanos() > 0)).clamp(1, i64::MAX as u64) as i64
 }
 
-/// One request, bounded by [`REQUEST_TIMEOUT`].
-async fn bounded<T>(
+/// One idempotent request (a read, a delete, a patch, a create of a name of its own),
+/// each attempt bounded by [`REQUEST_TIMEOUT`]. A transport failure — the API server closed a
+/// pooled connection as the request went out, a reset — is tried again after
+/// [`TRANSPORT_RETRIES`]' waits: CI saw a pod's create fail once with "connection closed
+/// before message completed" under load, a session lost to a request that would have worked.
+/// An answer (any status) and a timeout are never tried again here.
+async fn bounded<T, Fut>(mut request: impl FnMut() -> Fut) -> std::result::Result<T, Failure>
+where
+    Fut: Future<Output = kube::Result<T>>,
+{
+    let mut waits = TRANSPORT_RETRIES.iter();
+    loop {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request()).await {
+            Ok(Err(e @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+                match waits.next() {
+                    Some(wait) => {
+                        tracing::debug!(error = %chain(&e), "a Kubernetes API request failed in transport; trying it again");
+                        tokio::time::sleep(*wait).await;
+                    }
+                    None => return Err(Failure::Unreachable(chain(&e))),
+                }
+            }
+            r => return once(r),
+        }
+    }
+}
+
+/// One request that must not be sent twice (an exec starts a process), bounded by
+/// [`REQUEST_TIMEOUT`].
+async fn bounded_once<T>(
     request: impl Future<Output = kube::Result<T>>,
 ) -> std::result::Result<T, Failure> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+    once(tokio::time::timeout(REQUEST_TIMEOUT, request).await)
+}
+
+fn once<T>(
+    r: std::result::Result<kube::Result<T>, tokio::time::error::Elapsed>,
+) -> std::result::Result<T, Failure> {
+    match r {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(kube::Error::Api(s))) => Err(Failure::Api(s)),
         Ok(Err(e)) => Err(Failure::Unreachable(chain(&e))),
@@ -1094,7 +1137,7 @@ impl Pod {
             .get_or_init(|| async {
                 let deadline = Instant::now() + IMAGE_ID_WAIT;
                 loop {
-                    if let Ok(p) = bounded(self.api.get(&self.name)).await {
+                    if let Ok(p) = bounded(|| self.api.get(&self.name)).await {
                         // With the runtime's init container's end, which its note reads.
                         let init_done =
                             runtime_init_state(&p).is_none_or(|s| s.terminated.is_some());
@@ -1126,7 +1169,7 @@ impl Pod {
             max_stderr_buf_size: Some(EXEC_BUFFER),
         };
         let what = format!("exec in pod {}", self.name);
-        let mut process = bounded(self.api.exec(&self.name, argv.to_vec(), &params))
+        let mut process = bounded_once(self.api.exec(&self.name, argv.to_vec(), &params))
             .await
             .map_err(|f| match f {
                 Failure::Api(s) if s.is_not_found() => AdapterError::new(
@@ -1164,7 +1207,7 @@ impl Pod {
     /// `ERR_AGENT_FAILED`, each with the cause.
     pub async fn why_gone(&self) -> Option<AdapterError> {
         let failed = |m: String| Some(AdapterError::new(ErrorCode::AgentFailed, m));
-        let pod = match bounded(self.api.get(&self.name)).await {
+        let pod = match bounded(|| self.api.get(&self.name)).await {
             Ok(pod) => pod,
             Err(Failure::Api(s)) if s.is_not_found() => {
                 return failed(format!(
@@ -1271,15 +1314,15 @@ impl Pod {
     /// Deletes the pod (grace 0) and waits until it is gone (bounded); already gone is
     /// success.
     pub async fn delete(&self) -> Result<()> {
-        let what = format!("delete pod {}", self.name);
-        match bounded(self.api.delete(&self.name, &grace_zero())).await {
+        let (what, grace) = (format!("delete pod {}", self.name), grace_zero());
+        match bounded(|| self.api.delete(&self.name, &grace)).await {
             Ok(_) => {}
             Err(Failure::Api(s)) if s.is_not_found() => return Ok(()),
             Err(f) => return Err(failure(&self.url, &what, f)),
         }
         let deadline = Instant::now() + DELETE_TIMEOUT;
         loop {
-            match bounded(self.api.get(&self.name)).await {
+            match bounded(|| self.api.get(&self.name)).await {
                 Err(Failure::Api(s)) if s.is_not_found() => return Ok(()),
                 Err(Failure::Unreachable(why)) if Instant::now() >= deadline => {
                     return Err(failure(&self.url, &what, Failure::Unreachable(why)))
@@ -1353,6 +1396,65 @@ mod tests {
         assert!(!past_storage_limit(
             "The node was low on resource: memory. "
         ));
+    }
+
+    fn transport_failure() -> kube::Error {
+        kube::Error::Service("connection closed before message completed".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_failed_in_transport_is_sent_again_and_an_answer_never_is() {
+        let mut sent = 0;
+        let r = bounded(|| {
+            sent += 1;
+            let n = sent;
+            async move {
+                if n < 3 {
+                    Err(transport_failure())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert!(matches!(r, Ok(3)), "the third attempt answered");
+
+        let mut sent = 0;
+        let r: std::result::Result<(), Failure> = bounded(|| {
+            sent += 1;
+            async {
+                Err(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("exists", "AlreadyExists").with_code(409),
+                )))
+            }
+        })
+        .await;
+        assert!(matches!(r, Err(Failure::Api(s)) if s.code == 409));
+        assert_eq!(sent, 1, "an answer is never sent again");
+
+        let mut sent = 0;
+        let r: std::result::Result<(), Failure> = bounded(|| {
+            sent += 1;
+            async { Err(transport_failure()) }
+        })
+        .await;
+        assert!(
+            matches!(&r, Err(Failure::Unreachable(why)) if why.contains("connection closed")),
+            "the last transport failure is named"
+        );
+        assert_eq!(sent, 1 + TRANSPORT_RETRIES.len());
+
+        let mut sent = 0;
+        let r: std::result::Result<(), Failure> = bounded(|| {
+            sent += 1;
+            std::future::pending()
+        })
+        .await;
+        assert!(matches!(&r, Err(Failure::Unreachable(why)) if why.contains("no answer within")));
+        assert_eq!(
+            sent, 1,
+            "a request that timed out may still be working: not sent again"
+        );
     }
 
     #[test]
