@@ -126,6 +126,8 @@ fn main() {
         session: SessionRecord::default(),
         extraction_timeout: Duration::from_secs(600),
         layered: true,
+        continue_within: None,
+        model: None,
     };
     let go = CancellationToken::new();
     let t = Instant::now();

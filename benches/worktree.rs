@@ -119,6 +119,8 @@ fn main() {
         session: SessionRecord::default(),
         extraction_timeout: Duration::from_secs(300),
         layered: false,
+        continue_within: None,
+        model: None,
     };
     let go = CancellationToken::new();
     let (mut plain, mut ours) = (Vec::new(), Vec::new());

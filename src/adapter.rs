@@ -82,11 +82,32 @@ impl Adapter {
     /// Remove worktrees that a dead engine process left under `.worktrees/`. Runs in the
     /// background (serialized with provisioning by the repository's git lock), so it does not
     /// delay `createClaudeAdapter`; logs what it did. Each checkout's saving is bounded by
-    /// `config.extractionTimeout`; `shutdown()` ends the sweep.
+    /// `config.extractionTimeout`; `shutdown()` ends the sweep. Checkouts of interrupted
+    /// sessions the engine may dispatch again are left until `resumeInterrupted` has passed
+    /// since their last step ([`crate::git::interrupted`]); the sweep runs again then.
     pub async fn sweep_stale_worktrees(&self) {
         let repo = RepoGit::for_repo(&self.host.config.repo_root);
+        let within = self.host.config.resume_interrupted;
+        loop {
+            self.sweep_once(&repo, within).await;
+            let Some(within) = within else { return };
+            let Some(until) = repo.interrupted_until(within).await else {
+                return;
+            };
+            let wait = until
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            tokio::select! {
+                _ = tokio::time::sleep(wait + Duration::from_secs(1)) => {}
+                _ = self.shut_down.cancelled() => return,
+            }
+        }
+    }
+
+    async fn sweep_once(&self, repo: &RepoGit, within: Option<Duration>) {
         let swept = repo.sweep_stale(
             self.host.config.extraction_timeout,
+            within,
             &GitJails,
             &self.shut_down,
         );

@@ -28,6 +28,8 @@ const MAX_CONCURRENCY: f64 = 1024.0;
 /// Half an hour: longer than most overload incidents of the API, short enough that a session
 /// stuck behind a real outage ends the same working session.
 const DEFAULT_OUTAGE_TOLERANCE_S: f64 = 1800.0;
+/// A day: an engine is redeployed or restarted well within it.
+const DEFAULT_RESUME_INTERRUPTED_S: f64 = 86_400.0;
 const MAX_OUTPUT_RETRIES: f64 = 10.0;
 
 #[derive(Debug, Clone)]
@@ -70,6 +72,10 @@ pub struct AdapterConfig {
     pub api_outage_tolerance: Duration,
     /// `fleetPacing`: every session's model requests to one account paced together.
     pub fleet_pacing: bool,
+    /// `resumeInterrupted`: an Implementor interrupted with its engine (killed, crashed, shut
+    /// down) is continued by the next session on its branch within this of its last step;
+    /// `None` (`0`): never, its work is saved as a patch and the next session starts afresh.
+    pub resume_interrupted: Option<Duration>,
     /// `maxBudgetUsd`: the model spend a session may pass only by its last request; `None`
     /// (`0` or absent): no budget. `params.maxBudgetUsd` wins over it.
     pub max_budget_usd: Option<f64>,
@@ -435,6 +441,13 @@ pub fn parse_config(
         false,
     );
     let fleet_pacing = r.flag("fleetPacing", true);
+    let resume_interrupted = r.number(
+        "resumeInterrupted",
+        Some(DEFAULT_RESUME_INTERRUPTED_S),
+        0.0,
+        MAX_SECONDS,
+        false,
+    );
     let (max_budget_usd, prices) = budget::budget(&mut r, sandbox.as_ref(), &backend);
     let audit = audit(obj.get("audit"), r.problems);
     if !problems.is_empty() {
@@ -463,6 +476,7 @@ pub fn parse_config(
         shared_base,
         api_outage_tolerance: seconds(outage_tolerance),
         fleet_pacing,
+        resume_interrupted: (resume_interrupted > 0.0).then(|| seconds(resume_interrupted)),
         max_budget_usd,
         prices,
         audit,

@@ -67,6 +67,8 @@ pub struct SessionStats {
     pub spend: Option<SpendStats>,
     /// What the model API's failures cost the session.
     pub api: ApiStats,
+    /// The interrupted session this one continued (its checkout and conversation), if any.
+    pub continued_from: Option<String>,
 }
 
 /// `SessionStats.api`: requests the relay sent again after a retryable failure, CLI runs that
@@ -205,6 +207,7 @@ impl RunStats {
             changed_files: patch.map(changed_files),
             spend: None,
             api: ApiStats::default(),
+            continued_from: None,
         }
     }
 }
@@ -401,6 +404,7 @@ mod tests {
                 resumes: 1,
                 waited_ms: 60_500,
             },
+            continued_from: Some("s1".into()),
         };
         assert_eq!(
             serde_json::to_value(&s).unwrap(),
@@ -408,13 +412,13 @@ mod tests {
                    "tokens": {"input": 1, "output": 2, "cacheRead": 3, "cacheCreation": 4},
                    "changedFiles": [{"path": "a", "status": "renamed", "added": 1, "removed": 0}],
                    "spend": {"usd": 0.25, "requests": 3, "refused": 1, "budgetUsd": 0.2},
-                   "api": {"retries": 3, "resumes": 1, "waitedMs": 60_500}})
+                   "api": {"retries": 3, "resumes": 1, "waitedMs": 60_500}, "continuedFrom": "s1"})
         );
         let empty = serde_json::to_value(SessionStats::default()).unwrap();
         assert_eq!(
             empty,
             json!({"durationMs": 0, "turns": null, "costUsd": null, "model": null, "tokens": null, "changedFiles": null, "spend": null,
-                   "api": {"retries": 0, "resumes": 0, "waitedMs": 0}})
+                   "api": {"retries": 0, "resumes": 0, "waitedMs": 0}, "continuedFrom": null})
         );
     }
 

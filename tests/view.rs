@@ -183,6 +183,7 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
     assert!(rg
         .sweep_stale(
             common::EXTRACTION_TIMEOUT,
+            None,
             &GitJails,
             &CancellationToken::new()
         )
@@ -196,6 +197,7 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
     assert!(rg
         .sweep_stale(
             common::EXTRACTION_TIMEOUT,
+            None,
             &GitJails,
             &CancellationToken::new()
         )
@@ -268,6 +270,7 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_kept_while_i
     assert!(rg
         .sweep_stale(
             common::EXTRACTION_TIMEOUT,
+            None,
             &GitJails,
             &CancellationToken::new()
         )

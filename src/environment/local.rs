@@ -17,6 +17,7 @@ use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
+use crate::git::interrupted::{conversation_in, Continuation};
 use crate::git::{RepoGit, RepoView, Worktree};
 use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
@@ -86,6 +87,21 @@ impl Backend for LocalBackend {
     }
 }
 
+/// Where the CLI's config dir is.
+enum CliConfig {
+    Checkout(PathBuf),
+    Temp(ScratchDir),
+}
+
+impl CliConfig {
+    fn path(&self) -> &Path {
+        match self {
+            CliConfig::Checkout(p) => p,
+            CliConfig::Temp(d) => d.path(),
+        }
+    }
+}
+
 /// What was provisioned for the agent to work in.
 enum Made {
     Checkout(Worktree),
@@ -104,8 +120,10 @@ pub struct LocalEnvironment {
     egress: Option<EgressSink>,
     api: ApiHooks,
     /// The CLI's config dir, made at its first run and kept until the environment is destroyed:
-    /// a CLI that ended on an API failure is resumed from the conversation in it.
-    cli_config: Option<ScratchDir>,
+    /// a CLI that ended on an API failure is resumed from the conversation in it. A checkout's
+    /// is in its record dir (it outlives this process for a continuation); a view's is a temp
+    /// dir.
+    cli_config: Option<CliConfig>,
     /// The sandbox of the running CLI (its proxy and relay live as long as this does).
     running: Option<SessionSandbox>,
 }
@@ -145,7 +163,12 @@ impl LocalEnvironment {
         }
         let mut scope = self.scope(&cmd.program).await;
         if self.cli_config.is_none() {
-            self.cli_config = Some(ScratchDir::create("cliconfig").map_err(|e| {
+            let made = match &self.workspace {
+                Made::Checkout(w) => private_dir(&w.cli_config)
+                    .map(|()| CliConfig::Checkout(w.cli_config.clone())),
+                Made::View(_) => ScratchDir::create("cliconfig").map(CliConfig::Temp),
+            };
+            self.cli_config = Some(made.map_err(|e| {
                 AdapterError::new(
                     ErrorCode::SandboxUnavailable,
                     "cannot create the session's directory for the CLI's config",
@@ -269,11 +292,33 @@ impl Environment for LocalEnvironment {
     fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
             let dir = self.cli_config.as_ref()?.path().to_path_buf();
-            let name = format!("{cli_session}.jsonl");
-            tokio::task::spawn_blocking(move || conversation_in(&dir, &name))
+            let id = cli_session.to_string();
+            tokio::task::spawn_blocking(move || conversation_in(&dir, &id))
                 .await
                 .ok()
                 .flatten()
+        })
+    }
+
+    fn continued(&self) -> Option<&Continuation> {
+        match &self.workspace {
+            Made::Checkout(w) => w.continued.as_ref(),
+            Made::View(_) => None,
+        }
+    }
+
+    fn record_agent<'a>(
+        &'a self,
+        cli_session: &'a str,
+        model: Option<&'a str>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // Only a sandboxed CLI keeps its conversation in the checkout's record dir.
+            if let (Made::Checkout(w), Some(CliConfig::Checkout(_))) =
+                (&self.workspace, &self.cli_config)
+            {
+                w.record_agent(cli_session, model).await;
+            }
         })
     }
 
@@ -296,44 +341,13 @@ impl Environment for LocalEnvironment {
     }
 }
 
-/// The largest conversation kept beside a transcript.
-#[cfg(unix)]
-const MAX_CONVERSATION: u64 = 256 << 20;
-
-/// Only a sandboxed session keeps its CLI's config dir, and sandboxes are Linux's.
-#[cfg(not(unix))]
-fn conversation_in(_dir: &Path, _name: &str) -> Option<Vec<u8>> {
-    None
-}
-
-/// `projects/<any>/<name>` in the CLI's config dir `dir`, read without following a link: the
-/// directory was the sandbox's to write (every process of it has ended by now), and a link
-/// there must not copy a file of the host beside the transcript.
-#[cfg(unix)]
-fn conversation_in(dir: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-    let projects = dir.join("projects");
-    if !real_dir(&projects) {
-        return None;
+/// Makes `dir` (mode 0700) unless it is there.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    std::fs::read_dir(&projects)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| real_dir(p))
-        .find_map(|p| {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(p.join(name))
-                .ok()?;
-            if !file.metadata().ok()?.is_file() {
-                return None;
-            }
-            let mut bytes = Vec::new();
-            file.take(MAX_CONVERSATION).read_to_end(&mut bytes).ok()?;
-            Some(bytes)
-        })
+    Ok(())
 }

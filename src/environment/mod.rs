@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SandboxConfig;
 use crate::error::Result;
+use crate::git::interrupted::Continuation;
 use crate::git::{ProvisionRequest, ViewRequest};
 use crate::sandbox::{ApiHooks, EgressSink};
 
@@ -188,6 +189,20 @@ pub trait Environment: Send + Sync {
     /// has ended, before [`Environment::destroy`]; `None` where it is not kept.
     fn conversation<'a>(&'a self, _cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
         Box::pin(async { None })
+    }
+    /// The interrupted session whose checkout (and conversation) this one took over
+    /// ([`crate::git::interrupted`]); `None` for a fresh one.
+    fn continued(&self) -> Option<&Continuation> {
+        None
+    }
+    /// Records, once the CLI started, what continuing this session after an interruption
+    /// needs (its conversation id and model); where nothing can be continued, nothing.
+    fn record_agent<'a>(
+        &'a self,
+        _cli_session: &'a str,
+        _model: Option<&'a str>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
     }
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:
     /// the lifecycle bounds it, and dropping the future ends whatever it runs.

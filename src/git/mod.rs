@@ -42,6 +42,7 @@ pub(crate) mod binary;
 pub mod command;
 pub mod confine;
 pub(crate) mod hooks;
+pub mod interrupted;
 pub mod layer;
 #[cfg(target_os = "linux")]
 pub(crate) mod layer_patch;

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::base::{layers_work, Preparation};
 use super::command::{git_command, run, run_git};
 use super::confine::Confiner;
+use super::interrupted::{Found, CLI_CONFIG_DIR};
 use super::patch::Snapshot;
 use super::prepare::{checkout_failed, prepare_checkout};
 use super::record::{AdminRecord, SessionRecord};
@@ -57,6 +58,13 @@ pub struct ProvisionRequest {
     /// A copy-on-write layer over the commit's shared base where one can be mounted
     /// ([`super::base`]; sandboxed sessions with `sharedBase`), else a full clone.
     pub layered: bool,
+    /// `resumeInterrupted`: an interrupted session's checkout at the branch's path whose
+    /// conversation was last written within this is continued ([`super::interrupted`]);
+    /// None: never.
+    pub continue_within: Option<Duration>,
+    /// The model the session runs (None: the agent definition's): a continued conversation
+    /// must have run the same one.
+    pub model: Option<String>,
 }
 
 impl RepoGit {
@@ -74,6 +82,24 @@ impl RepoGit {
         if stop.is_cancelled() {
             return Err(cancelled());
         }
+        if let Some(within) = req.continue_within {
+            let found = {
+                let _guard = tokio::select! {
+                    g = self.lock.lock() => g,
+                    _ = stop.cancelled() => return Err(cancelled()),
+                };
+                self.continue_interrupted(req, within, sandbox).await?
+            };
+            match found {
+                Found::Continued(w) => return Ok(w),
+                Found::NotContinuable(why) => tracing::warn!(
+                    branch = %req.branch,
+                    "the interrupted session on branch {} is not continued: {why}; its work is saved as a patch and the session starts afresh",
+                    req.branch
+                ),
+                Found::Nothing => {}
+            }
+        }
         if req.layered && layers_work(&self.root, sandbox).await {
             return self.provision_layered(req, sandbox, stop).await;
         }
@@ -84,6 +110,7 @@ impl RepoGit {
         match self.prepare(req, &path, &base_commit, stop).await {
             Ok(snapshot) => {
                 let jail = self.extraction_jail(sandbox, &path).await?;
+                let cli_config = self.record_dir(&path).await?.join(CLI_CONFIG_DIR);
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
@@ -92,6 +119,8 @@ impl RepoGit {
                     snapshot,
                     jail,
                     layer: None,
+                    cli_config,
+                    continued: None,
                     state: Arc::new(WorktreeState::new(
                         LiveCheckout::new(self.arc(), path),
                         None,
@@ -141,14 +170,15 @@ impl RepoGit {
                 .make_layer(&base, &path, &req.branch, &req.session)
                 .await?;
             let jail = self.extraction_jail(sandbox, &path).await?;
-            Ok::<_, AdapterError>((layer, snapshot, jail))
+            let cli_config = self.record_dir(&path).await?.join(CLI_CONFIG_DIR);
+            Ok::<_, AdapterError>((layer, snapshot, jail, cli_config))
         };
         let made = tokio::select! {
             m = made => m,
             _ = stop.cancelled() => Err(cancelled()),
         };
         match made {
-            Ok((layer, snapshot, jail)) => {
+            Ok((layer, snapshot, jail, cli_config)) => {
                 guard.disarm();
                 Ok(Worktree {
                     path: path.clone(),
@@ -157,6 +187,8 @@ impl RepoGit {
                     snapshot,
                     jail,
                     layer: Some(layer),
+                    cli_config,
+                    continued: None,
                     state: Arc::new(WorktreeState::new(
                         LiveCheckout::new(self.arc(), path),
                         Some(base),

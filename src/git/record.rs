@@ -20,7 +20,9 @@
 //!   "layer": { "base": "<base dir>", "dir": "<layer dir>" } | absent,
 //!   "salvaged": "<patch file>" | absent,
 //!   "base": { "repository": "<root>", "defaultBranch": "main", "setup": "<digest>" | null,
-//!             "snapshotTree": "<hex>" | null, "snapshotTaken": <unix seconds> | null } | absent }
+//!             "snapshotTree": "<hex>" | null, "snapshotTaken": <unix seconds> | null } | absent,
+//!   "agent": { "cliSession": "<uuid>", "model": "…" | null, "startedMs": <unix ms>,
+//!              "sessions": ["<earlier session id>", …] } | absent }
 //! ```
 //!
 //! Written when the path is claimed and before the owner record (so every clone that
@@ -93,6 +95,26 @@ pub(crate) struct AdminRecord {
     /// For a complete base: what it is a checkout of (module docs).
     #[serde(default)]
     pub base: Option<BaseRecord>,
+    /// Set once the session's agent started: what a later session on the same branch needs to
+    /// continue it if this one is interrupted ([`super::interrupted`]).
+    #[serde(default)]
+    pub agent: Option<AgentRecord>,
+}
+
+/// The agent a checkout's session started (module docs; [`super::interrupted`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRecord {
+    /// The CLI's conversation id (`--session-id`), in the checkout's `cli/` config dir.
+    pub cli_session: String,
+    /// The model it ran (None: the agent definition's).
+    pub model: Option<String>,
+    /// When the first run of this conversation started (Unix ms): with the conversation's
+    /// last write, the agent time it used.
+    pub started_ms: u64,
+    /// The sessions this checkout was continued for before, oldest first.
+    #[serde(default)]
+    pub sessions: Vec<String>,
 }
 
 /// What a complete base is a checkout of (with `baseCommit`: its key, [`super::base`]), and
@@ -133,6 +155,7 @@ impl AdminRecord {
             layer: None,
             salvaged: None,
             base: None,
+            agent: None,
         }
     }
 

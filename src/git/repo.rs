@@ -496,10 +496,8 @@ async fn remove_checkout(path: &Path, record_dir: &Path) -> Result<()> {
 async fn remove_records(path: &Path, record_dir: &Path) -> Result<()> {
     let r = record_dir.to_path_buf();
     let removed = tokio::task::spawn_blocking(move || {
-        match std::fs::remove_dir_all(&r) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        // The CLI's config dir in it was the sandbox's to write (a `chmod 000` included).
+        remove_tree(&r)?;
         // `clones/` and `claude-runtime-adapter/` go once empty: the repository's git dir is
         // left as it was found (another session's record keeps them, `remove_dir` then fails).
         for dir in r.ancestors().skip(1).take(2) {

@@ -68,6 +68,7 @@ impl RepoGit {
     pub async fn sweep_stale(
         &self,
         limit: Duration,
+        interrupted: Option<Duration>,
         sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Vec<Swept>> {
@@ -83,6 +84,10 @@ impl RepoGit {
                 break;
             }
             if !self.is_stale(&wt, &dir) {
+                continue;
+            }
+            // An interrupted session the engine may dispatch again ([`super::interrupted`]).
+            if interrupted.is_some_and(|w| self.left_for_continuation(&wt, w)) {
                 continue;
             }
             let is_base = is_base(&wt.path);

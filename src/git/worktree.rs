@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::base::BaseShare;
 use super::command::At;
 use super::confine::Confinement;
+use super::interrupted::Continuation;
 use super::layer::Layer;
 use super::patch::{self, Snapshot};
 use super::repo::LiveCheckout;
@@ -30,6 +31,11 @@ pub struct Worktree {
     pub(crate) jail: Option<Arc<dyn Confinement>>,
     /// A layered checkout's parts (`None`: a full clone), see [`super::layer`].
     pub layer: Option<Layer>,
+    /// The CLI's config dir for the session (its conversation), in the checkout's record dir:
+    /// it lives as long as the checkout ([`super::interrupted`]).
+    pub cli_config: PathBuf,
+    /// The interrupted session this checkout was taken over from, if it was.
+    pub continued: Option<Continuation>,
     pub(crate) state: Arc<WorktreeState>,
 }
 
@@ -48,6 +54,9 @@ pub(crate) struct WorktreeState {
     checkout: LiveCheckout,
     /// The base a layered checkout is over: held while the checkout exists.
     base: tokio::sync::Mutex<Option<BaseShare>>,
+    /// The base a continued layered checkout is over, which no process holds: removed after
+    /// the checkout when nothing else names it ([`super::interrupted`]).
+    orphan_base: Option<PathBuf>,
 }
 
 impl Worktree {
@@ -136,6 +145,20 @@ impl Worktree {
         .await
     }
 
+    /// Records the agent the session started in this checkout (the CLI's conversation id and
+    /// model), so an interrupted session can be continued ([`super::interrupted`]); a
+    /// continued checkout's record has it already.
+    pub async fn record_agent(&self, cli_session: &str, model: Option<&str>) {
+        let Some(admin) = self.cli_config.parent().map(std::path::Path::to_path_buf) else {
+            return;
+        };
+        let (id, model) = (cli_session.to_string(), model.map(str::to_string));
+        let _ = tokio::task::spawn_blocking(move || {
+            super::interrupted::record_agent(&admin, &id, model.as_deref())
+        })
+        .await;
+    }
+
     /// Removes the clone (its branch lives only there) and its owner and session records.
     /// Idempotent: once it has succeeded, later calls do
     /// nothing. A failed attempt can be retried.
@@ -150,6 +173,16 @@ impl WorktreeState {
         WorktreeState {
             checkout,
             base: tokio::sync::Mutex::new(base),
+            orphan_base: None,
+        }
+    }
+
+    /// The state of a continued checkout, over `orphan_base` when layered.
+    pub(crate) fn adopted(checkout: LiveCheckout, orphan_base: Option<PathBuf>) -> WorktreeState {
+        WorktreeState {
+            checkout,
+            base: tokio::sync::Mutex::new(None),
+            orphan_base,
         }
     }
 
@@ -157,6 +190,9 @@ impl WorktreeState {
     /// lets go of its base.
     async fn remove(&self) -> Result<()> {
         self.checkout.remove().await?;
+        if let Some(orphan) = &self.orphan_base {
+            self.checkout.repo.remove_orphan_base(orphan).await;
+        }
         let base = self.base.lock().await.take();
         match base {
             Some(mut b) => b.release().await,

@@ -25,6 +25,7 @@
 //! a [`SessionHost`], which the adapter builds: the lifecycle sits below the adapter.
 
 mod audited;
+mod continued;
 mod host;
 mod observer;
 mod outcome;
@@ -52,6 +53,7 @@ use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
 use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::interrupted::Continuation;
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use crate::otel::{self, metrics, ToolSpans, SPANS};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
@@ -125,6 +127,8 @@ pub struct Session {
     base_commit: Option<String>,
     /// What the CLI was first started with, to start it again on the same conversation.
     spec: Option<SessionSpec>,
+    /// The interrupted session this one continues ([`continued`]).
+    continued: Option<Continuation>,
     /// CLI runs that continued the conversation after the CLI ended on an API failure.
     resumes: u32,
     /// Why the session ended on an API outage it could not wait out (past the tolerance).
@@ -216,6 +220,7 @@ impl Session {
             audit,
             base_commit: None,
             spec: None,
+            continued: None,
             resumes: 0,
             outage_failure: None,
             spend,
@@ -320,6 +325,8 @@ impl Session {
                 session: session.clone(),
                 extraction_timeout: cfg.extraction_timeout,
                 layered: cfg.sandbox.is_some() && cfg.shared_base,
+                continue_within: cfg.resume_interrupted,
+                model: self.model(),
             }),
             _ => Workspace::View(ViewRequest {
                 default_branch: cfg.default_branch.clone(),
@@ -349,7 +356,16 @@ impl Session {
             .provision(request, self.stop.token())
             .await;
         self.environment = Some(provisioned.map_err(|e| self.or_stopped(e))?);
+        self.take_continuation();
         Ok(())
+    }
+
+    /// The model asked for: `params.model`, then `config.model` (None: the definition's).
+    fn model(&self) -> Option<String> {
+        self.options
+            .model
+            .clone()
+            .or_else(|| self.host.config.model.clone())
     }
 
     /// With `config.audit`: the session's record, its first entry written.
@@ -415,7 +431,7 @@ impl Session {
             None => locate::locate_cli(cfg.claude_executable.as_deref(), &cfg.cli_search_roots)?,
         };
         // Model per dispatch: params.model, then config.model, then the definition's own.
-        let model = self.options.model.clone().or_else(|| cfg.model.clone());
+        let model = self.model();
         if let Some(m) = &model {
             definition.model = m.clone();
         }
@@ -429,13 +445,27 @@ impl Session {
             read_guard = read_guard.and_record(&audit.dir);
         }
         let schema = schema::output_schema(role).clone();
-        let args = command::build_args(&CliArgs {
+        let mut args = command::build_args(&CliArgs {
             role: role.as_str(),
             schema: &schema,
             max_turns: definition.max_turns,
             model: model.as_deref(),
             session_id: &self.cli_id,
         });
+        let mut prompt = prompt;
+        if let Some(c) = &self.continued {
+            // On the interrupted conversation, with the turns its runs used counted.
+            args = command::resume_args(&args, c.turns).ok_or_else(|| {
+                AdapterError::new(
+                    ErrorCode::AgentFailed,
+                    format!(
+                        "the interrupted session {} had used all of its maxTurns ({} turns)",
+                        c.from_session, c.turns
+                    ),
+                )
+            })?;
+            prompt = continued::prompt(&prompt);
+        }
         Ok(SessionSpec {
             program,
             args,
@@ -616,6 +646,12 @@ impl Session {
         .await
         .map_err(|e| self.or_stopped(e))?;
         self.registration.set_pid(running.pid());
+        // What continuing it after an interruption needs, once its CLI runs.
+        if self.continued.is_none() && self.host.config.resume_interrupted.is_some() {
+            if let Some(env) = self.environment.as_deref() {
+                env.record_agent(&self.cli_id, self.model().as_deref()).await;
+            }
+        }
         self.log(
             LogLevel::Debug,
             "claude CLI initialized",
@@ -770,6 +806,7 @@ impl Session {
         let elapsed = self.started.elapsed().as_millis() as u64;
         let mut stats = self.spend_stats(run_stats.finish(elapsed, changes.as_deref()));
         stats.api = self.api_stats();
+        stats.continued_from = self.continued.as_ref().map(|c| c.from_session.clone());
         (outcome, stats)
     }
 

@@ -59,5 +59,7 @@ pub fn request(
         // full clone lets them do (a layered checkout exists inside its sandbox alone; the
         // JavaScript suite runs the patch cases through the real CLI on both).
         layered: false,
+        continue_within: None,
+        model: None,
     }
 }

@@ -1,0 +1,77 @@
+//! A session that continues an interrupted one ([`crate::git::interrupted`]): what the engine,
+//! the transcript and the record are told, what the resumed CLI is told, and how much of the
+//! time limit the runs before used.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::Session;
+use crate::claude::session::StopReason;
+use crate::deps::LogLevel;
+use crate::git::interrupted::now_ms;
+
+/// What the continued CLI is told before the task, as the next user turn of its conversation.
+const CONTINUE_PROMPT: &str = "Your session was interrupted (the engine running it stopped) and has now been resumed in the same checkout, with your commits and uncommitted files as you left them. A command that was running when it stopped did not finish. Check what you already did, then continue the task where you left off and finish it as instructed. The task, as it stands now:";
+
+/// The continued CLI's prompt: the interruption said, then the task as assembled now (the
+/// work item may have changed).
+pub(super) fn prompt(task: &str) -> String {
+    format!("{CONTINUE_PROMPT}\n\n{task}")
+}
+
+impl Session {
+    /// Takes over the interrupted session the environment continued, if it did: the CLI's
+    /// conversation id becomes its, the engine, the transcript and the record are told, and
+    /// the time limit counts what the runs before used.
+    pub(super) fn take_continuation(&mut self) {
+        let Some(c) = self
+            .environment
+            .as_deref()
+            .and_then(|e| e.continued())
+            .cloned()
+        else {
+            return;
+        };
+        self.cli_id = c.cli_session.clone();
+        let ago = Duration::from_millis(now_ms().saturating_sub(c.interrupted_ms)).as_secs();
+        let text = format!(
+            "continuing session {} (interrupted {ago} s ago, after {} model turns and {} s of agent time) in its checkout, on its conversation",
+            c.from_session,
+            c.turns,
+            c.used.as_secs()
+        );
+        self.output
+            .push(&format!("\n[claude-runtime-adapter] {text}\n"));
+        if let Some(t) = &self.transcript {
+            let linked = c
+                .transcript
+                .as_deref()
+                .map_or_else(String::new, |p| format!("; its transcript: {p}"));
+            t.note("continued", &format!("{text}{linked}"));
+        }
+        if let Some(record) = self.audit.get() {
+            record.append(
+                "continued",
+                json!({ "from": c.from_session, "cliSession": c.cli_session, "turns": c.turns,
+                        "usedMs": c.used.as_millis() as u64, "interruptedMs": c.interrupted_ms }),
+            );
+        }
+        self.log(
+            LogLevel::Info,
+            &text,
+            json!({ "continuedFrom": c.from_session, "turns": c.turns, "usedMs": c.used.as_millis() as u64 }),
+        );
+        if let Some(limit) = self.host.config.max_agent_duration {
+            let rest = limit.saturating_sub(c.used);
+            let timer = self.stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(rest) => timer.stop(StopReason::Timeout),
+                    _ = timer.stopped() => {}
+                }
+            });
+        }
+        self.continued = Some(c);
+    }
+}
