@@ -41,6 +41,12 @@ export interface SessionStats {
    * the time requests were held, from the first failure of each outage to the answer that ended it (waitedMs)
    */
   api: { retries: number; resumes: number; waitedMs: number }
+  /**
+   * the session id of the interrupted session this one continued (its checkout, commits and
+   * uncommitted files, and its CLI conversation; config.resumeInterrupted); null when it started
+   * afresh
+   */
+  continuedFrom: string | null
 }
 
 /** `sessionID`: the engine's own id for the session (cancelAgent takes it). `model`: for this dispatch; wins over config.model, which wins over the agent definition's `model`. `maxBudgetUsd`: this session's budget; wins over config.maxBudgetUsd (0: none). `traceparent`: the engine's W3C trace context (`00-<32 hex>-<16 hex>-<2 hex>`), so the session's trace continues the engine's dispatch span (exported only when the engine's process sets an OTLP endpoint, see docs/telemetry.md); a malformed one is ERR_INVALID_PARAMS. */
@@ -94,6 +100,14 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
    * anthropic-ratelimit headers); false: each session's CLI finds the limit alone
    */
   fleetPacing?: boolean
+  /**
+   * seconds an Implementor interrupted with its engine (SIGKILL, a crash, shutdown()) may be
+   * continued: the next session on its branch takes over its checkout (commits and uncommitted
+   * files) and resumes its CLI conversation instead of starting again; default 86400; 0 = never
+   * (its work is saved as a patch and the session starts afresh). Past it, the next sweep
+   * saves the work and removes the checkout.
+   */
+  resumeInterrupted?: number
   /** max provider calls in flight during context assembly; integer 1..1024; default 16 */
   contextConcurrency?: number
   /** seconds per deps callback; default 30; past it ERR_CONTEXT */

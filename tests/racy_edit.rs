@@ -210,7 +210,12 @@ async fn the_sweep_saves_a_dead_sessions_same_size_edit(records_as: &[fn(&Path)]
                 record(&r);
             }
             let swept = RepoGit::for_repo(root)
-                .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+                .sweep_stale(
+                    EXTRACTION_TIMEOUT,
+                    None,
+                    &GitJails,
+                    &CancellationToken::new(),
+                )
                 .await
                 .unwrap();
             let at = format!("run {run} of record variant {variant}");

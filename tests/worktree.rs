@@ -576,7 +576,12 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     drop(leaked);
 
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+        .sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
@@ -594,7 +599,12 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+        .sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(swept.len(), 1);
@@ -636,7 +646,12 @@ async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
     lock_with(&outside, &dead_owner().to_record());
     let rg = RepoGit::for_repo(&root);
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+        .sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(swept, []);
@@ -886,7 +901,12 @@ async fn crash_then_sweep(root: &Path, transcript: Option<&Path>) -> PathBuf {
     std::fs::write(root.join(".worktrees/my-work/draft.md"), "mine\n").unwrap();
 
     let swept = RepoGit::for_repo(root)
-        .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+        .sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
@@ -1067,7 +1087,12 @@ async fn old_git_works() {
         "{patch}"
     );
     let swept = rg
-        .sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
+        .sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(swept.len(), 1, "{swept:?}");
@@ -1200,9 +1225,14 @@ async fn nobody_sweeps_an_unremovable_checkout_twice() {
     // Dropped without cleanup: leaked, so the sweep takes it for a dead session's.
     drop(wt);
     for _ in 0..2 {
-        rg.sweep_stale(EXTRACTION_TIMEOUT, None, &GitJails, &CancellationToken::new())
-            .await
-            .unwrap();
+        rg.sweep_stale(
+            EXTRACTION_TIMEOUT,
+            None,
+            &GitJails,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
     }
     let saved = salvaged(&root);
     assert_eq!(saved.len(), 1, "{saved:?}");

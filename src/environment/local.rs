@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::interrupted::{conversation_in, Continuation};
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
-use crate::git::interrupted::{conversation_in, Continuation};
 use crate::git::{RepoGit, RepoView, Worktree};
 use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
@@ -164,8 +164,9 @@ impl LocalEnvironment {
         let mut scope = self.scope(&cmd.program).await;
         if self.cli_config.is_none() {
             let made = match &self.workspace {
-                Made::Checkout(w) => private_dir(&w.cli_config)
-                    .map(|()| CliConfig::Checkout(w.cli_config.clone())),
+                Made::Checkout(w) => {
+                    private_dir(&w.cli_config).map(|()| CliConfig::Checkout(w.cli_config.clone()))
+                }
                 Made::View(_) => ScratchDir::create("cliconfig").map(CliConfig::Temp),
             };
             self.cli_config = Some(made.map_err(|e| {

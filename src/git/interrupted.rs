@@ -78,7 +78,8 @@ pub enum Found {
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Unix ms now.
@@ -102,7 +103,9 @@ fn open_plain(path: &Path) -> Option<std::fs::File> {
 #[cfg(not(unix))]
 fn open_plain(path: &Path) -> Option<std::fs::File> {
     let meta = std::fs::symlink_metadata(path).ok()?;
-    meta.is_file().then(|| std::fs::File::open(path).ok()).flatten()
+    meta.is_file()
+        .then(|| std::fs::File::open(path).ok())
+        .flatten()
 }
 
 /// The conversation file `<name>` under `projects/<any>/` of the CLI config dir `dir`, opened
@@ -346,12 +349,30 @@ impl RepoGit {
     }
 
     /// Whether the dead session's checkout `wt` is left by a sweep for a continuation within
-    /// `within` (module docs).
+    /// `within` (module docs); one whose agent ran but that cannot be continued is logged with
+    /// why, since its work is then saved instead.
     pub(crate) fn left_for_continuation(&self, wt: &ListedWorktree, within: Duration) -> bool {
-        wt.clone
-            && AdminRecord::read(&wt.admin).is_some_and(|r| {
-                r.salvaged.is_none() && inspect_age(&wt.admin, &r, within).is_some()
-            })
+        let Some(record) =
+            AdminRecord::read(&wt.admin).filter(|r| wt.clone && r.salvaged.is_none())
+        else {
+            return false;
+        };
+        match record
+            .agent
+            .as_ref()
+            .map(|_| inspect(&wt.admin, &record, within))
+        {
+            Some(Ok(_)) => true,
+            Some(Err(why)) => {
+                tracing::warn!(
+                    branch = %record.branch,
+                    "the interrupted session on branch {} cannot be continued: {why}; its work is saved as a patch",
+                    record.branch
+                );
+                false
+            }
+            None => false,
+        }
     }
 
     /// When the first checkout a sweep left for a continuation within `within` stops being
@@ -361,11 +382,14 @@ impl RepoGit {
         super::list::clones(&common)
             .ok()?
             .iter()
-            .filter(|c| !self.is_live(&c.path))
+            .filter(|c| {
+                let owner = c.locked.as_deref().and_then(Owner::parse);
+                !self.is_live(&c.path) && owner.is_some_and(|o| o == self.owner || !o.is_alive())
+            })
             .filter_map(|c| {
-                let r = AdminRecord::read(&c.admin)?;
-                r.salvaged.is_none().then_some(())?;
-                inspect_age(&c.admin, &r, within)
+                let r = AdminRecord::read(&c.admin).filter(|r| r.salvaged.is_none())?;
+                let c = inspect(&c.admin, &r, within).ok()?;
+                Some(UNIX_EPOCH + Duration::from_millis(c.interrupted_ms) + within)
             })
             .min()
     }
@@ -402,18 +426,6 @@ impl RepoGit {
             }
         }
     }
-}
-
-/// When the conversation of the checkout whose record dir is `admin` stops being continuable
-/// under `within`, if it still is.
-fn inspect_age(admin: &Path, record: &AdminRecord, within: Duration) -> Option<SystemTime> {
-    let agent = record.agent.as_ref()?;
-    let file = conversation_file(
-        &admin.join(CLI_CONFIG_DIR),
-        &format!("{}.jsonl", agent.cli_session),
-    )?;
-    let until = file.metadata().ok()?.modified().ok()? + within;
-    (until > SystemTime::now()).then_some(until)
 }
 
 /// The agent of a fresh session's checkout, recorded once its CLI started (module docs).

@@ -649,7 +649,8 @@ impl Session {
         // What continuing it after an interruption needs, once its CLI runs.
         if self.continued.is_none() && self.host.config.resume_interrupted.is_some() {
             if let Some(env) = self.environment.as_deref() {
-                env.record_agent(&self.cli_id, self.model().as_deref()).await;
+                env.record_agent(&self.cli_id, self.model().as_deref())
+                    .await;
             }
         }
         self.log(
