@@ -122,6 +122,31 @@ describe('an Implementor interrupted by its engine is continued by the next disp
     }, 240_000);
   }
 
+  it("shutdown() (a deploy's SIGTERM) during step three: the session settles ERR_CANCELLED with its work saved, its checkout is left, and the next adapter's dispatch continues it", async () => {
+    h = await setup({ state, bodies: { 7: 'x' } });
+    const marker = sleepMarker(300);
+    h.api.setScript(steps(marker));
+    const first = h.adapter();
+    const handle = await first.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'first-run' });
+    expect(await waitFor(() => processesWith(`sleep ${marker}`).length > 0, 90_000)).toBe(true);
+    const asked = h.api.mainRequests().length;
+    await first.shutdown({ graceMs: 0 });
+    const err = await rejection(handle.result);
+    expect(err.code).toBe('ERR_CANCELLED');
+    expect(readFileSync(savedPatch(handle.logFilePath), 'utf8')).toContain('+++ b/two.txt');
+    expect(readFileSync(handle.logFilePath, 'utf8')).toContain('left for the next session on its branch to continue');
+    expect(existsSync(checkout())).toBe(true);
+    const next = h.adapter();
+    const continued = await next.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
+    const result = await continued.result;
+    expect(result.patch).toContain('+++ b/one.txt');
+    expect(result.patch).toContain('+++ b/two.txt');
+    expect((await continued.stats).continuedFrom).toBe('first-run');
+    expect(h.api.mainRequests().slice(asked).every((r) => assistantTurns(r.body) >= 3)).toBe(true);
+    expect(existsSync(checkout())).toBe(false);
+    await next.shutdown();
+  }, 240_000);
+
   it('resumeInterrupted: 0 is the old path: the interrupted work saved as a patch, the new session starting from step one', async () => {
     h = await setup({ state, bodies: { 7: 'x' }, config: { resumeInterrupted: 0 } });
     const { log, asked } = await interrupted('first-run');

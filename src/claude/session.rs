@@ -57,17 +57,35 @@ impl StopReason {
 pub struct StopSignal {
     token: CancellationToken,
     reason: Arc<Mutex<Option<StopReason>>>,
+    /// The stop came from the adapter's `shutdown()` (a deploy, a restart) before any other.
+    shutdown: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StopSignal {
     pub fn stop(&self, reason: StopReason) {
+        self.stop_as(reason, false);
+    }
+
+    /// The stop of `shutdown()`: `Cancelled`, remembered as the shutdown's when it is the first.
+    pub fn stop_for_shutdown(&self) {
+        self.stop_as(StopReason::Cancelled, true);
+    }
+
+    fn stop_as(&self, reason: StopReason, shutdown: bool) {
         {
             let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
             if r.is_none() {
                 *r = Some(reason);
+                self.shutdown
+                    .store(shutdown, std::sync::atomic::Ordering::SeqCst);
             }
         }
         self.token.cancel();
+    }
+
+    /// Whether the session was stopped by `shutdown()` (before anything else stopped it).
+    pub fn by_shutdown(&self) -> bool {
+        self.shutdown.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn reason(&self) -> Option<StopReason> {

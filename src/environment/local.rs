@@ -312,13 +312,14 @@ impl Environment for LocalEnvironment {
         &'a self,
         cli_session: &'a str,
         model: Option<&'a str>,
-    ) -> BoxFuture<'a, ()> {
+    ) -> BoxFuture<'a, bool> {
         Box::pin(async move {
             // Only a sandboxed CLI keeps its conversation in the checkout's record dir.
-            if let (Made::Checkout(w), Some(CliConfig::Checkout(_))) =
-                (&self.workspace, &self.cli_config)
-            {
-                w.record_agent(cli_session, model).await;
+            match (&self.workspace, &self.cli_config) {
+                (Made::Checkout(w), Some(CliConfig::Checkout(_))) => {
+                    w.record_agent(cli_session, model).await
+                }
+                _ => false,
             }
         })
     }

@@ -196,13 +196,14 @@ pub trait Environment: Send + Sync {
         None
     }
     /// Records, once the CLI started, what continuing this session after an interruption
-    /// needs (its conversation id and model); where nothing can be continued, nothing.
+    /// needs (its conversation id and model); true when it did, false where nothing can be
+    /// continued.
     fn record_agent<'a>(
         &'a self,
         _cli_session: &'a str,
         _model: Option<&'a str>,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
+    ) -> BoxFuture<'a, bool> {
+        Box::pin(async { false })
     }
     /// The agent's work as a patch (empty without a checkout or without changes). Unbounded:
     /// the lifecycle bounds it, and dropping the future ends whatever it runs.

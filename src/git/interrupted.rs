@@ -428,13 +428,14 @@ impl RepoGit {
     }
 }
 
-/// The agent of a fresh session's checkout, recorded once its CLI started (module docs).
-pub(crate) fn record_agent(admin: &Path, cli_session: &str, model: Option<&str>) {
+/// The agent of a fresh session's checkout, recorded once its CLI started (module docs);
+/// true when the record has it.
+pub(crate) fn record_agent(admin: &Path, cli_session: &str, model: Option<&str>) -> bool {
     let Some(mut record) = AdminRecord::read(admin) else {
-        return;
+        return false;
     };
     if record.agent.is_some() {
-        return;
+        return true;
     }
     record.agent = Some(AgentRecord {
         cli_session: cli_session.to_string(),
@@ -442,8 +443,12 @@ pub(crate) fn record_agent(admin: &Path, cli_session: &str, model: Option<&str>)
         started_ms: now_ms(),
         sessions: Vec::new(),
     });
-    if let Err(e) = record.write(admin) {
-        tracing::warn!(error = %e, "could not record the session's agent: an interruption cannot be continued");
+    match record.write(admin) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record the session's agent: an interruption cannot be continued");
+            false
+        }
     }
 }
 

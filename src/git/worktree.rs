@@ -148,15 +148,16 @@ impl Worktree {
     /// Records the agent the session started in this checkout (the CLI's conversation id and
     /// model), so an interrupted session can be continued ([`super::interrupted`]); a
     /// continued checkout's record has it already.
-    pub async fn record_agent(&self, cli_session: &str, model: Option<&str>) {
+    pub async fn record_agent(&self, cli_session: &str, model: Option<&str>) -> bool {
         let Some(admin) = self.cli_config.parent().map(std::path::Path::to_path_buf) else {
-            return;
+            return false;
         };
         let (id, model) = (cli_session.to_string(), model.map(str::to_string));
-        let _ = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             super::interrupted::record_agent(&admin, &id, model.as_deref())
         })
-        .await;
+        .await
+        .unwrap_or(false)
     }
 
     /// Removes the clone (its branch lives only there) and its owner and session records.

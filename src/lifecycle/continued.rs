@@ -75,3 +75,25 @@ impl Session {
         self.continued = Some(c);
     }
 }
+
+impl Session {
+    /// Whether the checkout is left for the next engine process to continue: the session was
+    /// stopped by `shutdown()` (a deploy's SIGTERM) before its agent ended, and its record
+    /// names the agent. Said in the transcript and the log; its work was saved beside the
+    /// transcript as for any stopped session.
+    pub(super) fn left_for_next(&self, outcome: &crate::error::Result<serde_json::Value>) -> bool {
+        let stopped = matches!(outcome, Err(e) if e.code == crate::error::ErrorCode::Cancelled);
+        if !(self.continuable && stopped && self.stop.by_shutdown()) {
+            return false;
+        }
+        let path = self.workdir().display().to_string();
+        let text = format!(
+            "the adapter was shut down during the session: its checkout {path} and conversation are left for the next session on its branch to continue (resumeInterrupted)"
+        );
+        if let Some(t) = &self.transcript {
+            t.note("continuable", &text);
+        }
+        self.log(LogLevel::Info, &text, json!({ "path": path }));
+        true
+    }
+}

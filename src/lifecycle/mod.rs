@@ -129,6 +129,9 @@ pub struct Session {
     spec: Option<SessionSpec>,
     /// The interrupted session this one continues ([`continued`]).
     continued: Option<Continuation>,
+    /// Its checkout's record names its agent: stopped by `shutdown()` before its end, it is
+    /// left for the next engine process to continue ([`continued`]).
+    continuable: bool,
     /// CLI runs that continued the conversation after the CLI ended on an API failure.
     resumes: u32,
     /// Why the session ended on an API outage it could not wait out (past the tolerance).
@@ -221,6 +224,7 @@ impl Session {
             base_commit: None,
             spec: None,
             continued: None,
+            continuable: false,
             resumes: 0,
             outage_failure: None,
             spend,
@@ -647,10 +651,11 @@ impl Session {
         .map_err(|e| self.or_stopped(e))?;
         self.registration.set_pid(running.pid());
         // What continuing it after an interruption needs, once its CLI runs.
-        if self.continued.is_none() && self.host.config.resume_interrupted.is_some() {
+        if self.host.config.resume_interrupted.is_some() {
+            let model = self.model();
             if let Some(env) = self.environment.as_deref() {
-                env.record_agent(&self.cli_id, self.model().as_deref())
-                    .await;
+                let recorded = env.record_agent(&self.cli_id, model.as_deref());
+                self.continuable = recorded.await;
             }
         }
         self.log(
@@ -1038,7 +1043,8 @@ impl Session {
                     json!({ "path": path }),
                 );
             }
-            if let Err(e) = env.destroy(keep).await {
+            let left = !keep && self.left_for_next(outcome);
+            if let Err(e) = env.destroy(keep || left).await {
                 self.log(
                     LogLevel::Error,
                     "worktree cleanup failed",

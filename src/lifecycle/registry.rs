@@ -127,7 +127,7 @@ impl Registry {
             let _ = tokio::time::timeout(grace, all_done).await;
         }
         for e in self.lock().values() {
-            e.stop.stop(StopReason::Cancelled);
+            e.stop.stop_for_shutdown();
         }
         for mut done in self.waits() {
             let _ = done.wait_for(|d| *d).await;
