@@ -15,6 +15,8 @@ import { addon, engineState, hostGitDir, logEntry, rejection, setup, SHARED_BASE
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
 const params = { role: 'implementor', workItemID: '7', branchName: 'wi-7' };
 const done = structured({ role: 'implementor', outcome: 'completed', summary: 'done' });
+/** A dead session's clone swept by the next adapter at once, not left for a continuation. */
+const SWEEP_AT_ONCE = { resumeInterrupted: 0 };
 
 let h;
 const engines = [];
@@ -226,7 +228,7 @@ describe('an index too big to be one is refused, not copied', () => {
 
 describe("the clone's programs never run on the host", () => {
   it('a crashed sandboxed session whose clone plants core.fsmonitor and a clean filter: a sandbox: false adapter sweeps it, saves the work, and neither runs on the host', async () => {
-    h = await setup({ state, bodies: { 7: 'x' } });
+    h = await setup({ state, bodies: { 7: 'x' }, config: SWEEP_AT_ONCE });
     const pwned = join(h.scratch, 'pwned');
     const clone = await crashedSession(
       `git config core.fsmonitor "touch ${pwned}.fsmonitor; false" && git config filter.x.clean "sh -c 'touch ${pwned}.filter; cat'" && echo '*.txt filter=x' > .gitattributes`,
@@ -248,7 +250,7 @@ describe("the clone's programs never run on the host", () => {
 
 describe('the sweep of a wedged clone is bounded and ends with shutdown()', () => {
   it('a clean filter that never returns: the sweep gives up past extractionTimeout, kills it, keeps the clone and says why', async () => {
-    h = await setup({ state, bodies: { 7: 'x' } });
+    h = await setup({ state, bodies: { 7: 'x' }, config: SWEEP_AT_ONCE });
     const marker = uniqueMarker();
     const clone = await crashedSession(`git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes`);
     addon.createClaudeAdapter({ ...h.config, extractionTimeout: 2 }, h.deps);
@@ -263,7 +265,7 @@ describe('the sweep of a wedged clone is bounded and ends with shutdown()', () =
   });
 
   it('shutdown() while the sweep is wedged on a clean filter: the filter and its sandbox are killed at once; the clone is kept', async () => {
-    h = await setup({ state, bodies: { 7: 'x' } });
+    h = await setup({ state, bodies: { 7: 'x' }, config: SWEEP_AT_ONCE });
     const marker = uniqueMarker();
     const clone = await crashedSession(`git config filter.w.clean "sleep ${marker}" && echo '*.txt filter=w' > .gitattributes`);
     const adapter = addon.createClaudeAdapter(h.config, h.deps);

@@ -61,6 +61,8 @@ describe('a crash loses no work', () => {
       script: scenario.steps([bash(`echo "agent work" > unsaved.txt; sleep 30.${Date.now() % 1000}`, 'write work, then wait'), { hang: true }]),
       state: engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] }),
       bodies: { 7: 'x' },
+      // Swept by the next adapter at once, not left for a continuation (interrupted.test.mjs).
+      config: { resumeInterrupted: 0 },
     });
     const root = h.repo.root;
     git(root, 'worktree', 'add', '-q', '.worktrees/theirs', '-b', 'theirs');

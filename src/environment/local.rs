@@ -310,15 +310,12 @@ impl Environment for LocalEnvironment {
 
     fn record_agent<'a>(
         &'a self,
-        cli_session: &'a str,
-        model: Option<&'a str>,
+        agent: Option<(&'a str, Option<&'a str>)>,
     ) -> BoxFuture<'a, bool> {
         Box::pin(async move {
             // Only a sandboxed CLI keeps its conversation in the checkout's record dir.
             match (&self.workspace, &self.cli_config) {
-                (Made::Checkout(w), Some(CliConfig::Checkout(_))) => {
-                    w.record_agent(cli_session, model).await
-                }
+                (Made::Checkout(w), Some(CliConfig::Checkout(_))) => w.record_agent(agent).await,
                 _ => false,
             }
         })

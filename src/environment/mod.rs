@@ -196,12 +196,11 @@ pub trait Environment: Send + Sync {
         None
     }
     /// Records, once the CLI started, what continuing this session after an interruption
-    /// needs (its conversation id and model); true when it did, false where nothing can be
-    /// continued.
+    /// needs (its conversation id and model); `None` once it ended for good. True when the
+    /// record names the agent, false where nothing can be continued.
     fn record_agent<'a>(
         &'a self,
-        _cli_session: &'a str,
-        _model: Option<&'a str>,
+        _agent: Option<(&'a str, Option<&'a str>)>,
     ) -> BoxFuture<'a, bool> {
         Box::pin(async { false })
     }

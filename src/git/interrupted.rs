@@ -429,22 +429,25 @@ impl RepoGit {
 }
 
 /// The agent of a fresh session's checkout, recorded once its CLI started (module docs);
-/// true when the record has it.
-pub(crate) fn record_agent(admin: &Path, cli_session: &str, model: Option<&str>) -> bool {
+/// true when the record has it. `None`: the session ended (its checkout, should its removal
+/// fail or its work be unreadable, is no interrupted session's to continue).
+pub(crate) fn record_agent(admin: &Path, agent: Option<(&str, Option<&str>)>) -> bool {
     let Some(mut record) = AdminRecord::read(admin) else {
         return false;
     };
-    if record.agent.is_some() {
-        return true;
+    match agent {
+        Some(_) if record.agent.is_some() => return true,
+        None if record.agent.is_none() => return false,
+        _ => {}
     }
-    record.agent = Some(AgentRecord {
+    record.agent = agent.map(|(cli_session, model)| AgentRecord {
         cli_session: cli_session.to_string(),
         model: model.map(str::to_string),
         started_ms: now_ms(),
         sessions: Vec::new(),
     });
     match record.write(admin) {
-        Ok(()) => true,
+        Ok(()) => record.agent.is_some(),
         Err(e) => {
             tracing::warn!(error = %e, "could not record the session's agent: an interruption cannot be continued");
             false

@@ -147,14 +147,16 @@ impl Worktree {
 
     /// Records the agent the session started in this checkout (the CLI's conversation id and
     /// model), so an interrupted session can be continued ([`super::interrupted`]); a
-    /// continued checkout's record has it already.
-    pub async fn record_agent(&self, cli_session: &str, model: Option<&str>) -> bool {
+    /// continued checkout's record has it already. `None`: the session ended, and its record
+    /// no longer names an agent to continue. True when the record names one.
+    pub async fn record_agent(&self, agent: Option<(&str, Option<&str>)>) -> bool {
         let Some(admin) = self.cli_config.parent().map(std::path::Path::to_path_buf) else {
             return false;
         };
-        let (id, model) = (cli_session.to_string(), model.map(str::to_string));
+        let agent = agent.map(|(id, model)| (id.to_string(), model.map(str::to_string)));
         tokio::task::spawn_blocking(move || {
-            super::interrupted::record_agent(&admin, &id, model.as_deref())
+            let agent = agent.as_ref().map(|(id, m)| (id.as_str(), m.as_deref()));
+            super::interrupted::record_agent(&admin, agent)
         })
         .await
         .unwrap_or(false)

@@ -654,7 +654,7 @@ impl Session {
         if self.host.config.resume_interrupted.is_some() {
             let model = self.model();
             if let Some(env) = self.environment.as_deref() {
-                let recorded = env.record_agent(&self.cli_id, model.as_deref());
+                let recorded = env.record_agent(Some((&self.cli_id, model.as_deref())));
                 self.continuable = recorded.await;
             }
         }
@@ -1044,6 +1044,11 @@ impl Session {
                 );
             }
             let left = !keep && self.left_for_next(outcome);
+            if self.continuable && !left {
+                // Ended for good: should its checkout stay (unreadable work, a failed
+                // removal), it is no interrupted session's to continue.
+                env.record_agent(None).await;
+            }
             if let Err(e) = env.destroy(keep || left).await {
                 self.log(
                     LogLevel::Error,
