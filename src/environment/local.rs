@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::interrupted::{conversation_in, Continuation};
+use crate::git::interrupted::conversation_in;
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
+use crate::git::worktree::Continuation;
 use crate::git::{RepoGit, RepoView, Worktree};
 use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
 #[cfg(target_os = "linux")]
@@ -65,7 +66,9 @@ impl Backend for LocalBackend {
         Box::pin(async move {
             let repo = RepoGit::for_repo(&req.repo_root);
             let workspace = match &req.workspace {
-                Workspace::Checkout(p) => Made::Checkout(repo.provision(p, &GitJails, stop).await?),
+                Workspace::Checkout(p) => {
+                    Made::Checkout(repo.provision_or_continue(p, &GitJails, stop).await?)
+                }
                 Workspace::View(v) => Made::View(repo.provision_view(v, stop).await?),
             };
             let env: Box<dyn Environment> = Box::new(LocalEnvironment {

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SandboxConfig;
 use crate::error::Result;
-use crate::git::interrupted::Continuation;
+use crate::git::worktree::Continuation;
 use crate::git::{ProvisionRequest, ViewRequest};
 use crate::sandbox::{ApiHooks, EgressSink};
 

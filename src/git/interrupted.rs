@@ -37,54 +37,27 @@ use super::layer::Layer;
 use super::list::ListedWorktree;
 use super::patch::Snapshot;
 use super::provision::ProvisionRequest;
-use super::record::{write_owner, AdminRecord, AgentRecord, KEPT_FILE};
+use super::record::{now_ms, unix_ms, write_owner, AdminRecord, CLI_CONFIG_DIR, KEPT_FILE};
+use super::repo::cancelled;
 use super::repo::{lock_std, provision_error, same_path, LiveCheckout, RepoGit};
-use super::worktree::{Worktree, WorktreeState};
+use super::worktree::{Continuation, Worktree, WorktreeState};
+use tokio_util::sync::CancellationToken;
+
 use crate::error::Result;
 use crate::process::Owner;
-
-/// The checkout's CLI config dir, in its record dir.
-pub const CLI_CONFIG_DIR: &str = "cli";
 
 /// The largest conversation read (kept beside a transcript, or continued).
 pub const MAX_CONVERSATION: u64 = 256 << 20;
 
-/// The interrupted session a checkout was taken over from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Continuation {
-    /// The interrupted session's id (the engine's).
-    pub from_session: String,
-    /// Its transcript, when it had one.
-    pub transcript: Option<String>,
-    /// The CLI conversation the new run resumes.
-    pub cli_session: String,
-    /// The conversation's last write, Unix ms: when the interrupted run last did something.
-    pub interrupted_ms: u64,
-    /// The agent time the runs before used (first start to last write).
-    pub used: Duration,
-    /// The model turns in the conversation (distinct assistant messages).
-    pub turns: u64,
-}
-
 /// What [`RepoGit::continue_interrupted`] found at the branch's path.
-pub enum Found {
+enum Found {
     /// The interrupted checkout, now this session's.
-    Continued(Worktree),
+    Continued(Box<Worktree>),
     /// An interrupted checkout that cannot be continued, and why: the usual path saves its
     /// work and starts afresh.
     NotContinuable(String),
     /// Nothing interrupted there.
     Nothing,
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Unix ms now.
-pub fn now_ms() -> u64 {
-    unix_ms(SystemTime::now())
 }
 
 /// Opens `path` for reading without following a link (nor blocking on a FIFO); a regular file
@@ -232,9 +205,43 @@ fn take(admin: &Path, me: &Owner) -> bool {
 }
 
 impl RepoGit {
+    /// [`RepoGit::provision`], unless an interrupted session's checkout at the branch's path
+    /// can be continued for `req` (`req.continue_within`): then that checkout, taken over. One
+    /// that cannot is said at `warn` with why, and provisioning goes on as ever (its work saved
+    /// as a patch, a fresh checkout).
+    pub async fn provision_or_continue(
+        &self,
+        req: &ProvisionRequest,
+        sandbox: &dyn Confiner,
+        stop: &CancellationToken,
+    ) -> Result<Worktree> {
+        if let Some(within) = req.continue_within {
+            if stop.is_cancelled() {
+                return Err(cancelled());
+            }
+            let found = {
+                let _guard = tokio::select! {
+                    g = self.lock.lock() => g,
+                    _ = stop.cancelled() => return Err(cancelled()),
+                };
+                self.continue_interrupted(req, within, sandbox).await?
+            };
+            match found {
+                Found::Continued(w) => return Ok(*w),
+                Found::NotContinuable(why) => tracing::warn!(
+                    branch = %req.branch,
+                    "the interrupted session on branch {} is not continued: {why}; its work is saved as a patch and the session starts afresh",
+                    req.branch
+                ),
+                Found::Nothing => {}
+            }
+        }
+        self.provision(req, sandbox, stop).await
+    }
+
     /// With the repository lock held (a claim's): the interrupted checkout at the branch's
     /// path taken over for `req`'s session (module docs), or why not, or nothing there.
-    pub(crate) async fn continue_interrupted(
+    async fn continue_interrupted(
         &self,
         req: &ProvisionRequest,
         within: Duration,
@@ -335,7 +342,7 @@ impl RepoGit {
             .with_cause(e)
         })?;
         let jail = self.extraction_jail(sandbox, &path).await?;
-        Ok(Found::Continued(Worktree {
+        Ok(Found::Continued(Box::new(Worktree {
             path,
             branch: req.branch.clone(),
             base_commit: record.base_commit.clone(),
@@ -345,7 +352,7 @@ impl RepoGit {
             cli_config: admin.join(CLI_CONFIG_DIR),
             continued: Some(continuation),
             state,
-        }))
+        })))
     }
 
     /// Whether the dead session's checkout `wt` is left by a sweep for a continuation within
@@ -424,33 +431,6 @@ impl RepoGit {
             if let Err(e) = self.remove_session(base).await {
                 tracing::warn!(base = %base.display(), error = %e, "could not remove the base of a continued checkout");
             }
-        }
-    }
-}
-
-/// The agent of a fresh session's checkout, recorded once its CLI started (module docs);
-/// true when the record has it. `None`: the session ended (its checkout, should its removal
-/// fail or its work be unreadable, is no interrupted session's to continue).
-pub(crate) fn record_agent(admin: &Path, agent: Option<(&str, Option<&str>)>) -> bool {
-    let Some(mut record) = AdminRecord::read(admin) else {
-        return false;
-    };
-    match agent {
-        Some(_) if record.agent.is_some() => return true,
-        None if record.agent.is_none() => return false,
-        _ => {}
-    }
-    record.agent = agent.map(|(cli_session, model)| AgentRecord {
-        cli_session: cli_session.to_string(),
-        model: model.map(str::to_string),
-        started_ms: now_ms(),
-        sessions: Vec::new(),
-    });
-    match record.write(admin) {
-        Ok(()) => record.agent.is_some(),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not record the session's agent: an interruption cannot be continued");
-            false
         }
     }
 }

@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 use super::base::{layers_work, Preparation};
 use super::command::{git_command, run, run_git};
 use super::confine::Confiner;
-use super::interrupted::{Found, CLI_CONFIG_DIR};
 use super::patch::Snapshot;
 use super::prepare::{checkout_failed, prepare_checkout};
+use super::record::CLI_CONFIG_DIR;
 use super::record::{AdminRecord, SessionRecord};
 use super::repo::{cancelled, provision_error, same_path, LiveCheckout, ProvisionGuard, RepoGit};
 use super::worktree::{Worktree, WorktreeState};
@@ -81,24 +81,6 @@ impl RepoGit {
         check_branch_path(&req.branch)?;
         if stop.is_cancelled() {
             return Err(cancelled());
-        }
-        if let Some(within) = req.continue_within {
-            let found = {
-                let _guard = tokio::select! {
-                    g = self.lock.lock() => g,
-                    _ = stop.cancelled() => return Err(cancelled()),
-                };
-                self.continue_interrupted(req, within, sandbox).await?
-            };
-            match found {
-                Found::Continued(w) => return Ok(w),
-                Found::NotContinuable(why) => tracing::warn!(
-                    branch = %req.branch,
-                    "the interrupted session on branch {} is not continued: {why}; its work is saved as a patch and the session starts afresh",
-                    req.branch
-                ),
-                Found::Nothing => {}
-            }
         }
         if req.layered && layers_work(&self.root, sandbox).await {
             return self.provision_layered(req, sandbox, stop).await;

@@ -38,12 +38,17 @@
 //! one at `shutdown()`; a base without both is never adopted, only swept.
 
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::process::Owner;
 
 const FILE: &str = "claude-runtime-adapter.json";
+
+/// A checkout's CLI config dir (its conversation), in its record dir: it lives as long as the
+/// checkout ([`super::interrupted`]).
+pub const CLI_CONFIG_DIR: &str = "cli";
 
 /// The kept mark of a base left for the next process (module docs), in its record dir.
 pub(crate) const KEPT_FILE: &str = "kept";
@@ -174,5 +179,42 @@ impl AdminRecord {
     pub fn read(admin: &Path) -> Option<AdminRecord> {
         let bytes = std::fs::read(admin.join(FILE)).ok()?;
         serde_json::from_slice(&bytes).ok()
+    }
+}
+
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Unix ms now.
+pub fn now_ms() -> u64 {
+    unix_ms(SystemTime::now())
+}
+
+/// The agent of a fresh session's checkout, recorded once its CLI started (module docs);
+/// true when the record has it. `None`: the session ended (its checkout, should its removal
+/// fail or its work be unreadable, is no interrupted session's to continue).
+pub(crate) fn record_agent(admin: &Path, agent: Option<(&str, Option<&str>)>) -> bool {
+    let Some(mut record) = AdminRecord::read(admin) else {
+        return false;
+    };
+    match agent {
+        Some(_) if record.agent.is_some() => return true,
+        None if record.agent.is_none() => return false,
+        _ => {}
+    }
+    record.agent = agent.map(|(cli_session, model)| AgentRecord {
+        cli_session: cli_session.to_string(),
+        model: model.map(str::to_string),
+        started_ms: now_ms(),
+        sessions: Vec::new(),
+    });
+    match record.write(admin) {
+        Ok(()) => record.agent.is_some(),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record the session's agent: an interruption cannot be continued");
+            false
+        }
     }
 }

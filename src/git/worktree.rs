@@ -9,11 +9,27 @@ use std::sync::Arc;
 use super::base::BaseShare;
 use super::command::At;
 use super::confine::Confinement;
-use super::interrupted::Continuation;
 use super::layer::Layer;
 use super::patch::{self, Snapshot};
 use super::repo::LiveCheckout;
 use crate::error::Result;
+
+/// The interrupted session a checkout was taken over from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    /// The interrupted session's id (the engine's).
+    pub from_session: String,
+    /// Its transcript, when it had one.
+    pub transcript: Option<String>,
+    /// The CLI conversation the new run resumes.
+    pub cli_session: String,
+    /// The conversation's last write, Unix ms: when the interrupted run last did something.
+    pub interrupted_ms: u64,
+    /// The agent time the runs before used (first start to last write).
+    pub used: std::time::Duration,
+    /// The model turns in the conversation (distinct assistant messages).
+    pub turns: u64,
+}
 
 /// A provisioned worktree. Clones share state; once the last clone is dropped without
 /// [`Worktree::cleanup`], the worktree is no longer live and the next sweep saves its changes
@@ -156,7 +172,7 @@ impl Worktree {
         let agent = agent.map(|(id, model)| (id.to_string(), model.map(str::to_string)));
         tokio::task::spawn_blocking(move || {
             let agent = agent.as_ref().map(|(id, m)| (id.as_str(), m.as_deref()));
-            super::interrupted::record_agent(&admin, agent)
+            super::record::record_agent(&admin, agent)
         })
         .await
         .unwrap_or(false)

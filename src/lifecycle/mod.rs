@@ -53,7 +53,7 @@ use crate::deps::LogLevel;
 use crate::domain::{Role, StartOptions, StartParams};
 use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::interrupted::Continuation;
+use crate::git::worktree::Continuation;
 use crate::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use crate::otel::{self, metrics, ToolSpans, SPANS};
 use crate::output::{OutputBuffer, DEFAULT_BOUND};
