@@ -13,10 +13,12 @@ afterEach(async () => {
   h = undefined;
 });
 
-/** Every reply costs exactly $0.30 at the table's Sonnet 4.5 rate ($3 per million input tokens). */
+/** Every reply costs exactly $0.30 at the table's Sonnet 4.5 rate ($15 per million output tokens). */
 const MODEL = 'claude-sonnet-4-5';
-const USAGE = { input_tokens: 100_000, output_tokens: 0, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 };
+const USAGE = { input_tokens: 0, output_tokens: 20_000, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 };
 const COST = 0.3;
+/** A request's worst case as the relay reserves it: its max_tokens at $15, its bytes / 2 as input at $3, per million. */
+const worstCase = (r) => (r.body.max_tokens * 15 + (Buffer.byteLength(JSON.stringify(r.body)) / 2) * 3) / 1e6;
 const costing = (r) => ({ ...r, usage: USAGE });
 
 /** The subagent's prompt carries this, so its requests can be told from the main loop's. */
@@ -30,7 +32,7 @@ const agents = {
 };
 
 describe('a hard budget (maxBudgetUsd)', () => {
-  it('a session in a loop ends ERR_BUDGET after the request that crossed it, its subagent requests counted, its work saved', async () => {
+  it("a session in a loop ends ERR_BUDGET before any request whose worst case would pass it, its subagent requests counted, its work saved; the spend never passes the budget", async () => {
     const main = scenario.steps([
       // The first turn hands a task to a subagent, whose answer costs as much as a turn.
       costing(reply(toolUse(AGENT_TOOL, { description: 'sub task', prompt: `Do it. ${SUB}`, subagent_type: 'general-purpose' }))),
@@ -46,21 +48,25 @@ describe('a hard budget (maxBudgetUsd)', () => {
       // The params' budget wins over the config's.
       config: { maxBudgetUsd: 100 },
     });
-    const handle = await h.adapter().startAgent({ ...implementorParams, model: MODEL, maxBudgetUsd: 1 });
+    const BUDGET = 2;
+    const handle = await h.adapter().startAgent({ ...implementorParams, model: MODEL, maxBudgetUsd: BUDGET });
     const err = await rejection(handle.result);
     const stats = await handle.stats;
     const sent = h.api.requests.filter((r) => r.path === '/v1/messages');
     const subagent = sent.filter((r) => isSubagent(r.body));
     expect(subagent.length, JSON.stringify(sent.map((r) => r.reply))).toBeGreaterThanOrEqual(1);
-    // $0.30 each: the 4th request crossed $1, and none reached the API after it — which, were
-    // the subagent's not counted, would have been the 5th.
-    expect(sent.length).toBe(4);
+    // $0.30 each; each was sent only while $1 held the spend and its worst case, so the one
+    // after the last sent would have passed it (were the subagent's not counted, one more
+    // would have been sent).
+    expect(sent.length * COST).toBeLessThanOrEqual(BUDGET);
+    expect(sent.length).toBe(Math.floor((BUDGET - worstCase(sent.at(-1))) / COST) + 1);
     expect(err.code).toBe('ERR_BUDGET');
     expect(err.message).toMatch(/^\[ERR_BUDGET\] /);
-    expect(err.message).toContain('$1.2000 of maxBudgetUsd $1 (4 model requests)');
+    expect(err.message).toContain(`$${(sent.length * COST).toFixed(4)} of maxBudgetUsd $${BUDGET} (${sent.length} model requests); the next request's worst case`);
     expect(handle.abortSignal.aborted).toBe(false);
-    expect(stats.spend).toMatchObject({ requests: 4, budgetUsd: 1 });
-    expect(stats.spend.usd).toBeCloseTo(4 * COST, 9);
+    expect(stats.spend).toMatchObject({ requests: sent.length, budgetUsd: BUDGET });
+    expect(stats.spend.usd).toBeCloseTo(sent.length * COST, 9);
+    expect(stats.spend.usd).toBeLessThanOrEqual(BUDGET);
     // What the Implementor's checkout held is saved as for any failed run.
     const saved = handle.logFilePath.replace(/\.log$/, '.patch');
     expect(existsSync(saved)).toBe(true);
@@ -68,6 +74,27 @@ describe('a hard budget (maxBudgetUsd)', () => {
     const log = readFileSync(handle.logFilePath, 'utf8');
     expect(log).toContain('[budget]');
     expect(h.logger.entries.find((e) => e.message === 'agent session failed')?.data?.code).toBe('ERR_BUDGET');
+  });
+
+  it('four subagents in parallel against a budget: their requests wait for room or are refused, and the spend never passes it', async () => {
+    const task = (i) => toolUse(AGENT_TOOL, { description: `sub task ${i}`, prompt: `Do part ${i}. ${SUB}`, subagent_type: 'general-purpose' });
+    const main = scenario.steps([costing(reply(task(1), task(2), task(3), task(4))), costing(reply(bash('true')))]);
+    h = await setup({
+      // Each subagent's answer takes a moment, so the four are in flight together.
+      script: (body) => (isSubagent(body) ? { ...costing(reply(text('sub done'))), delayMs: 400 } : main(body)),
+      repo: { agents },
+      state: implementorState,
+      bodies: { 7: 'x' },
+    });
+    const handle = await h.adapter().startAgent({ ...implementorParams, model: MODEL, maxBudgetUsd: 1.5 });
+    const err = await rejection(handle.result);
+    const stats = await handle.stats;
+    const sent = h.api.requests.filter((r) => r.path === '/v1/messages');
+    expect(sent.filter((r) => isSubagent(r.body)).length).toBeGreaterThanOrEqual(2);
+    expect(err.code).toBe('ERR_BUDGET');
+    expect(stats.spend.requests).toBe(sent.length);
+    expect(stats.spend.usd).toBeLessThanOrEqual(1.5);
+    expect(stats.spend.refused).toBeGreaterThanOrEqual(1);
   });
 
   it('a budget never reached changes nothing: the same result, every request sent, the spend in the stats', async () => {
@@ -102,7 +129,7 @@ describe('a hard budget (maxBudgetUsd)', () => {
   it('modelPrices overrides the table', async () => {
     h = await setup({
       script: scenario.steps([costing(reply(ROLES.planner.done))]),
-      config: { modelPrices: { [MODEL]: { input: 10, output: 0 } } },
+      config: { modelPrices: { [MODEL]: { input: 0, output: 50 } } },
     });
     const handle = await h.adapter().startAgent({ ...ROLES.planner.params(), model: MODEL });
     await handle.result;

@@ -5,9 +5,15 @@
 //! One [`SpendMeter`] per session, shared (`Arc`) by the relay, which records each response
 //! and refuses requests once the budget is spent, and the lifecycle, which stops the session
 //! when the budget is crossed ([`SpendMeter::crossed`]) and reads the totals for the stats.
-//! The request that crosses the budget is not refused — its cost is known only once it is
-//! answered — so a session ends a little past its budget, by at most that request (and any
-//! sent alongside it).
+//!
+//! **A bound, under concurrency too.** A request's cost is known only once it is answered, so
+//! before it is sent the relay reserves its worst case ([`SpendMeter::worst_case`]: its input
+//! counted high, its `max_tokens` at the output price) and the reservation is settled when its
+//! answer is counted ([`Hold`]). A request is sent only while the spend, the reservations of the
+//! requests in flight and its own worst case fit the budget; one that does not fit waits for
+//! those in flight to settle (parallel subagents), and is refused once nothing is in flight
+//! and it still does not fit — the budget is then spent, and the session ends `ERR_BUDGET`
+//! without passing it.
 
 pub mod prices;
 
@@ -41,7 +47,46 @@ struct Totals {
     usd: f64,
     requests: u64,
     refused: u64,
+    /// The worst cases reserved by the requests in flight, and how many they are.
+    held: f64,
+    in_flight: u32,
+    /// The worst case of the request refused for want of room, for the message.
+    refused_worst: Option<f64>,
 }
+
+/// A request's reservation of its worst case ([`SpendMeter::admit`]): released when dropped,
+/// which the relay does once the answer's usage is counted (or the request failed).
+#[derive(Debug, Clone)]
+pub struct Hold {
+    /// Released when the last clone goes (the response's extensions need `Clone`).
+    _held: Arc<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    meter: Arc<SpendMeter>,
+    usd: f64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        {
+            let mut t = self.meter.lock();
+            t.held = (t.held - self.usd).max(0.0);
+            t.in_flight = t.in_flight.saturating_sub(1);
+        }
+        self.meter.settled.notify_waiters();
+    }
+}
+
+/// A request's input tokens counted high: Claude's tokenizer makes a token of about 3.5 bytes
+/// of English or code; 2 leaves room for what tokenizes worse (a request's size is mostly its
+/// conversation's text).
+const BYTES_PER_TOKEN_LOW: u64 = 2;
+
+/// The output a request may ask for when it names no `max_tokens` (the API requires one; the
+/// largest any model takes).
+const MAX_OUTPUT_TOKENS: u64 = 128_000;
 
 /// One session's spend and budget.
 #[derive(Debug)]
@@ -49,8 +94,10 @@ pub struct SpendMeter {
     budget: Option<f64>,
     prices: Prices,
     totals: Mutex<Totals>,
-    /// Cancelled once the spend has passed the budget.
+    /// Cancelled once the spend has passed the budget, or no further request fits it.
     crossed: CancellationToken,
+    /// Woken when a reservation settles.
+    settled: tokio::sync::Notify,
 }
 
 impl SpendMeter {
@@ -61,7 +108,73 @@ impl SpendMeter {
             prices,
             totals: Mutex::new(Totals::default()),
             crossed: CancellationToken::new(),
+            settled: tokio::sync::Notify::new(),
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Totals> {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most a request of `model` with a body of `body_bytes` asking for `max_tokens` can
+    /// cost (module docs).
+    pub fn worst_case(
+        &self,
+        model: Option<&str>,
+        body_bytes: usize,
+        max_tokens: Option<u64>,
+    ) -> f64 {
+        self.prices.of(model).cost(&Usage {
+            input: body_bytes as u64 / BYTES_PER_TOKEN_LOW,
+            output: max_tokens.unwrap_or(MAX_OUTPUT_TOKENS),
+            ..Usage::default()
+        })
+    }
+
+    /// Reserves `worst` USD for a request about to be sent (module docs): at once when it fits
+    /// beside the spend and the requests in flight, after those settle when it fits then;
+    /// `None` (refused) when the budget is spent or nothing in flight leaves room for it. Without
+    /// a budget every request is admitted.
+    pub async fn admit(self: &Arc<Self>, worst: f64) -> Option<Hold> {
+        let hold = || Hold {
+            _held: Arc::new(Held {
+                meter: self.clone(),
+                usd: worst,
+            }),
+        };
+        let Some(budget) = self.budget else {
+            self.lock().in_flight += 1;
+            return Some(Hold {
+                _held: Arc::new(Held {
+                    meter: self.clone(),
+                    usd: 0.0,
+                }),
+            });
+        };
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let mut t = self.lock();
+                if t.usd > budget {
+                    return None;
+                }
+                if t.usd + t.held + worst <= budget {
+                    t.held += worst;
+                    t.in_flight += 1;
+                    return Some(hold());
+                }
+                if t.in_flight == 0 {
+                    // Nothing in flight will leave more room: no further request fits.
+                    t.refused_worst = Some(worst);
+                    drop(t);
+                    self.crossed.cancel();
+                    return None;
+                }
+            }
+            settled.await;
+        }
     }
 
     pub fn budget(&self) -> Option<f64> {
@@ -91,7 +204,7 @@ impl SpendMeter {
             .refused += 1;
     }
 
-    /// True once the spend has passed the budget.
+    /// True once the spend has passed the budget, or no further request fits it.
     pub fn exceeded(&self) -> bool {
         self.crossed.is_cancelled()
     }
@@ -118,8 +231,14 @@ impl SpendMeter {
         let budget = s
             .budget_usd
             .map_or_else(|| "no budget".to_string(), |b| format!("maxBudgetUsd ${b}"));
+        let next = self.lock().refused_worst.map_or_else(String::new, |w| {
+            format!(
+                "; the next request's worst case (${}) does not fit what is left",
+                dollars(w)
+            )
+        });
         format!(
-            "${} of {budget} ({} model request{})",
+            "${} of {budget} ({} model request{}){next}",
             dollars(s.usd),
             s.requests,
             if s.requests == 1 { "" } else { "s" }
@@ -166,12 +285,63 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn parallel_requests_never_pass_the_budget_one_waits_for_room_and_is_refused_when_none_is_left(
+    ) {
+        let meter = SpendMeter::new(Some(1.0), Prices::default());
+        let sonnet = Some("claude-sonnet-4-5");
+        // 32,000 output tokens at $15 per million: $0.48 each, worst case.
+        let worst = meter.worst_case(sonnet, 0, Some(32_000));
+        assert!((worst - 0.48).abs() < 1e-9, "{worst}");
+        let first = meter.admit(worst).await.expect("fits");
+        let second = meter.admit(worst).await.expect("fits beside the first");
+        // A third does not fit beside the two in flight: it waits for them.
+        let third = tokio::spawn({
+            let meter = meter.clone();
+            async move { meter.admit(worst).await.is_some() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert!(!third.is_finished(), "waits while the two are in flight");
+        // Each answer costs $0.30 (20,000 output tokens); both settle.
+        let answer = Usage {
+            output: 20_000,
+            ..Usage::default()
+        };
+        meter.record(sonnet, &answer);
+        drop(first);
+        meter.record(sonnet, &answer);
+        drop(second);
+        // $0.60 spent + $0.48 > $1: nothing in flight will make room, so it is refused and the
+        // budget counts as spent.
+        assert!(!third.await.unwrap());
+        assert!(meter.exceeded());
+        assert!(meter.stats().usd <= 1.0);
+        assert!(meter
+            .describe()
+            .contains("the next request's worst case ($0.4800) does not fit what is left"));
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fits_after_another_settles_is_sent_then() {
+        let meter = SpendMeter::new(Some(1.0), Prices::default());
+        let first = meter.admit(0.6).await.expect("fits");
+        let waiting = tokio::spawn({
+            let meter = meter.clone();
+            async move { meter.admit(0.6).await.is_some() }
+        });
+        // The first's answer cost little: room for the second once it settles.
+        meter.record(Some("claude-sonnet-4-5"), &tokens(10_000));
+        drop(first);
+        assert!(waiting.await.unwrap());
+        assert!(!meter.exceeded());
+    }
+
     #[test]
     fn without_a_budget_the_meter_only_counts() {
         let meter = SpendMeter::new(None, Prices::default());
-        meter.record(Some("claude-opus-4-1"), &tokens(10_000_000));
+        meter.record(Some("claude-opus-4-1"), &tokens(100_000));
         assert!(!meter.exceeded());
-        assert_eq!(meter.stats().usd, 150.0);
+        assert!((meter.stats().usd - 1.5).abs() < 1e-9);
         meter.refuse();
         assert_eq!(meter.stats().refused, 1);
     }

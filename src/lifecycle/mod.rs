@@ -991,7 +991,7 @@ impl Session {
             .map_or_else(|| "unknown".to_string(), |m| m.describe());
         AdapterError::new(
             ErrorCode::Budget,
-            format!("the session's model spend passed its budget: {spent}; the relay refuses further model requests and the session was stopped"),
+            format!("the session's model budget is spent: {spent}; the relay refuses further model requests and the session was stopped"),
         )
     }
 

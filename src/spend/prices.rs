@@ -4,10 +4,12 @@
 //! The table holds Anthropic's list prices per million tokens as of [`PRICES_AS_OF`] (their
 //! sources, and that they were not read live from the pricing page, are in docs/budgets.md):
 //! the standard rates (no batch
-//! discount, which a session never gets), cache writes at the 5-minute rate (the CLI's), and
-//! the base rate of models with a long-context premium (over 200k input tokens Sonnet 4 and
-//! 4.5 cost more; a session's requests rarely are). A provider's own rates (Bedrock, Vertex
-//! AI, Foundry) may differ: `config.modelPrices` overrides any row.
+//! discount, which a session never gets). On top of a row's rates, as Anthropic bills them:
+//! one-hour cache writes at 2× the input rate (5-minute ones at the row's cache-write rate);
+//! a request of more than 200k input tokens (input, cache reads and writes together: only the
+//! 1M-context models take one) at the long-context premium, its input-side rates doubled and
+//! its output at 1.5×; each web search a server tool made at $10 per thousand. A provider's own
+//! rates (Bedrock, Vertex AI, Foundry) may differ: `config.modelPrices` overrides any row.
 //!
 //! A model is matched by its id from `claude-` on (so `us.anthropic.claude-…-v1:0` on Bedrock
 //! and `claude-…@20250929` on Vertex AI match as `claude-…`), the longest matching key first:
@@ -42,15 +44,32 @@ impl ModelPrice {
         }
     }
 
-    /// What `usage` costs at this price, in USD.
+    /// What `usage` costs at this price, in USD (module docs: one-hour cache writes, the
+    /// long-context premium, web searches).
     pub fn cost(&self, usage: &Usage) -> f64 {
-        (usage.input as f64 * self.input
-            + usage.output as f64 * self.output
-            + usage.cache_read as f64 * self.cache_read
-            + usage.cache_creation as f64 * self.cache_creation)
-            / 1_000_000.0
+        let all_input = usage.input + usage.cache_read + usage.cache_creation;
+        let (input_side, output_side) = if all_input > LONG_CONTEXT_TOKENS {
+            (2.0, 1.5)
+        } else {
+            (1.0, 1.0)
+        };
+        let one_hour = usage.cache_creation_1h.min(usage.cache_creation);
+        let tokens = input_side
+            * (usage.input as f64 * self.input
+                + usage.cache_read as f64 * self.cache_read
+                + (usage.cache_creation - one_hour) as f64 * self.cache_creation
+                + one_hour as f64 * self.input * ONE_HOUR_WRITE)
+            + output_side * usage.output as f64 * self.output;
+        tokens / 1_000_000.0 + usage.web_searches as f64 * WEB_SEARCH_USD
     }
 }
+
+/// Past this many input tokens a request is billed at the long-context premium.
+const LONG_CONTEXT_TOKENS: u64 = 200_000;
+/// A one-hour cache write's rate, times the input rate.
+const ONE_HOUR_WRITE: f64 = 2.0;
+/// One web search of the server tool ($10 per thousand).
+const WEB_SEARCH_USD: f64 = 0.01;
 
 /// The tokens one response reports in its `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,7 +77,11 @@ pub struct Usage {
     pub input: u64,
     pub output: u64,
     pub cache_read: u64,
+    /// Every cache write (`cache_creation_input_tokens`), the one-hour ones among them.
     pub cache_creation: u64,
+    pub cache_creation_1h: u64,
+    /// Web searches a server tool made (`server_tool_use.web_search_requests`).
+    pub web_searches: u64,
 }
 
 /// The list prices, by model id prefix. Kept in this one place; see the module's comment.
@@ -155,18 +178,44 @@ mod tests {
             output,
             cache_read,
             cache_creation,
+            ..Usage::default()
         }
     }
 
     #[test]
     fn each_kind_of_token_is_priced_at_its_own_rate() {
         let sonnet = Prices::default().of(Some("claude-sonnet-4-5-20250929"));
-        let million = 1_000_000;
-        assert_eq!(sonnet.cost(&usage(million, 0, 0, 0)), 3.0);
-        assert_eq!(sonnet.cost(&usage(0, million, 0, 0)), 15.0);
-        assert!((sonnet.cost(&usage(0, 0, million, 0)) - 0.3).abs() < 1e-9);
-        assert!((sonnet.cost(&usage(0, 0, 0, million)) - 3.75).abs() < 1e-9);
+        // 100k tokens: below the long-context premium.
+        let k100 = 100_000;
+        assert!((sonnet.cost(&usage(k100, 0, 0, 0)) - 0.3).abs() < 1e-9);
+        assert!((sonnet.cost(&usage(0, k100, 0, 0)) - 1.5).abs() < 1e-9);
+        assert!((sonnet.cost(&usage(0, 0, k100, 0)) - 0.03).abs() < 1e-9);
+        assert!((sonnet.cost(&usage(0, 0, 0, k100)) - 0.375).abs() < 1e-9);
         assert!((sonnet.cost(&usage(1000, 2000, 3000, 4000)) - 0.0489).abs() < 1e-9);
+    }
+
+    #[test]
+    fn one_hour_cache_writes_the_long_context_premium_and_web_searches_are_counted() {
+        let sonnet = Prices::default().of(Some("claude-sonnet-4-5"));
+        // 100k cache writes, 60k of them for an hour: 40k at 1.25x and 60k at 2x the $3 rate.
+        let one_hour = Usage {
+            cache_creation: 100_000,
+            cache_creation_1h: 60_000,
+            ..Usage::default()
+        };
+        assert!((sonnet.cost(&one_hour) - (0.04 * 3.75 + 0.06 * 6.0)).abs() < 1e-9);
+        // 250k input tokens: past 200k, input at 2x, output at 1.5x.
+        let long = Usage {
+            input: 250_000,
+            output: 1_000,
+            ..Usage::default()
+        };
+        assert!((sonnet.cost(&long) - (0.25 * 6.0 + 0.001 * 22.5)).abs() < 1e-9);
+        let searched = Usage {
+            web_searches: 3,
+            ..Usage::default()
+        };
+        assert!((sonnet.cost(&searched) - 0.03).abs() < 1e-12);
     }
 
     #[test]

@@ -397,8 +397,25 @@ impl Relay {
         // Read once: its model for the record and the pace, whether it streams for its bound.
         let asks = Asks::of(&bytes);
         exchange.requested(method.as_str(), &path, &bytes, asks.model.as_deref());
-        self.send(upstream, parts, bytes, &asks, &exchange.span)
-            .await
+        // Its worst case reserved against the budget until its answer is counted
+        // ([`spend::metered`] takes the hold from the response).
+        let hold = match &self.spend {
+            Some(meter) => {
+                let worst = meter.worst_case(asks.model.as_deref(), bytes.len(), asks.max_tokens);
+                match meter.admit(worst).await {
+                    Some(hold) => Some(hold),
+                    None => return spend::budget_refusal(meter),
+                }
+            }
+            None => None,
+        };
+        let mut response = self
+            .send(upstream, parts, bytes, &asks, &exchange.span)
+            .await;
+        if let Some(hold) = hold {
+            response.extensions_mut().insert(hold);
+        }
+        response
     }
 
     /// Sends the request upstream, holding it through an outage ([`outage`]) under the fleet's
@@ -807,6 +824,8 @@ struct Asks {
     #[serde(default)]
     stream: bool,
     model: Option<String>,
+    /// The output it may take: its worst case against the budget.
+    max_tokens: Option<u64>,
 }
 
 impl Asks {

@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::super::server::Body;
 use super::api_error;
 use super::trace::Exchange;
-use crate::spend::{SpendMeter, Usage};
+use crate::spend::{Hold, SpendMeter, Usage};
 
 /// The longest SSE line or Bedrock frame kept whole to look for usage in (the events that
 /// carry it are small; a text delta of the real API too, the fake API's reach 256 KiB). A
@@ -38,15 +38,19 @@ const JSON_EDGE: usize = 64 * 1024;
 /// The refusal of a request once the budget is spent (`None` while it is not, or without a
 /// meter).
 pub(super) fn refusal(meter: Option<&SpendMeter>) -> Option<Response<Body>> {
-    let meter = meter.filter(|m| m.exceeded())?;
+    meter.filter(|m| m.exceeded()).map(budget_refusal)
+}
+
+/// The refusal of a request the budget has no room for (counted on `meter`).
+pub(super) fn budget_refusal(meter: &SpendMeter) -> Response<Body> {
     meter.refuse();
     let spent = meter.describe();
     tracing::warn!("model relay: refused a request: the session's budget is spent: {spent}");
-    Some(api_error(
+    api_error(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
         &format!("the session's model budget is spent: {spent}; the session is being ended"),
-    ))
+    )
 }
 
 /// `response` with its usage counted on `meter` as it passes (unchanged without a meter, and
@@ -60,7 +64,9 @@ pub(super) fn metered(
         exchange.answered(None, None);
         return response;
     };
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    // The request's reservation, settled once its usage is counted (module docs of `spend`).
+    let hold = parts.extensions.remove::<Hold>();
     let content_type = parts
         .headers
         .get(CONTENT_TYPE)
@@ -74,6 +80,7 @@ pub(super) fn metered(
         reader: UsageReader::new(content_type, length),
         meter: meter.clone(),
         exchange: Some(exchange),
+        _hold: hold,
     };
     let frames = futures::stream::unfold(Some((body, counting)), |state| async move {
         let (mut body, mut counting) = state?;
@@ -107,6 +114,9 @@ struct Counting {
     meter: Arc<SpendMeter>,
     /// The request's span and metrics, ended with the first count.
     exchange: Option<Exchange>,
+    /// Its reservation against the budget: released after the count (fields drop after
+    /// `Drop::drop`, which counts).
+    _hold: Option<Hold>,
 }
 
 impl Counting {
@@ -335,12 +345,20 @@ impl UsageReader {
         };
         let known = self.usage.get_or_insert_with(Usage::default);
         for (key, field) in [
-            ("input_tokens", &mut known.input),
-            ("output_tokens", &mut known.output),
-            ("cache_read_input_tokens", &mut known.cache_read),
-            ("cache_creation_input_tokens", &mut known.cache_creation),
+            ("/input_tokens", &mut known.input),
+            ("/output_tokens", &mut known.output),
+            ("/cache_read_input_tokens", &mut known.cache_read),
+            ("/cache_creation_input_tokens", &mut known.cache_creation),
+            (
+                "/cache_creation/ephemeral_1h_input_tokens",
+                &mut known.cache_creation_1h,
+            ),
+            (
+                "/server_tool_use/web_search_requests",
+                &mut known.web_searches,
+            ),
         ] {
-            if let Some(n) = u.get(key).and_then(Value::as_u64) {
+            if let Some(n) = u.pointer(key).and_then(Value::as_u64) {
                 *field = n;
             }
         }
@@ -418,7 +436,18 @@ mod tests {
             output,
             cache_read,
             cache_creation,
+            ..Usage::default()
         }
+    }
+
+    #[test]
+    fn one_hour_cache_writes_and_web_searches_are_read_from_the_usage() {
+        let body = r#"{"id":"m","type":"message","model":"claude-sonnet-4-5","content":[],"usage":{"input_tokens":5,"output_tokens":6,"cache_read_input_tokens":0,"cache_creation_input_tokens":700,"cache_creation":{"ephemeral_5m_input_tokens":200,"ephemeral_1h_input_tokens":500},"server_tool_use":{"web_search_requests":2}}}"#;
+        let (_, u) = read("application/json", &[body.as_bytes()]).unwrap();
+        assert_eq!(
+            (u.cache_creation, u.cache_creation_1h, u.web_searches),
+            (700, 500, 2)
+        );
     }
 
     const STREAM: &str = concat!(
@@ -631,7 +660,8 @@ mod tests {
 
     #[cfg(unix)]
     #[tokio::test]
-    async fn a_relay_with_a_meter_counts_each_answer_and_past_the_budget_sends_nothing_upstream() {
+    async fn a_relay_with_a_meter_counts_each_answer_and_sends_nothing_whose_worst_case_would_pass_the_budget(
+    ) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         // An upstream answering every request with STREAM (Sonnet, $0.01749), counting them.
@@ -645,7 +675,8 @@ mod tests {
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut b = [0u8; 1024];
-                    while !head.ends_with(b"\r\n\r\n") {
+                    // The head, and the small body with it.
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
                         let n = s.read(&mut b).await.unwrap();
                         if n == 0 {
                             return;
@@ -672,23 +703,28 @@ mod tests {
         let _relay = super::super::ModelRelay::start_plan(&socket, plan)
             .await
             .unwrap();
-        let request = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-ant-placeholder\r\nContent-Length: 0\r\n\r\n";
-        // $0.0175, then $0.0350: the second crosses $0.03 and is answered.
-        for _ in 0..2 {
-            let answer = send(&socket, request).await;
-            assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
-        }
-        assert!(meter.exceeded());
-        let answer = send(&socket, request).await;
+        // Its worst case: 1,000 output tokens at Sonnet's $15 per million, $0.015 (and its few
+        // bytes of input).
+        let body = r#"{"model":"claude-sonnet-4-5","max_tokens":1000}"#;
+        let request = format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-ant-placeholder\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        // The first fits ($0 + $0.0151) and costs $0.0175; the second would fit only if its
+        // answer cost less than its worst case allows ($0.0175 + $0.0151 > $0.03): refused
+        // before it is sent, and the budget is spent.
+        let answer = send(&socket, &request).await;
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert!(!meter.exceeded());
+        let answer = send(&socket, &request).await;
         assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-        assert!(answer.contains("the session's model budget is spent: $0.0350 of maxBudgetUsd $0.03 (2 model requests)"), "{answer}");
+        assert!(answer.contains("the session's model budget is spent: $0.0175 of maxBudgetUsd $0.03 (1 model request); the next request's worst case ($0.0151) does not fit what is left"), "{answer}");
+        assert!(meter.exceeded());
         assert_eq!(
             served.load(Ordering::SeqCst),
-            2,
+            1,
             "the refused request never went upstream"
         );
         let s = meter.stats();
-        assert_eq!((s.requests, s.refused), (2, 1));
+        assert_eq!((s.requests, s.refused), (1, 1));
+        assert!(s.usd <= 0.03);
     }
 
     #[tokio::test]
