@@ -248,6 +248,64 @@ describe('a session survives an API outage', () => {
     console.log(`[measure] beside a hung request: ${beside.map((b) => `${(b.ms / 1000).toFixed(1)} s`).join(', ')}; the hung one ${((Date.now() - started) / 1000).toFixed(1)} s`);
   });
 
+  it('two models, one overloaded for 20 s: the sessions of the other keep their normal pace (the pace is per model), and the overloaded one completes after', { timeout: 120_000 }, async () => {
+    const items = ['1', '2', '3', '4'];
+    const OVERLOADED = 'claude-opus-4-5';
+    let since = null;
+    const script = (body) => {
+      const item = /Work Item #(\d+)/.exec(userText(body))?.[1];
+      if (assistantTurns(body) === 0) return reply(bash(`echo ${item} > w${item}.txt && echo ok`));
+      if (body.model?.startsWith(OVERLOADED)) {
+        since ??= Date.now();
+        if (Date.now() - since < 20_000) return apiError(529, 'Overloaded');
+      }
+      return implementorDone();
+    };
+    h = await fleetSetup(items, script);
+    const adapter = h.adapter();
+    const start = (id, model) => adapter.startAgent({ role: 'implementor', workItemID: id, branchName: `wi-${id}`, model });
+    const overloaded = await start('1', OVERLOADED);
+    for (let i = 0; i < 200 && since === null; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(since).not.toBeNull();
+    const started = Date.now();
+    const others = await Promise.all(['2', '3', '4'].map(async (id) => {
+      const result = await (await start(id, 'claude-sonnet-4-5')).result;
+      return { result, ms: Date.now() - started };
+    }));
+    for (const { result, ms } of others) {
+      expect(result.outcome).toBe('completed');
+      // Their own few seconds: no probe of the overloaded model's pace stands in their way.
+      expect(ms).toBeLessThan(15_000);
+    }
+    expect((await overloaded.result).outcome).toBe('completed');
+    expect(Date.now() - since).toBeGreaterThanOrEqual(19_000);
+    console.log(`[measure] beside another model overloaded: ${others.map((o) => `${(o.ms / 1000).toFixed(1)} s`).join(', ')}`);
+  });
+
+  it('a CLI that ends on its turn limit after an earlier cut is not resumed again, and the resumed run had only the turns left', { timeout: 120_000 }, async () => {
+    const { script: outage, outage: seen } = outageScript({
+      work: 'echo t > t.txt && echo ok',
+      ms: 3000,
+      down: (o) => (o.downReplies === 1 ? { cut: true } : apiError(529, 'Overloaded')),
+    });
+    // After the outage the agent never finishes: it loops until its turn limit.
+    const script = (body) => (seen.start !== null && Date.now() - seen.start >= 3000 ? reply(bash('true')) : outage(body));
+    const agents = agentsWithTools(['Bash']);
+    agents.implementor.maxTurns = 5;
+    h = await setup({ state: implementorState, bodies: { 7: 'Add a file.' }, script, repo: { agents }, config: config() });
+    const handle = await h.adapter().startAgent(implementorParams);
+    const err = await rejection(handle.result);
+    const stats = await handle.stats;
+    expect(stats.api.resumes).toBe(1);
+    // The resumed run's turns: its requests after the resume prompt, at most the 5 less what the
+    // first run used (its work step).
+    const resumed = h.api.mainBodies().filter((b) => userText(b).includes('has been resumed'));
+    expect(resumed.length).toBeGreaterThanOrEqual(1);
+    expect(resumed.length).toBeLessThanOrEqual(4);
+    expect(err.code).toBe('ERR_AGENT_FAILED');
+    expect(err.message).not.toMatch(/resumed \d+ times/);
+  });
+
   it('a request the API answers 500 every time while it answers the others: that session fails within a few tries naming the status, not after the tolerance, and the sessions beside it complete', { timeout: 120_000 }, async () => {
     const items = ['1', '2', '3'];
     const seen = { failed: 0 };
