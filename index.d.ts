@@ -134,8 +134,10 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   backend?: 'local' | { kubernetes: KubernetesBackend }
   /**
    * USD of model spend per session, 0..1,000,000; 0 or absent = no budget; params.maxBudgetUsd
-   * wins. Counted at the relay from every response's usage (subagents included); past it
-   * further model requests are refused and the session ends ERR_BUDGET. Needs the relay:
+   * wins. Counted at the relay from every response's usage (subagents included); a request is
+   * sent only while its worst case (max_tokens at the output rate) fits what is left, so the
+   * spend never passes it: once nothing fits, further model requests are refused and the
+   * session ends ERR_BUDGET. Needs the relay:
    * refused with `sandbox: false` on the local backend (docs/budgets.md).
    */
   maxBudgetUsd?: number

@@ -74,8 +74,28 @@ pub fn start<S: AsRef<OsStr>>(
     cwd: &Path,
     first: Option<PreExec>,
 ) -> std::io::Result<Exec> {
+    #[cfg(target_os = "linux")]
+    let sandboxed = first.is_some();
     let mut child = spawn(program, args, env, cwd, first)?;
     let tree = std::sync::Arc::new(ProcessTree::of(&child));
+    // A sandbox's processes are in a pid namespace of their own: noted as soon as it exists,
+    // so that a kill finds them after its outer process is gone (a normal exit included).
+    #[cfg(target_os = "linux")]
+    if sandboxed {
+        let tree = std::sync::Arc::downgrade(&tree);
+        tokio::spawn(async move {
+            for _ in 0..NAMESPACE_POLLS {
+                let Some(tree) = tree.upgrade() else { return };
+                if tokio::task::spawn_blocking(move || tree.note_namespaces())
+                    .await
+                    .unwrap_or(true)
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        });
+    }
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -88,6 +108,10 @@ pub fn start<S: AsRef<OsStr>>(
         control: Box::new(LocalControl { child, tree }),
     })
 }
+
+/// How often a sandbox's pid namespace is looked for (every 20 ms: 5 s).
+#[cfg(target_os = "linux")]
+const NAMESPACE_POLLS: u32 = 250;
 
 struct LocalControl {
     child: Child,

@@ -27,9 +27,21 @@ pub const SIGTERM: i32 = libc::SIGTERM;
 /// process group plus descendants by parent pid (a child that called `setsid` itself).
 #[cfg(target_os = "linux")]
 pub fn session_processes(leader: u32) -> Vec<u32> {
-    let mut table: Vec<(u32, u32, u32, u32)> = Vec::new(); // (pid, ppid, pgrp, sid)
+    let table = process_table();
+    let seeds = table
+        .iter()
+        .filter(|(pid, _, pgrp, sid)| *sid == leader || *pgrp == leader || *pid == leader)
+        .map(|(pid, _, _, _)| *pid)
+        .collect();
+    with_descendants(&table, seeds)
+}
+
+/// Every live process: (pid, ppid, pgrp, sid).
+#[cfg(target_os = "linux")]
+fn process_table() -> Vec<(u32, u32, u32, u32)> {
+    let mut table = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return table;
     };
     for entry in dir.flatten() {
         let Some(pid) = entry
@@ -56,16 +68,16 @@ pub fn session_processes(leader: u32) -> Vec<u32> {
         let sid = fields[3].parse().unwrap_or(0);
         table.push((pid, ppid, pgrp, sid));
     }
-    let mut found: Vec<u32> = table
-        .iter()
-        .filter(|(pid, _, pgrp, sid)| *sid == leader || *pgrp == leader || *pid == leader)
-        .map(|(pid, _, _, _)| *pid)
-        .collect();
-    // Close over descendants.
+    table
+}
+
+/// `found` and every descendant of it by parent pid in `table`.
+#[cfg(target_os = "linux")]
+fn with_descendants(table: &[(u32, u32, u32, u32)], mut found: Vec<u32>) -> Vec<u32> {
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        for (pid, ppid, _, _) in &table {
+        for (pid, ppid, _, _) in table {
             if *ppid == parent && !found.contains(pid) {
                 found.push(*pid);
             }
@@ -79,16 +91,73 @@ pub fn session_processes(leader: u32) -> Vec<u32> {
 /// a few rounds settle it).
 #[cfg(target_os = "linux")]
 pub fn kill_session(leader: u32) {
+    kill_tree(leader, &[]);
+}
+
+/// [`kill_session`], and every process in the pid namespaces `namespaces` (a sandbox's: its
+/// processes leave the session's parent links once its outer process has exited, while the
+/// kernel is still tearing them down).
+#[cfg(target_os = "linux")]
+fn kill_tree(leader: u32, namespaces: &[String]) {
+    let mut killed = std::collections::HashSet::new();
     for _ in 0..10 {
-        let procs = session_processes(leader);
+        let mut procs = session_processes(leader);
+        procs.extend(in_namespaces(namespaces));
         if procs.is_empty() {
             break;
         }
         for pid in &procs {
             signal(*pid, libc::SIGKILL);
         }
+        killed.extend(procs);
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    // SIGKILL is asynchronous: a big process (the CLI's node heap) takes a while to exit on a
+    // busy machine, and a killed parent's children leave the tree's parent links at once, so
+    // they are waited for by pid. Bounded: a process stuck in the kernel (D state) may take
+    // longer, and the caller must not hang on it.
+    let deadline = std::time::Instant::now() + KILL_WAIT;
+    while killed.iter().any(|pid| alive(*pid)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The pid namespace of `pid` (`pid:[<inode>]`).
+#[cfg(target_os = "linux")]
+fn pid_ns(pid: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// Every live process in one of `namespaces`, and their descendants (a command's own pid
+/// namespace nested in the sandbox's).
+#[cfg(target_os = "linux")]
+fn in_namespaces(namespaces: &[String]) -> Vec<u32> {
+    if namespaces.is_empty() {
+        return Vec::new();
+    }
+    let table = process_table();
+    let seeds = table
+        .iter()
+        .map(|(pid, _, _, _)| *pid)
+        .filter(|pid| pid_ns(*pid).is_some_and(|ns| namespaces.contains(&ns)))
+        .collect();
+    with_descendants(&table, seeds)
+}
+
+/// How long [`kill_session`] waits for the processes it killed to be gone.
+#[cfg(target_os = "linux")]
+const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+#[cfg(target_os = "linux")]
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// SIGKILL the session's process group: without /proc that group is the best handle there is,
@@ -136,6 +205,9 @@ pub fn signal(_pid: u32, _sig: i32) {}
 /// object that kills every process in it when terminated or closed.
 pub struct ProcessTree {
     leader: u32,
+    /// The pid namespaces of its processes other than this process's ([`ProcessTree::note_namespaces`]).
+    #[cfg(target_os = "linux")]
+    namespaces: std::sync::Mutex<Vec<String>>,
     #[cfg(windows)]
     job: Option<windows_job::Job>,
 }
@@ -145,7 +217,29 @@ impl ProcessTree {
     pub fn of(child: &Child) -> ProcessTree {
         ProcessTree {
             leader: child.id().unwrap_or(0),
+            #[cfg(target_os = "linux")]
+            namespaces: std::sync::Mutex::default(),
         }
+    }
+
+    /// Notes the pid namespaces its processes live in other than this process's (a sandbox's,
+    /// once it has made one): [`ProcessTree::kill_all`] then kills and waits for every process
+    /// in them, whatever their parent links. True once one is noted.
+    #[cfg(target_os = "linux")]
+    pub fn note_namespaces(&self) -> bool {
+        let own = pid_ns(std::process::id());
+        let found: Vec<String> = session_processes(self.leader)
+            .into_iter()
+            .filter_map(pid_ns)
+            .filter(|ns| Some(ns) != own.as_ref())
+            .collect();
+        let mut noted = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+        for ns in found {
+            if !noted.contains(&ns) {
+                noted.push(ns);
+            }
+        }
+        !noted.is_empty()
     }
 
     #[cfg(windows)]
@@ -165,7 +259,18 @@ impl ProcessTree {
 
     /// Kill every process of the session still alive.
     pub fn kill_all(&self) {
-        #[cfg(unix)]
+        #[cfg(target_os = "linux")]
+        {
+            // While its outer process may still hold the links to what it started.
+            self.note_namespaces();
+            let namespaces = self
+                .namespaces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            kill_tree(self.leader, &namespaces);
+        }
+        #[cfg(all(unix, not(target_os = "linux")))]
         kill_session(self.leader);
         #[cfg(windows)]
         if let Some(job) = &self.job {
