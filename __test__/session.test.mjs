@@ -403,8 +403,8 @@ describe('cancel and timeout stop everything', () => {
     expect(() => h.adapter().cancelAgent('no-such-session')).not.toThrow();
   });
 
-  it('shutdown cancels every session and resolves after cleanup', async () => {
-    h = await setup({ script: scenario.steps([bash('echo a; sleep 33.5'), done()]), state: implementorState, bodies: { 7: 'x' } });
+  it('shutdown cancels every session and resolves after cleanup (resumeInterrupted: 0: the checkout removed; by default it is left for the next process, interrupted.test.mjs)', async () => {
+    h = await setup({ script: scenario.steps([bash('echo a; sleep 33.5'), done()]), state: implementorState, bodies: { 7: 'x' }, config: { resumeInterrupted: 0 } });
     const adapter = h.adapter();
     const a = await adapter.startAgent(implementorParams);
     const b = await adapter.startAgent({ role: 'planner', specPaths: [] });
