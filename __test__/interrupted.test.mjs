@@ -74,6 +74,21 @@ async function interrupted(first, config = {}) {
 /** Where a dead session's work is saved: beside its transcript. */
 const savedPatch = (transcript) => transcript.replace(/\.log$/, '.patch');
 
+/**
+ * The work item dispatched again (session `second-run`) where the interrupted one must not be
+ * continued: it completes from step one (its first request has no earlier turn). `asked`: the
+ * API's main requests before it. Returns its adapter.
+ */
+async function startedAfresh(asked) {
+  h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
+  const adapter = h.adapter();
+  const handle = await adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
+  expect((await handle.result).outcome).toBe('completed');
+  expect((await handle.stats).continuedFrom).toBeNull();
+  expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
+  return adapter;
+}
+
 const checkout = () => join(h.repo.root, '.worktrees', 'wi-7');
 
 /** The CLI conversation file of the interrupted checkout (in its record dir). */
@@ -150,13 +165,7 @@ describe('an Implementor interrupted by its engine is continued by the next disp
   it('resumeInterrupted: 0 is the old path: the interrupted work saved as a patch, the new session starting from step one', async () => {
     h = await setup({ state, bodies: { 7: 'x' }, config: { resumeInterrupted: 0 } });
     const { log, asked } = await interrupted('first-run');
-    h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
-    const adapter = h.adapter();
-    const handle = await adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
-    const result = await handle.result;
-    expect(result.outcome).toBe('completed');
-    expect((await handle.stats).continuedFrom).toBeNull();
-    expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
+    const adapter = await startedAfresh(asked);
     const saved = readFileSync(savedPatch(log), 'utf8');
     expect(saved).toContain('+++ b/one.txt');
     expect(saved).toContain('+++ b/two.txt');
@@ -171,12 +180,7 @@ describe('an Implementor interrupted by its engine is continued by the next disp
     const conversation = conversationFile();
     rmSync(conversation);
     symlinkSync(secret, conversation);
-    h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
-    const adapter = h.adapter();
-    const handle = await adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
-    const result = await handle.result;
-    expect((await handle.stats).continuedFrom).toBeNull();
-    expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
+    const adapter = await startedAfresh(asked);
     expect(JSON.stringify(h.api.mainRequests().slice(asked).map((r) => r.body))).not.toContain('HOST-SECRET-48');
     const warned = h.logger.entries.find((e) => e.level === 'warn' && /cannot be continued: its conversation .* is missing or not a plain file/.test(e.message));
     expect(warned).toBeTruthy();
@@ -188,12 +192,7 @@ describe('an Implementor interrupted by its engine is continued by the next disp
     h = await setup({ state, bodies: { 7: 'x' } });
     const { log, asked } = await interrupted('first-run');
     writeFileSync(conversationFile(), '{"type":"user"}\nthis is not json\n');
-    h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
-    const adapter = h.adapter();
-    const handle = await adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
-    const result = await handle.result;
-    expect((await handle.stats).continuedFrom).toBeNull();
-    expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
+    const adapter = await startedAfresh(asked);
     expect(h.logger.entries.some((e) => e.level === 'warn' && e.message.includes('line 2 of the conversation is not JSON'))).toBe(true);
     expect(readFileSync(savedPatch(log), 'utf8')).toContain('+++ b/one.txt');
     await adapter.shutdown();

@@ -15,7 +15,7 @@ use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{configure, git, request, EXTRACTION_TIMEOUT};
+use common::{configure, git, request};
 
 const RUNS: usize = 20;
 /// For a case that loses the edit whatever the timing when stat data is trusted.
@@ -209,15 +209,7 @@ async fn the_sweep_saves_a_dead_sessions_same_size_edit(records_as: &[fn(&Path)]
             for r in records(root) {
                 record(&r);
             }
-            let swept = RepoGit::for_repo(root)
-                .sweep_stale(
-                    EXTRACTION_TIMEOUT,
-                    None,
-                    &GitJails,
-                    &CancellationToken::new(),
-                )
-                .await
-                .unwrap();
+            let swept = common::sweep(&RepoGit::for_repo(root)).await;
             let at = format!("run {run} of record variant {variant}");
             assert_eq!(swept.len(), 1, "{at}");
             assert!(swept[0].patch.is_some(), "{at}: nothing was saved");

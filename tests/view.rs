@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use claude_runtime_adapter::git::{RepoGit, SessionRecord, ViewRequest};
-use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
 mod common;
@@ -180,30 +179,12 @@ async fn a_view_dropped_by_its_session_stays_live_for_the_next_and_goes_once_rel
         .unwrap();
     let path = view.path.clone();
     // Live while its session holds it.
-    assert!(rg
-        .sweep_stale(
-            common::EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new()
-        )
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(common::sweep(&rg).await.is_empty());
     assert!(path.exists());
     // Dropped without cleanup: released in the background, kept (the tip's), still live.
     drop(view);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(rg
-        .sweep_stale(
-            common::EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new()
-        )
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(common::sweep(&rg).await.is_empty());
     let again = rg
         .provision_view(&request(), &CancellationToken::new())
         .await
@@ -267,16 +248,7 @@ async fn concurrent_sandboxed_sessions_on_one_commit_share_one_view_kept_while_i
     assert!(path.join("a.txt").exists());
     // A share dropped without cleanup: the others still hold the view, so it stays live.
     drop(b);
-    assert!(rg
-        .sweep_stale(
-            common::EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new()
-        )
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(common::sweep(&rg).await.is_empty());
     assert!(path.join("a.txt").exists());
     c.cleanup().await.unwrap();
     // Its commit is the tip: kept, and the next session reads the same one.

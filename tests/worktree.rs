@@ -575,15 +575,7 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
     let leaked = provision(&rg, "leaked", None).await.unwrap();
     drop(leaked);
 
-    let swept = rg
-        .sweep_stale(
-            EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let swept = common::sweep(&rg).await;
     let mut removed: Vec<PathBuf> = swept.iter().map(|s| s.path.clone()).collect();
     removed.sort();
     let expect: Vec<PathBuf> = ["dead", "leaked", "reused"]
@@ -598,15 +590,7 @@ async fn sweep_removes_worktrees_of_dead_owners_and_keeps_live_ones() {
 
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    let swept = rg
-        .sweep_stale(
-            EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let swept = common::sweep(&rg).await;
     assert_eq!(swept.len(), 1);
     assert_eq!(swept[0].path, root.join(".worktrees/live"));
     assert_eq!(swept[0].branch.as_deref(), Some("live"));
@@ -645,15 +629,7 @@ async fn a_persons_worktree_with_an_uncommitted_file_survives_a_sweep() {
     );
     lock_with(&outside, &dead_owner().to_record());
     let rg = RepoGit::for_repo(&root);
-    let swept = rg
-        .sweep_stale(
-            EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let swept = common::sweep(&rg).await;
     assert_eq!(swept, []);
     assert_eq!(
         std::fs::read(root.join(".worktrees/my-work/draft.md")).unwrap(),
@@ -1086,15 +1062,7 @@ async fn old_git_works() {
         patch.contains("README.md") && !patch.contains("install-state"),
         "{patch}"
     );
-    let swept = rg
-        .sweep_stale(
-            EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let swept = common::sweep(&rg).await;
     assert_eq!(swept.len(), 1, "{swept:?}");
     assert!(swept[0].patch.is_some());
     assert!(root.join(".worktrees/my-work").exists() && wt.path.exists());
@@ -1225,14 +1193,7 @@ async fn nobody_sweeps_an_unremovable_checkout_twice() {
     // Dropped without cleanup: leaked, so the sweep takes it for a dead session's.
     drop(wt);
     for _ in 0..2 {
-        rg.sweep_stale(
-            EXTRACTION_TIMEOUT,
-            None,
-            &GitJails,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        common::sweep(&rg).await;
     }
     let saved = salvaged(&root);
     assert_eq!(saved.len(), 1, "{saved:?}");

@@ -63,3 +63,19 @@ pub fn request(
         model: None,
     }
 }
+
+/// A sweep of `rg`'s stale checkouts as a new adapter runs it (interrupted sessions are not
+/// left for a continuation here).
+#[allow(dead_code)] // not every test binary sweeps
+pub async fn sweep(
+    rg: &claude_runtime_adapter::git::RepoGit,
+) -> Vec<claude_runtime_adapter::git::Swept> {
+    rg.sweep_stale(
+        EXTRACTION_TIMEOUT,
+        None,
+        &claude_runtime_adapter::sandbox::GitJails,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
