@@ -50,6 +50,10 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
                 ErrorCode::Budget,
                 "the session's model spend passed maxBudgetUsd and it was stopped",
             ),
+            // The lifecycle names the limit and what was found (`Session::past_limits`).
+            StopReason::Limit => {
+                AdapterError::new(ErrorCode::ResourceLimit, "the session was stopped")
+            }
         });
     }
     let Some(r) = end.result else {
