@@ -8,7 +8,8 @@
 //! measures the session's directories — the allocated size (`st_blocks`, so a sparse file counts
 //! what it holds, not its length), read with `lstat` (a link is counted, never followed), each
 //! file with several links once, bounded in entries ([`MAX_ENTRIES`]) — every [`WATCH_EVERY`],
-//! and calls its `on_hit` once with the words of what it found: the session past its bound
+//! and sooner the faster it nears its bound or the floor (down to [`SOONEST`]: at 2 GB/s a
+//! session passes its bound by some tens of megabytes before it is stopped), and calls its `on_hit` once with the words of what it found: the session past its bound
 //! (what it added since the watch started), or the filesystem below its floor with this
 //! session the one of those running on it that added the most (one at a time: the next only
 //! once the first one's watch is dropped, i.e. once its directories are gone). A walk takes
@@ -28,10 +29,11 @@ use crate::config::DiskFloor;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// How often a session's directories are measured (at the least; see [`WAIT_PER_WALK`]): at
-/// the 0.5–1.3 GB/s a local disk takes writes, a session passes its bound by at most a few
-/// hundred megabytes before it is stopped.
+/// How often a session's directories are measured while it writes slowly, or not at all
+/// ([`paced`] looks sooner as it nears its bound; [`WAIT_PER_WALK`] later for a large walk).
 pub const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// The least wait between two looks, for a session nearing its bound (or the floor) fast.
+const SOONEST: Duration = Duration::from_millis(20);
 /// The wait after a walk is at least this many times the walk's own time.
 const WAIT_PER_WALK: u32 = 20;
 /// The most entries (files, directories, links) one walk reads. A session with more is past
@@ -329,10 +331,28 @@ async fn walk(roots: &[PathBuf]) -> (Allocated, Duration) {
     (found, started.elapsed())
 }
 
+/// The wait before the next look: half the time `headroom` bytes last at `rate` (bytes per
+/// second, as last seen), between [`SOONEST`] and [`WATCH_EVERY`]: a session writing at
+/// several GB/s toward its bound is looked at every few dozen milliseconds as it nears it, one
+/// that writes little every quarter second.
+fn paced(headroom: u64, rate: f64) -> Duration {
+    if rate <= 0.0 {
+        return WATCH_EVERY;
+    }
+    Duration::from_secs_f64(headroom as f64 / rate / 2.0).clamp(SOONEST, WATCH_EVERY)
+}
+
+/// Bytes per second from `before` to `now` over `secs`.
+fn rate(before: u64, now: u64, secs: f64) -> f64 {
+    (now as f64 - before as f64) / secs.max(1e-3)
+}
+
 async fn watch(plan: WatchPlan, me: Arc<Writer>, on_hit: impl FnOnce(String)) {
     let (start, took) = walk(&plan.roots).await;
     let mut wait = WATCH_EVERY.max(took * WAIT_PER_WALK);
     let mut was_under = false;
+    // The last look: when, what the session had added, what the filesystem had free.
+    let mut last: (Instant, u64, Option<u64>) = (Instant::now(), 0, None);
     loop {
         tokio::time::sleep(wait).await;
         let below = plan
@@ -340,9 +360,12 @@ async fn watch(plan: WatchPlan, me: Arc<Writer>, on_hit: impl FnOnce(String)) {
             .as_ref()
             .and_then(|f| space(&f.path).map(|s| (f, s.free)));
         let near = below.is_some_and(|(f, free)| free < f.bytes.saturating_add(NEAR_FLOOR));
+        let secs = last.0.elapsed().as_secs_f64();
+        let mut next = WATCH_EVERY;
+        let mut walked = Duration::ZERO;
         if plan.bound.is_some() || near {
             let (now, took) = walk(&plan.roots).await;
-            wait = WATCH_EVERY.max(took * WAIT_PER_WALK);
+            walked = took;
             let added = now.bytes.saturating_sub(start.bytes);
             me.added.store(added, Ordering::SeqCst);
             if let Some(bound) = plan.bound {
@@ -360,8 +383,18 @@ async fn watch(plan: WatchPlan, me: Arc<Writer>, on_hit: impl FnOnce(String)) {
                         size(added)
                     ));
                 }
+                next = next.min(paced(bound - added, rate(last.1, added, secs)));
             }
+            last.1 = added;
         }
+        if let (Some((floor, free)), Some(before)) = (below, last.2) {
+            next = next.min(paced(
+                free.saturating_sub(floor.bytes),
+                rate(free, before, secs),
+            ));
+        }
+        last = (Instant::now(), last.1, below.map(|(_, free)| free));
+        wait = next.max(walked * WAIT_PER_WALK);
         let under = below.filter(|(f, free)| *free < f.bytes);
         // Chosen on the second look below the floor: by then every session there has
         // measured what it added (near the floor, at the latest on the first look).
@@ -440,6 +473,19 @@ mod tests {
         assert_eq!(floor_bytes(DiskFloor::Off, GIB), None);
         assert_eq!(size(312 * MIB), "312 MiB");
         assert_eq!(size(GIB + GIB / 10), "1.1 GiB");
+    }
+
+    #[test]
+    fn the_faster_a_session_nears_its_limit_the_sooner_it_is_looked_at_again() {
+        assert_eq!(paced(100 * MIB, 0.0), WATCH_EVERY);
+        assert_eq!(paced(GIB, 1e6), WATCH_EVERY);
+        // 100 MiB left at 1 GiB/s: half the ~98 ms it lasts.
+        let d = paced(100 * MIB, GIB as f64);
+        assert!(
+            d > Duration::from_millis(45) && d < Duration::from_millis(55),
+            "{d:?}"
+        );
+        assert_eq!(paced(0, GIB as f64), SOONEST);
     }
 
     #[cfg(unix)]
