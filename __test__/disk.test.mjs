@@ -109,6 +109,7 @@ describe('a disk bound per session (sandbox.limits.diskMiB)', () => {
       const err = await rejection(fill.result);
       const settled = Date.now() - started;
       sampled.stop();
+      if (process.env.CRA_DISK_FIGURES) console.log('FIGURES', where, err.message, `lost ${((before - sampled.least) / MIB).toFixed(0)} MiB`, `settled ${settled} ms`);
       expect(err.code).toBe('ERR_RESOURCE_LIMIT');
       expect(err.message).toMatch(/the session wrote \d+ MiB on disk, past sandbox\.limits\.diskMiB \(128 MiB\)/);
       expect(settled).toBeLessThan(30_000);
@@ -157,6 +158,7 @@ describe('a floor the engine\'s filesystem never goes under (sandbox.limits.disk
     const handle = await adapter.startAgent(params('1'));
     const err = await rejection(handle.result);
     sampled.stop();
+    if (process.env.CRA_DISK_FIGURES) console.log('FIGURES floor', err.message, `least free ${(sampled.least / MIB).toFixed(0)} MiB`);
     expect(err.code).toBe('ERR_RESOURCE_LIMIT');
     expect(err.message).toMatch(/the engine's filesystem \(.*\) has \d+ MiB free, below its floor of 256 MiB \(sandbox\.limits\.diskFloorMiB\): of the sessions writing there, this one wrote the most \(\d+ MiB\) and was stopped/);
     // Stopped before the filesystem filled (the agent's writes would have taken it to 0).

@@ -71,7 +71,7 @@ fn main() {
         let _ = allocated(&roots, MAX_ENTRIES);
         let (mut ours, mut peer) = (Vec::new(), Vec::new());
         for round in 0..n {
-            let mut one = || {
+            let one = || {
                 let started = Instant::now();
                 let a = allocated(&roots, MAX_ENTRIES);
                 (a.bytes, started.elapsed())
