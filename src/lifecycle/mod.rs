@@ -16,7 +16,9 @@
 //! same [`StopSignal`], and so does the budget: the session's [`SpendMeter`], which the relay
 //! counts every model request on, stops it once the spend has passed `maxBudgetUsd` (and the
 //! relay refuses any further request meanwhile); such a session ends `ERR_BUDGET`
-//! ([`Session::over_budget`]). A stop only decides the outcome while something is still running: once
+//! ([`Session::over_budget`]). So does the disk: the session's [`DiskWatch`] stops it at once
+//! past `sandbox.limits.diskMiB`, or below the floor as the one that wrote most
+//! ([`StopReason::Limit`], `ERR_RESOURCE_LIMIT` naming the limit: [`Session::past_limits`]). A stop only decides the outcome while something is still running: once
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
 //! never disagree) unless reading the agent's work out of its checkout is still running
 //! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).

@@ -1,6 +1,7 @@
 //! What one session may use of the host, enforced by the kernel (`sandbox.limits`): memory and
 //! tasks (processes and threads) for all of the session's processes together, through a cgroup
-//! of its own where the host lets the engine make one, else through rlimits.
+//! of its own where the host lets the engine make one, else through rlimits; and, with a disk
+//! bound, each file's size (`RLIMIT_FSIZE`; the total is the disk watch's, `crate::disk`).
 //!
 //! - **cgroup v2** (most current hosts): a directory beside the engine's own cgroup (in a
 //!   delegated subtree: a systemd user service or a `Delegate=yes` unit), or below it when it
