@@ -233,7 +233,8 @@ export type ServerTool = 'web_search' | 'web_fetch' | 'code_execution' | 'mcp_se
  * Per session, enforced by the kernel: a cgroup of the session's own where the host allows
  * one (v2 delegated, or v1), else rlimits (the transcript says which). Each field: absent =
  * its default, `0` = no limit. Past the memory limit the session ends with ERR_RESOURCE_LIMIT;
- * past the process limit a fork fails (EAGAIN); past a tmpfs size a write fails (ENOSPC).
+ * past the process limit a fork fails (EAGAIN); past a tmpfs size a write fails (ENOSPC); past
+ * the disk bound or below the disk floor the session is stopped with ERR_RESOURCE_LIMIT.
  */
 export interface SandboxLimits {
   /** MiB of memory (RAM, the session's tmpfs files included) for all its processes; integer 128..16777216; default 4096 */
@@ -242,6 +243,22 @@ export interface SandboxLimits {
   processes?: number
   /** MiB each private tmpfs (/tmp, HOME, the CLI config dir, /dev/shm) holds; integer 1..1048576; default 1024 */
   tmpMiB?: number
+  /**
+   * MiB the session may add on the engine's disk: the Implementor's own writes (its layer over
+   * the shared base, or its full clone) and the CLI's config dir; integer 64..1073741824;
+   * default 0 (none). Past it the session is stopped within about a second, ERR_RESOURCE_LIMIT
+   * ("the session wrote 1.1 GiB on disk, past sandbox.limits.diskMiB (1024 MiB)"); no one
+   * file grows past it (RLIMIT_FSIZE). In pods: their ephemeral-storage limit where
+   * backend.kubernetes.resources.limits gives none.
+   */
+  diskMiB?: number
+  /**
+   * MiB of the engine's filesystem (the one holding repoRoot/.worktrees) that sessions leave
+   * free; integer 1..1073741824; absent = the larger of 2 GiB and 5 % of the filesystem; 0 =
+   * off. Below it the session that wrote most is stopped (ERR_RESOURCE_LIMIT naming the
+   * floor), and startAgent rejects with ERR_RESOURCE_LIMIT before provisioning anything.
+   */
+  diskFloorMiB?: number
 }
 
 export interface Logger {

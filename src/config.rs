@@ -154,6 +154,23 @@ pub struct Limits {
     pub tasks: Option<u64>,
     /// Bytes each private tmpfs (`/tmp`, HOME, `/dev/shm`) holds.
     pub tmpfs: Option<u64>,
+    /// Bytes the session may add on the engine's disk (its checkout's writes, the CLI's config
+    /// dir), see [`crate::disk`].
+    pub disk: Option<u64>,
+    /// How much of the engine's filesystem sessions never take (`sandbox.limits.diskFloorMiB`).
+    pub disk_floor: DiskFloor,
+}
+
+/// `sandbox.limits.diskFloorMiB`: the free space sessions leave the filesystem holding
+/// `<repoRoot>/.worktrees`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskFloor {
+    /// Absent: the larger of 2 GiB and 5 % of the filesystem ([`crate::disk::floor_bytes`]).
+    Default,
+    /// `0`: no floor.
+    Off,
+    /// Bytes.
+    Bytes(u64),
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -162,13 +179,17 @@ const MIB: u64 = 1024 * 1024;
 /// (compilers, bundlers, test workers); 1024 tasks is far above what a build with one worker
 /// per core starts (each a dozen threads) and far below what takes a host down; 1 GiB of /tmp
 /// holds build scratch and package caches but not a runaway writer, and is RAM the memory
-/// limit counts anyway.
+/// limit counts anyway. No disk bound per session (what a build writes ranges from megabytes to
+/// tens of gigabytes: no one number fits), but the floor, which keeps the host's disk from
+/// filling whatever the sessions write.
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
             memory: Some(4096 * MIB),
             tasks: Some(1024),
             tmpfs: Some(1024 * MIB),
+            disk: None,
+            disk_floor: DiskFloor::Default,
         }
     }
 }
@@ -179,6 +200,10 @@ impl Default for Limits {
 const MEMORY_MIB: (f64, f64) = (128.0, 16_777_216.0);
 const TASKS: (f64, f64) = (32.0, 4_194_304.0);
 const TMPFS_MIB: (f64, f64) = (1.0, 1_048_576.0);
+/// `diskMiB`: below 64 MiB the CLI's own config dir (its conversation) would soon pass it; the
+/// floor from 1 MiB; both at most 1 PiB.
+const DISK_MIB: (f64, f64) = (64.0, 1_073_741_824.0);
+const DISK_FLOOR_MIB: (f64, f64) = (1.0, 1_073_741_824.0);
 
 /// Operator overrides of two bounds, in milliseconds (also how the tests reach the "never
 /// settles" paths quickly); they win over the config fields.
@@ -431,7 +456,12 @@ pub fn parse_config(
     let model = r.opt_string("model");
     let env = env_vars(obj.get("env"), r.problems);
     let sandbox = sandbox(obj.get("sandbox"), r.problems);
-    let backend = kubernetes::backend(obj.get("backend"), r.problems);
+    let mut backend = kubernetes::backend(obj.get("backend"), r.problems);
+    if let (BackendConfig::Kubernetes(k), Some(disk)) =
+        (&mut backend, sandbox.as_ref().and_then(|s| s.limits.disk))
+    {
+        kubernetes::disk_limit(k, disk, r.problems);
+    }
     let shared_base = r.flag("sharedBase", true);
     let outage_tolerance = r.number(
         "apiOutageTolerance",
@@ -726,7 +756,7 @@ fn limits(v: Option<&Value>, problems: &mut Problems) -> Limits {
         Some(_) => {
             problems.add(
                 "sandbox.limits",
-                "must be an object { memoryMiB?, processes?, tmpMiB? }",
+                "must be an object { memoryMiB?, processes?, tmpMiB?, diskMiB?, diskFloorMiB? }",
             );
             return d;
         }
@@ -746,6 +776,19 @@ fn limits(v: Option<&Value>, problems: &mut Problems) -> Limits {
         ),
         tasks: r.limit("processes", "sandbox.limits.processes", d.tasks, TASKS, 1),
         tmpfs: r.limit("tmpMiB", "sandbox.limits.tmpMiB", d.tmpfs, TMPFS_MIB, MIB),
+        disk: r.limit("diskMiB", "sandbox.limits.diskMiB", d.disk, DISK_MIB, MIB),
+        disk_floor: match obj.get("diskFloorMiB") {
+            None | Some(Value::Null) => DiskFloor::Default,
+            Some(_) => r
+                .limit(
+                    "diskFloorMiB",
+                    "sandbox.limits.diskFloorMiB",
+                    None,
+                    DISK_FLOOR_MIB,
+                    MIB,
+                )
+                .map_or(DiskFloor::Off, DiskFloor::Bytes),
+        },
     }
 }
 
@@ -861,28 +904,39 @@ mod tests {
             (d.memory, d.tasks, d.tmpfs),
             (Some(4096 * MIB), Some(1024), Some(1024 * MIB))
         );
-        let (l, none) = parse(
-            serde_json::json!({ "limits": { "memoryMiB": 0, "processes": 200, "tmpMiB": 8 } }),
-        );
+        assert_eq!((d.disk, d.disk_floor), (None, DiskFloor::Default));
+        let (l, none) = parse(serde_json::json!({ "limits": {
+            "memoryMiB": 0, "processes": 200, "tmpMiB": 8, "diskMiB": 1024, "diskFloorMiB": 512
+        } }));
         assert!(none.is_empty());
         assert_eq!(
-            (l.memory, l.tasks, l.tmpfs),
-            (None, Some(200), Some(8 * MIB))
+            (l.memory, l.tasks, l.tmpfs, l.disk, l.disk_floor),
+            (
+                None,
+                Some(200),
+                Some(8 * MIB),
+                Some(1024 * MIB),
+                DiskFloor::Bytes(512 * MIB)
+            )
         );
+        let (l, _) = parse(serde_json::json!({ "limits": { "diskMiB": 0, "diskFloorMiB": 0 } }));
+        assert_eq!((l.disk, l.disk_floor), (None, DiskFloor::Off));
         let (_, problems) = parse(serde_json::json!({ "limits": {
-            "memoryMiB": 64, "processes": 1.5, "tmpMiB": "NaN"
+            "memoryMiB": 64, "processes": 1.5, "tmpMiB": "NaN", "diskMiB": 63, "diskFloorMiB": -1
         } }));
         let msg = problems.into_error().message;
         for expected in [
             "config.sandbox.limits.memoryMiB must be 0 (no limit) or an integer in [128, 16777216] (got 64)",
             "config.sandbox.limits.processes must be 0 (no limit) or an integer in [32, 4194304] (got 1.5)",
             "config.sandbox.limits.tmpMiB must be 0 (no limit) or an integer in [1, 1048576] (got NaN)",
+            "config.sandbox.limits.diskMiB must be 0 (no limit) or an integer in [64, 1073741824] (got 63)",
+            "config.sandbox.limits.diskFloorMiB must be 0 (no limit) or an integer in [1, 1073741824] (got -1)",
         ] {
             assert!(msg.contains(expected), "{msg}");
         }
         let (_, problems) = parse(serde_json::json!({ "limits": 5 }));
         assert!(problems.into_error().message.contains(
-            "config.sandbox.limits must be an object { memoryMiB?, processes?, tmpMiB? }"
+            "config.sandbox.limits must be an object { memoryMiB?, processes?, tmpMiB?, diskMiB?, diskFloorMiB? }"
         ));
     }
 

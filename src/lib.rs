@@ -9,6 +9,7 @@ pub mod claude;
 pub mod config;
 pub mod context;
 pub mod deps;
+pub mod disk;
 pub mod domain;
 pub mod environment;
 pub mod error;

@@ -54,6 +54,7 @@ fn config(case: &str) -> KubernetesConfig {
         context: None,
         requests: BTreeMap::new(),
         limits: BTreeMap::new(),
+        storage_from_disk_mib: false,
         node_selector: BTreeMap::new(),
         tolerations: Vec::new(),
         runtime_class_name: None,

@@ -40,6 +40,9 @@ pub enum StopReason {
     Timeout,
     /// The session's model spend passed its budget.
     Budget,
+    /// The session passed a limit it was writing past as it ran (its disk bound, the host's
+    /// disk floor): stopped at once, not after the interrupt's grace.
+    Limit,
 }
 
 impl StopReason {
@@ -48,6 +51,7 @@ impl StopReason {
             StopReason::Cancelled => "cancelled",
             StopReason::Timeout => "timeout",
             StopReason::Budget => "budget",
+            StopReason::Limit => "limit",
         }
     }
 }
@@ -335,7 +339,7 @@ impl RunningSession {
                         INIT_TIMEOUT.as_secs(), tail_text(&self.stderr))));
                 }
                 _ = self.stop.stopped() => {
-                    let code = match self.stop.reason() { Some(StopReason::Timeout) => ErrorCode::Timeout, Some(StopReason::Budget) => ErrorCode::Budget, _ => ErrorCode::Cancelled };
+                    let code = match self.stop.reason() { Some(StopReason::Timeout) => ErrorCode::Timeout, Some(StopReason::Budget) => ErrorCode::Budget, Some(StopReason::Limit) => ErrorCode::ResourceLimit, _ => ErrorCode::Cancelled };
                     return Err(AdapterError::new(code, "the session was stopped while the CLI was starting"));
                 }
             };
@@ -437,6 +441,13 @@ impl RunningSession {
                 _ = self.stop.stopped(), if turn.stopping.is_none() => {
                     let reason = self.stop.reason().unwrap_or(StopReason::Cancelled);
                     self.observer.on_event(SessionEvent::Stopping(reason));
+                    if reason == StopReason::Limit {
+                        // What passes the limit is running now (a command filling the disk):
+                        // every process of the session goes at once.
+                        turn.stopping = Some((reason, Instant::now(), true));
+                        self.kill_all().await;
+                        break;
+                    }
                     let id = self.request_id();
                     self.send(protocol::interrupt(&id));
                     turn.stopping = Some((reason, Instant::now() + INTERRUPT_GRACE, false));

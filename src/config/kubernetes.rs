@@ -49,6 +49,9 @@ pub struct KubernetesConfig {
     /// `ephemeral-storage`) → quantity.
     pub requests: BTreeMap<String, String>,
     pub limits: BTreeMap<String, String>,
+    /// True when `limits`' `ephemeral-storage` is `sandbox.limits.diskMiB`'s ([`disk_limit`]),
+    /// which an eviction past it then names.
+    pub storage_from_disk_mib: bool,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
     pub runtime_class_name: Option<String>,
@@ -310,6 +313,7 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         context,
         requests,
         limits,
+        storage_from_disk_mib: false,
         node_selector,
         tolerations,
         runtime_class_name,
@@ -484,6 +488,31 @@ fn resources(r: &mut Reader<'_>) -> (BTreeMap<String, String>, BTreeMap<String, 
         }
     }
     (requests, limits)
+}
+
+/// `sandbox.limits.diskMiB` (`disk`, bytes) as the pods' `ephemeral-storage` limit, where
+/// `resources.limits` gave none: a pod's files are then bounded as a local session's are (the
+/// kubelet evicts the pod past it, which ends the session `ERR_RESOURCE_LIMIT`). A request
+/// above it would be refused by the API server at every pod: a problem here.
+pub(super) fn disk_limit(k: &mut KubernetesConfig, disk: u64, problems: &mut Problems) {
+    const STORAGE: &str = "ephemeral-storage";
+    if k.limits.contains_key(STORAGE) {
+        return;
+    }
+    let limit = format!("{}Mi", disk >> 20);
+    if let Some(request) = k.requests.get(STORAGE) {
+        if quantity_value(request) > quantity_value(&limit) {
+            problems.add(
+                "sandbox.limits.diskMiB",
+                format!(
+                    "is the pods' ephemeral-storage limit ({limit}, backend.kubernetes.resources.limits gives none) and must not be below backend.kubernetes.resources.requests[\"{STORAGE}\"] ({request})"
+                ),
+            );
+            return;
+        }
+    }
+    k.limits.insert(STORAGE.to_string(), limit);
+    k.storage_from_disk_mib = true;
 }
 
 /// An optional string field of a toleration, one of `allowed` when given.
@@ -714,6 +743,39 @@ mod tests {
             msg.contains(
                 "config.backend.kubernetes.runtimeImage must be a non-empty image reference"
             ),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn disk_mib_is_the_pods_ephemeral_storage_limit_where_the_engine_gave_none() {
+        let with = |resources: Value| {
+            let (c, msg) = kube(json!({ "resources": resources }));
+            assert_eq!(msg, "");
+            let mut c = c.unwrap();
+            let mut problems = Problems::default();
+            disk_limit(&mut c, 1024 << 20, &mut problems);
+            (c.limits, problems)
+        };
+        let (limits, problems) = with(json!({ "limits": { "memory": "2Gi" } }));
+        assert!(problems.is_empty());
+        assert_eq!(limits["ephemeral-storage"], "1024Mi");
+        let (c, _) = kube(json!({}));
+        let mut c = c.unwrap();
+        disk_limit(&mut c, 1024 << 20, &mut Problems::default());
+        assert!(c.storage_from_disk_mib);
+        assert_eq!(limits["memory"], "2Gi");
+        // The engine's own limit wins.
+        let (limits, _) = with(json!({ "limits": { "ephemeral-storage": "10G" } }));
+        assert_eq!(limits["ephemeral-storage"], "10G");
+        // A request above the mapped limit would fail every pod: a problem naming both.
+        let (limits, problems) = with(json!({ "requests": { "ephemeral-storage": "2Gi" } }));
+        assert!(!limits.contains_key("ephemeral-storage"));
+        let msg = problems.into_error().message;
+        assert!(
+            msg.contains(
+                "config.sandbox.limits.diskMiB is the pods' ephemeral-storage limit (1024Mi"
+            ) && msg.contains("(2Gi)"),
             "{msg}"
         );
     }

@@ -44,6 +44,10 @@ impl Backend for LocalBackend {
         cfg!(target_os = "linux") && sandbox.is_some()
     }
 
+    fn on_engine_disk(&self) -> bool {
+        true
+    }
+
     /// The user's login shell `PATH` a sandboxed session starts with: a profile can take a
     /// third of a second, which a restarted engine's first session would otherwise wait for.
     fn warm_up<'a>(
@@ -249,6 +253,19 @@ impl Environment for LocalEnvironment {
 
     fn commands_limited(&self) -> Option<String> {
         self.running.as_ref().and_then(SessionSandbox::commands_hit)
+    }
+
+    fn disk_paths(&self) -> Vec<PathBuf> {
+        let mut paths = match &self.workspace {
+            Made::Checkout(w) => match &w.layer {
+                Some(layer) => layer.written(),
+                None => vec![w.path.clone()],
+            },
+            // A view is read-only; the agent writes its private /tmp (a tmpfs of `tmpMiB`).
+            Made::View(_) => Vec::new(),
+        };
+        paths.extend(self.cli_config.as_ref().map(|d| d.path().to_path_buf()));
+        paths
     }
 
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {

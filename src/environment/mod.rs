@@ -137,6 +137,13 @@ pub trait Backend: Send + Sync {
         Box::pin(async { Ok(Vec::new()) })
     }
 
+    /// True when the session's files are on the engine's own disk, which the floor
+    /// (`sandbox.limits.diskFloorMiB`, [`crate::disk`]) keeps from filling: a new session is
+    /// refused below it. A pod's are on its node, bounded by its `ephemeral-storage`.
+    fn on_engine_disk(&self) -> bool {
+        false
+    }
+
     /// Everything the session needs before its CLI starts. `stop` reaches every step; a
     /// failed or stopped provision leaves nothing behind.
     fn provision<'a>(
@@ -167,6 +174,13 @@ pub trait Environment: Send + Sync {
     /// The kernel limit the session ran into (memory, processes), in words naming the config
     /// field; asked after the agent ended, before [`Environment::destroy`].
     fn limit_hit(&self) -> Option<String>;
+    /// What the session writes on the engine's disk, measured for its disk bound and the
+    /// floor ([`crate::disk`]): the Implementor's own writes (a layer's `upper` and git dir,
+    /// not the shared base; or its full clone) and the CLI's config dir. Asked once the CLI
+    /// has started. Empty where the session's files are not on the engine's disk.
+    fn disk_paths(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
     /// The limits of the agent's commands they ran into while the session went on (forks
     /// refused, a process killed for memory), in words; asked when [`Environment::limit_hit`]
     /// is.

@@ -88,6 +88,12 @@ impl Layer {
         self.dir.join("git")
     }
 
+    /// What the session writes of the layer: `upper` (its files) and the checkout's git dir
+    /// (its commits' objects); never the shared base.
+    pub fn written(&self) -> Vec<PathBuf> {
+        vec![self.upper(), self.git_dir()]
+    }
+
     /// The base's git dir (its object store holds the snapshot).
     fn base_git_dir(&self) -> PathBuf {
         self.base.join(".git")

@@ -16,7 +16,9 @@
 //! same [`StopSignal`], and so does the budget: the session's [`SpendMeter`], which the relay
 //! counts every model request on, stops it once the spend has passed `maxBudgetUsd` (and the
 //! relay refuses any further request meanwhile); such a session ends `ERR_BUDGET`
-//! ([`Session::over_budget`]). A stop only decides the outcome while something is still running: once
+//! ([`Session::over_budget`]). So does the disk: the session's [`DiskWatch`] stops it at once
+//! past `sandbox.limits.diskMiB`, or below the floor as the one that wrote most
+//! ([`StopReason::Limit`], `ERR_RESOURCE_LIMIT` naming the limit: [`Session::past_limits`]). A stop only decides the outcome while something is still running: once
 //! the CLI has ended with a result, the outcome is settled (so `abortSignal` and `result` can
 //! never disagree) unless reading the agent's work out of its checkout is still running
 //! [`EXTRACT_STOP_GRACE`] after the stop: that is then killed (see [`Session::read_work`]).
@@ -50,6 +52,7 @@ use crate::claude::session::{
 };
 use crate::context::{self, FetchOptions};
 use crate::deps::LogLevel;
+use crate::disk::{DiskWatch, Floor, WatchPlan};
 use crate::domain::{Role, StartOptions, StartParams};
 use crate::environment::{EnvRequest, Environment, ExecCommand, Workspace};
 use crate::error::{AdapterError, ErrorCode, Result};
@@ -142,6 +145,14 @@ pub struct Session {
     /// The session's span: the root of its trace (or the child of the engine's `traceparent`),
     /// its steps, model requests and tool calls under it ([`crate::otel`]).
     trace: tracing::Span,
+    /// The floor of the engine's filesystem the session started above ([`Session::check_disk`]).
+    floor: Option<Floor>,
+    /// What the session writes on the engine's disk, watched from its CLI's first start until
+    /// the session is dropped (after its checkout is gone: the floor then looks at the others).
+    disk: Option<DiskWatch>,
+    /// The words of the disk limit the watch found (then the session is stopped,
+    /// [`StopReason::Limit`]).
+    disk_hit: Arc<OnceLock<String>>,
 }
 
 /// A session's CLI is started again on its conversation at most this many times (each only
@@ -229,6 +240,9 @@ impl Session {
             outage_failure: None,
             spend,
             trace,
+            floor: None,
+            disk: None,
+            disk_hit: Arc::new(OnceLock::new()),
         })
     }
 
@@ -291,6 +305,13 @@ impl Session {
                 "the session exceeded maxAgentDuration before the agent started",
             ),
             StopReason::Budget => self.budget_error(),
+            StopReason::Limit => AdapterError::new(
+                ErrorCode::ResourceLimit,
+                self.disk_hit
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| "the session passed a limit".into()),
+            ),
         })
     }
 
@@ -566,6 +587,56 @@ impl Session {
             .await
     }
 
+    /// Nothing is provisioned for a session whose files would take the engine's filesystem
+    /// below its floor (`sandbox.limits.diskFloorMiB`): it is there already. `ERR_RESOURCE_LIMIT`
+    /// naming the floor and what is free.
+    fn check_disk(&mut self) -> Result<()> {
+        let cfg = &self.host.config;
+        let Some(sandbox) = cfg.sandbox.as_ref() else {
+            return Ok(());
+        };
+        if !self.host.backend.on_engine_disk() {
+            return Ok(());
+        }
+        let worktrees = cfg.repo_root.join(crate::git::WORKTREES_DIR);
+        let on = if worktrees.is_dir() {
+            worktrees
+        } else {
+            cfg.repo_root.clone()
+        };
+        self.floor = Floor::check(&on, sandbox.limits.disk_floor)
+            .map_err(|why| AdapterError::new(ErrorCode::ResourceLimit, why))?;
+        Ok(())
+    }
+
+    /// From the CLI's first start: the watch of what the session writes on the engine's disk
+    /// (its bound, the floor), which stops the session at once past either.
+    fn watch_disk(&mut self) {
+        let Some(env) = self.environment.as_deref() else {
+            return;
+        };
+        let bound = self
+            .host
+            .config
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.limits.disk);
+        let roots = env.disk_paths();
+        if self.disk.is_some() || roots.is_empty() || (bound.is_none() && self.floor.is_none()) {
+            return;
+        }
+        let plan = WatchPlan {
+            roots,
+            bound,
+            floor: self.floor.clone(),
+        };
+        let (hit, stop) = (self.disk_hit.clone(), self.stop.clone());
+        self.disk = Some(DiskWatch::start(plan, move |why| {
+            let _ = hit.set(why);
+            stop.stop(StopReason::Limit);
+        }));
+    }
+
     /// Nothing is provisioned for a session that cannot be confined.
     fn check_sandbox(&self) -> Result<()> {
         let cfg = &self.host.config;
@@ -616,6 +687,10 @@ impl Session {
         if let Some(t) = &self.transcript {
             t.note("sandbox", &described);
         }
+        self.watch_disk();
+        let environment = self.environment.as_mut().ok_or_else(|| {
+            AdapterError::new(ErrorCode::Internal, "the session has no environment")
+        })?;
         // An engine running as root without a usable cgroup has no process limit at all
         // (RLIMIT_NPROC does not bind root): said in the transcript and the warning rather
         // than left to the rlimits' line.
@@ -871,9 +946,12 @@ impl Session {
         let dir = env.workdir();
         let stopped = async {
             self.stop.stopped().await;
-            if self.stop.reason() == Some(StopReason::Budget) {
-                // The budget stopped the agent, not the reading of its work, which is what
-                // that failure keeps: only extractionTimeout bounds it.
+            if matches!(
+                self.stop.reason(),
+                Some(StopReason::Budget | StopReason::Limit)
+            ) {
+                // The budget or a limit stopped the agent, not the reading of its work, which
+                // is what that failure keeps: only extractionTimeout bounds it.
                 std::future::pending::<()>().await;
             }
             tokio::time::sleep(EXTRACT_STOP_GRACE).await;
@@ -944,7 +1022,9 @@ impl Session {
         if let (Some(t), Some(c)) = (&self.transcript, commands) {
             t.note("limits", &c);
         }
-        let Some(hit) = self.environment.as_ref().and_then(|e| e.limit_hit()) else {
+        let hit = self.disk_hit.get().cloned();
+        let Some(hit) = hit.or_else(|| self.environment.as_ref().and_then(|e| e.limit_hit()))
+        else {
             return outcome;
         };
         if let Some(t) = &self.transcript {
@@ -1115,6 +1195,7 @@ impl Session {
         let started = async {
             self.check_branch().await?;
             self.check_sandbox()?;
+            self.check_disk()?;
             // Step spans are held, not entered: what a step starts that outlives it (the
             // relay's and the bridges' servers keep the span they start in) stays in the
             // session's span, so a step's span ends with the step.

@@ -50,6 +50,10 @@ pub fn evaluate(role: Role, facts: &Facts, end: SessionEnd) -> Result<Value> {
                 ErrorCode::Budget,
                 "the session's model spend passed maxBudgetUsd and it was stopped",
             ),
+            // The lifecycle names the limit and what was found (`Session::past_limits`).
+            StopReason::Limit => {
+                AdapterError::new(ErrorCode::ResourceLimit, "the session was stopped")
+            }
         });
     }
     let Some(r) = end.result else {
@@ -172,6 +176,45 @@ pub async fn with_patch(
     Ok(Value::Object(with_patch))
 }
 
+/// The largest patch saved of a run that did not finish (beside the transcript, in the stats):
+/// a session stopped at its disk bound may have written that much, and more would not fit a
+/// JS string (V8 holds 512 MiB) nor be opened by a person. A larger one is saved bounded.
+const MAX_SAVED_PATCH: usize = 256 << 20;
+
+/// `patch` cut to at most `max` bytes at file sections (`diff --git` lines), in order, so what
+/// is kept still applies; the paths of the sections left out.
+fn bounded(patch: String, max: usize) -> (String, Vec<String>) {
+    if patch.len() <= max {
+        return (patch, Vec::new());
+    }
+    let mut starts: Vec<usize> = patch
+        .match_indices("\ndiff --git ")
+        .map(|(i, _)| i + 1)
+        .collect();
+    if patch.starts_with("diff --git ") {
+        starts.insert(0, 0);
+    }
+    starts.push(patch.len());
+    let mut kept = 0;
+    let mut left_out = Vec::new();
+    for w in starts.windows(2) {
+        let section = &patch[w[0]..w[1]];
+        if left_out.is_empty() && w[1] <= max {
+            kept = w[1];
+            continue;
+        }
+        let header = section.lines().next().unwrap_or_default();
+        let path = header
+            .strip_prefix("diff --git a/")
+            .and_then(|rest| rest.split(" b/").next())
+            .unwrap_or(header);
+        left_out.push(path.to_string());
+    }
+    let mut patch = patch;
+    patch.truncate(kept);
+    (patch, left_out)
+}
+
 /// A run that ends without a patch in its result (failed, cancelled, timed out, blocked) may
 /// still have changed files: returns them (read with `work`) as a patch (empty when there are
 /// none or they cannot be read) and, with logging on, keeps them next to the transcript before
@@ -191,6 +234,26 @@ pub async fn salvage_patch(
             return String::new();
         }
     };
+    let (p, left_out) = bounded(p, MAX_SAVED_PATCH);
+    if !left_out.is_empty() {
+        let shown = left_out
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let said = format!(
+            "the worktree's changes came to more than {} MiB: saved bounded, whole files only, \
+             without {} file(s): {shown}{}",
+            MAX_SAVED_PATCH >> 20,
+            left_out.len(),
+            if left_out.len() > 20 { ", …" } else { "" }
+        );
+        if let Some(t) = t {
+            t.note("patch", &said);
+        }
+        warn(&said, json!({ "leftOut": left_out.len() }));
+    }
     if let Some(t) = t.filter(|_| !p.is_empty()) {
         let path = t.path().with_extension("patch");
         match std::fs::write(&path, &p) {
@@ -211,6 +274,29 @@ pub async fn salvage_patch(
 mod tests {
     use super::*;
     use crate::stats::RunStats;
+
+    #[test]
+    fn a_huge_patch_is_kept_bounded_at_whole_files_naming_those_left_out() {
+        let section = |p: &str, n: usize| {
+            format!(
+                "diff --git a/{p} b/{p}\nnew file mode 100644\n{}",
+                "+x\n".repeat(n)
+            )
+        };
+        let patch = [
+            section("a.txt", 10),
+            section("big.bin", 1000),
+            section("c.txt", 10),
+        ]
+        .concat();
+        let (kept, left) = bounded(patch.clone(), patch.len());
+        assert_eq!((kept.len(), left.len()), (patch.len(), 0));
+        let (kept, left) = bounded(patch.clone(), 200);
+        assert_eq!(kept, section("a.txt", 10));
+        assert_eq!(left, ["big.bin", "c.txt"]);
+        let (kept, left) = bounded(patch, 10);
+        assert_eq!((kept.as_str(), left.len()), ("", 3));
+    }
 
     fn planner_facts() -> Facts {
         Facts::Planner {

@@ -118,6 +118,6 @@ pub fn commands_share(limits: &Limits) -> Limits {
     Limits {
         memory: limits.memory.map(|m| share(m, 512 * MIB)),
         tasks: limits.tasks.map(|t| share(t, 64).max(1)),
-        tmpfs: limits.tmpfs,
+        ..*limits
     }
 }

@@ -1,6 +1,7 @@
 //! What one session may use of the host, enforced by the kernel (`sandbox.limits`): memory and
 //! tasks (processes and threads) for all of the session's processes together, through a cgroup
-//! of its own where the host lets the engine make one, else through rlimits.
+//! of its own where the host lets the engine make one, else through rlimits; and, with a disk
+//! bound, each file's size (`RLIMIT_FSIZE`; the total is the disk watch's, `crate::disk`).
 //!
 //! - **cgroup v2** (most current hosts): a directory beside the engine's own cgroup (in a
 //!   delegated subtree: a systemd user service or a `Delegate=yes` unit), or below it when it
@@ -174,17 +175,20 @@ impl SessionLimits {
         }
     }
 
-    /// What the child runs between fork and exec: join the cgroup, or set the rlimits. Only
-    /// async-signal-safe calls on data prepared here.
+    /// What the child runs between fork and exec: join the cgroup, or set the rlimits; with a
+    /// disk bound, `RLIMIT_FSIZE` at it either way (no file of the session grows past it: a
+    /// write past it fails, `EFBIG`, or the writer gets `SIGXFSZ`). Only async-signal-safe
+    /// calls on data prepared here.
     pub fn pre_exec(&self) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
         let fds: Vec<RawFd> = match &self.how {
             How::Cgroup(cg) => cg.procs.iter().map(AsRawFd::as_raw_fd).collect(),
             How::Rlimits(_) => Vec::new(),
         };
-        let rlimits = match &self.how {
+        let mut rlimits = match &self.how {
             How::Rlimits(r) => r.clone(),
             How::Cgroup(_) => Vec::new(),
         };
+        rlimits.extend(self.limits.disk.map(|d| (libc::RLIMIT_FSIZE, d)));
         move || {
             for fd in &fds {
                 // SAFETY: write(2) on a descriptor this process holds (inherited, still open:
@@ -221,6 +225,13 @@ impl SessionLimits {
             || "tmpfs unsized".into(),
             |t| format!("{} MiB per tmpfs", t / MIB),
         );
+        let tmp = match l.disk {
+            Some(d) => format!(
+                "{tmp}; disk {} MiB (RLIMIT_FSIZE per file, the disk watch for the total)",
+                d / MIB
+            ),
+            None => tmp,
+        };
         let c = &self.commands;
         let share = match (c.memory, c.tasks) {
             (None, None) => String::new(),
@@ -944,12 +955,15 @@ fn user_tasks() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DiskFloor;
     use std::os::unix::process::CommandExt;
 
     const LIMITS: Limits = Limits {
         memory: Some(1024 * MIB),
         tasks: Some(64),
         tmpfs: None,
+        disk: None,
+        disk_floor: DiskFloor::Off,
     };
 
     /// A `sleep` started as the session's first process is.
@@ -971,6 +985,36 @@ mod tests {
             .next()
             .unwrap()
             .to_string()
+    }
+
+    #[tokio::test]
+    async fn a_disk_bound_is_every_file_s_rlimit_fsize_with_a_cgroup_or_without() {
+        let bounded = Limits {
+            disk: Some(256 * MIB),
+            ..LIMITS
+        };
+        let empty = tempfile::tempdir().unwrap();
+        for limits in [
+            SessionLimits::create_in(empty.path(), bounded, nproc_binds()),
+            SessionLimits::create(bounded),
+        ] {
+            let mut child = start(&limits);
+            let want = (256 * MIB).to_string();
+            assert_eq!(limit_of(child.id(), "Max file size"), want);
+            assert!(limits
+                .describe()
+                .contains("disk 256 MiB (RLIMIT_FSIZE per file"));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        let mut child = start(&SessionLimits::create_in(
+            empty.path(),
+            LIMITS,
+            nproc_binds(),
+        ));
+        assert_eq!(limit_of(child.id(), "Max file size"), "unlimited");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[tokio::test]
@@ -1087,6 +1131,8 @@ mod tests {
             memory: None,
             tasks: None,
             tmpfs: None,
+            disk: None,
+            disk_floor: DiskFloor::Off,
         };
         let limits = SessionLimits::create_in(empty.path(), none, nproc_binds());
         let mut child = start(&limits);
@@ -1141,6 +1187,8 @@ mod tests {
                 memory: Some(memory_mib * MIB),
                 tasks: Some(tasks),
                 tmpfs: None,
+                disk: None,
+                disk_floor: DiskFloor::Off,
             });
             (l.memory.unwrap() / MIB, l.tasks.unwrap())
         };
@@ -1152,6 +1200,8 @@ mod tests {
             memory: None,
             tasks: None,
             tmpfs: None,
+            disk: None,
+            disk_floor: DiskFloor::Off,
         });
         assert_eq!((none.memory, none.tasks), (None, None));
     }

@@ -212,6 +212,8 @@ pub struct Pod {
     memory_limit: Option<String>,
     /// `resources.limits.ephemeral-storage`, named when the kubelet evicted the pod past it.
     storage_limit: Option<String>,
+    /// The limit is `sandbox.limits.diskMiB`'s (the engine gave none of its own).
+    storage_from_disk_mib: bool,
     active_deadline: Option<i64>,
 }
 
@@ -631,6 +633,7 @@ impl Cluster {
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
             storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
+            storage_from_disk_mib: self.config.storage_from_disk_mib,
             active_deadline: req.active_deadline.map(deadline_seconds),
         };
         let params = PostParams::default();
@@ -1295,17 +1298,23 @@ impl Pod {
         )
     }
 
-    /// `ERR_RESOURCE_LIMIT` naming the pod's ephemeral-storage limit: the kubelet evicted the
-    /// pod because its files (the checkout, HOME, what its container wrote, the runtime's copy
+    /// `ERR_RESOURCE_LIMIT` naming the pod's ephemeral-storage limit, worded as a local
+    /// session's disk bound is (what the session wrote, the limit and its field): the kubelet
+    /// evicted the pod because its files (the checkout, HOME, what its container wrote, the runtime's copy
     /// in a user's image) passed the limit the session was given. A node short of disk is not
     /// the session's limit and stays `ERR_AGENT_FAILED` with the kubelet's words.
     fn evicted_for_storage(&self, kubelet: &str) -> AdapterError {
         AdapterError::new(
             ErrorCode::ResourceLimit,
             format!(
-                "pod {} was evicted for disk: its files passed its ephemeral-storage limit of {} (backend.kubernetes.resources.limits.ephemeral-storage); the kubelet: {}",
+                "the session wrote past its disk limit: pod {} was evicted for disk: its files passed its ephemeral-storage limit of {} ({}); the kubelet: {}",
                 self.name,
                 self.storage_limit.as_deref().unwrap_or("(none set here)"),
+                if self.storage_from_disk_mib {
+                    "sandbox.limits.diskMiB"
+                } else {
+                    "backend.kubernetes.resources.limits.ephemeral-storage"
+                },
                 kubelet.trim()
             ),
         )
