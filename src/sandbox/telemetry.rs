@@ -321,22 +321,7 @@ pub fn header_secrets(list: &str) -> Vec<String> {
 
 /// `%XX` escapes decoded (a malformed one is kept as it is).
 fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode_str(s).collect()
 }
 
 /// The CLI's environment inside, for a session whose telemetry is forwarded: every OTLP
