@@ -27,7 +27,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::credentials::env_value;
-use super::relay::mask::Masker;
+use super::relay::mask::{mask_headers, Masker};
 use super::server::{
     full, strip_hop_by_hop, Body, Limits, Tracked, UnixServer, MAX_HEAD, STEP_TIMEOUT,
 };
@@ -579,15 +579,6 @@ impl Forwarder {
                 }
             });
         Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
-    }
-}
-
-fn mask_headers(headers: &mut http::HeaderMap, masks: &Arc<Vec<Vec<u8>>>) {
-    for value in headers.values_mut() {
-        let masked = Masker::new(masks.clone()).push(value.as_bytes(), true);
-        if masked != value.as_bytes() {
-            *value = HeaderValue::from_bytes(&masked).unwrap_or(HeaderValue::from_static(""));
-        }
     }
 }
 

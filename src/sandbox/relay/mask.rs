@@ -10,6 +10,18 @@ pub(in crate::sandbox) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> 
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Every header value of `headers` with `secrets` masked (a value masking leaves invalid is
+/// emptied).
+pub(in crate::sandbox) fn mask_headers(headers: &mut http::HeaderMap, secrets: &Arc<Vec<Vec<u8>>>) {
+    for value in headers.values_mut() {
+        let masked = Masker::new(secrets.clone()).push(value.as_bytes(), true);
+        if masked != value.as_bytes() {
+            *value = http::HeaderValue::from_bytes(&masked)
+                .unwrap_or(http::HeaderValue::from_static(""));
+        }
+    }
+}
+
 /// Masks secrets in a stream of chunks: each occurrence becomes as many `*`, so lengths (and a
 /// `Content-Length`) stay right. A chunk's end that may be the start of a secret is held until
 /// the next chunk says whether it is.

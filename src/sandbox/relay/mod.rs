@@ -46,7 +46,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 
 use self::body::BodyBudget;
-use self::mask::{find, Masker};
+use self::mask::{find, mask_headers, Masker};
 use self::outage::ApiOutage;
 use self::pacing::Pace;
 use self::provider_spec::Authenticate;
@@ -759,12 +759,7 @@ impl Relay {
     ) -> Response<Body> {
         strip_hop_by_hop(&mut parts.headers);
         let masks = self.masks_now();
-        for value in parts.headers.values_mut() {
-            let masked = Masker::new(masks.clone()).push(value.as_bytes(), true);
-            if masked != value.as_bytes() {
-                *value = HeaderValue::from_bytes(&masked).unwrap_or(HeaderValue::from_static(""));
-            }
-        }
+        mask_headers(&mut parts.headers, &masks);
         let scan = (scan && is_event_stream(&parts.headers)).then(stream_head::ErrorScan::default);
         let data = Data {
             held: Some(held),
