@@ -50,7 +50,8 @@ afterEach(async () => {
 
 describe(`${N} Implementors at once on one repository`, () => {
   it(`each of ${N} resolves with its own patch, no sandbox fails to start, nothing is left (no process of a session once its result settles); ${ROUNDS} rounds`, { timeout: 300_000 }, async () => {
-    h = await setup({ script, state: items, bodies });
+    // Ordinary work under a generous disk bound (issue 52): the watch of 16 sessions at once stops none.
+    h = await setup({ script, state: items, bodies, config: { sandbox: { limits: { diskMiB: 1024 } } } });
     const adapter = h.adapter();
     const root = h.repo.root;
     const before = git(root, 'status', '--porcelain', '--ignored');
