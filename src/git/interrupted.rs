@@ -215,7 +215,11 @@ impl RepoGit {
         sandbox: &dyn Confiner,
         stop: &CancellationToken,
     ) -> Result<Worktree> {
-        if let Some(within) = req.continue_within {
+        // Nothing at the branch's path (the common case): nothing to continue, and no lock.
+        let within = req
+            .continue_within
+            .filter(|_| std::fs::symlink_metadata(self.worktree_path(&req.branch)).is_ok());
+        if let Some(within) = within {
             if stop.is_cancelled() {
                 return Err(cancelled());
             }
