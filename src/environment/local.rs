@@ -94,7 +94,8 @@ impl Backend for LocalBackend {
     }
 }
 
-/// Where the CLI's config dir is.
+/// Where the CLI's config dir is (only the Linux sandbox gives the CLI one).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 enum CliConfig {
     Checkout(PathBuf),
     Temp(ScratchDir),
@@ -361,6 +362,7 @@ impl Environment for LocalEnvironment {
 }
 
 /// Makes `dir` (mode 0700) unless it is there.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     #[cfg(unix)]
