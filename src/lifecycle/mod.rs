@@ -1124,12 +1124,16 @@ impl Session {
                 );
             }
             let left = !keep && self.left_for_next(outcome);
-            if self.continuable && !left {
-                // Ended for good: should its checkout stay (unreadable work, a failed
-                // removal), it is no interrupted session's to continue.
+            // Ended for good: a checkout that stays (unreadable work, a failed removal) is no
+            // interrupted session's to continue. One removed takes its record with it.
+            let forget = self.continuable && !left;
+            if forget && keep {
                 env.record_agent(None).await;
             }
             if let Err(e) = env.destroy(keep || left).await {
+                if forget && !keep {
+                    env.record_agent(None).await;
+                }
                 self.log(
                     LogLevel::Error,
                     "worktree cleanup failed",
