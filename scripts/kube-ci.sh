@@ -162,8 +162,8 @@ run_tests() {
   # after the disk fills; deadlines running out) run beside the others, in a namespace of their
   # own: each suite counts the adapter's pods of its namespace, and the others need the
   # cluster's CPU, which these hardly use. One after the other they added ~105 s to the first
-  # pass and ~100 s to the second. The node's base (node-base.test.mjs: ~6 min, most of it 120
-  # sessions of the same-size edit cases on one node, 4 at a time) goes there too, so the two
+  # pass and ~100 s to the second. The node's base (node-base.test.mjs: most of it the same-size
+  # edit cases on one node, 50 sessions, 4 at a time; 120 before the loops moved to test:loops) goes there too, so the two
   # lanes end closer together.
   # So `npm run test:kube` is its two halves here: the addon built (and the npm packages
   # installed) once, then vitest in each lane, which must not both rebuild what the other loads.

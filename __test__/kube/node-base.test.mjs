@@ -8,7 +8,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { setup } from '../support/harness.mjs';
 import { scenario } from '../support/fake-api.mjs';
-import { RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-edits.mjs';
+import { pooled, racyCases, RACY_CHANGE, RACY_REPO } from '../support/racy-edits.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, EDGE_FILES, EDGE_WORK, kubeBackend, kubectl, onNode } from './support.mjs';
@@ -148,9 +148,9 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
   // The end of a session on the node's base reads only what its layer changed (cra-pod
   // candidates): every same-size edit case, on a base made in the second before (its entries
   // racily clean), as local patches byte for byte; the log says which end each took.
-  for (const [name, calls] of Object.entries(RACY_CASES)) {
+  for (const [name, calls, runs] of racyCases()) {
     const handled = !name.includes('assume-unchanged');
-    it(`${name}: ${RACY_RUNS} of ${RACY_RUNS} Implementors on the node's base return the local backend's patch, byte for byte, ${handled ? 'their end reading only what the layer changed' : 'their end staging the whole checkout (git obeys the mark whatever the file holds)'}`, { timeout: 120_000 + RACY_RUNS * 15_000 }, async () => {
+    it(`${name}: ${runs} of ${runs} Implementors on the node's base return the local backend's patch, byte for byte, ${handled ? 'their end reading only what the layer changed' : 'their end staging the whole checkout (git obeys the mark whatever the file holds)'}`, { timeout: 120_000 + runs * 15_000 }, async () => {
       await baseSetup({ local: true, repo: RACY_REPO });
       const local = await agentRuns(h, 'implementor', calls(`${h.repo.root}/.worktrees/racy-local`), { branchName: 'racy-local' });
       expect(local.result.patch).toContain(RACY_CHANGE);
@@ -169,13 +169,11 @@ describe("the checkout's base kept once per node (backend.kubernetes.nodeCache)"
       };
       // The first makes the base; the others layer on it, 4 at a time.
       await run(0);
-      for (let first = 1; first < RACY_RUNS; first += 4) {
-        await Promise.all(Array.from({ length: Math.min(4, RACY_RUNS - first) }, (_, i) => run(first + i)));
-      }
+      await pooled(runs - 1, 4, (i) => run(i + 1));
       expect(differ).toEqual([]);
-      expect(layered(said())).toHaveLength(RACY_RUNS);
+      expect(layered(said())).toHaveLength(runs);
       const ends = handled ? readFromLayer(said()) : wholeCheckout(said());
-      expect(ends, said().join('\n')).toHaveLength(RACY_RUNS);
+      expect(ends, said().join('\n')).toHaveLength(runs);
       expect(said().filter((m) => m.includes('staging the candidates failed'))).toEqual([]);
       expect(adapter.sessions()).toEqual([]);
     });
