@@ -19,10 +19,11 @@ import sys
 
 LAYERS = [
     # 1. Foundations: plain data, configuration, checks, and host helpers with no session
-    #    knowledge (processes and their owners, the adapter's scratch directories).
+    #    knowledge (processes, their owners and environments, the adapter's scratch
+    #    directories, its outbound connections and unix-socket servers).
     (1, ['error', 'domain', 'stats', 'spend', 'output', 'deps', 'params', 'config', 'schema',
-         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'scratch', 'process',
-         'audit', 'disk']),
+         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'server', 'scratch',
+         'process', 'audit', 'disk']),
     # 2. Git: checkouts, patches, views, the shared base and its copy-on-write layer.
     (2, ['git']),
     # 3. The OS sandbox (bubblewrap, cgroups, overlay, egress proxy, model relay).

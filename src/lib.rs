@@ -24,6 +24,7 @@ pub mod process;
 pub mod sandbox;
 pub mod schema;
 pub mod scratch;
+mod server;
 pub mod spend;
 pub mod stats;
 pub mod transcript;

@@ -20,9 +20,10 @@ use crate::git::interrupted::conversation_in;
 use crate::git::list::object_dirs;
 use crate::git::worktree::Continuation;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
+use crate::process::env_value;
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
+use crate::sandbox::{ApiHooks, EgressSink, GitJails, SessionSandbox};
 use crate::scratch::ScratchDir;
 
 /// Makes [`LocalEnvironment`]s.

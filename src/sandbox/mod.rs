@@ -36,7 +36,6 @@ mod toolchains;
 // Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
 #[cfg(any(target_os = "macos", test))]
 mod seatbelt;
-mod server;
 pub mod telemetry;
 mod write_scope;
 
@@ -47,11 +46,12 @@ use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
 #[cfg(target_os = "linux")]
 use crate::git::layer::LayerMounts;
+use crate::process::env_value;
 use crate::scratch::ScratchDir;
 
 pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
-pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
+pub use credentials::{credential_stores, is_credential_var, HOME_CREDENTIALS};
 pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
 pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
@@ -365,7 +365,7 @@ impl SessionSandbox {
             tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None, api), async {
                 Ok(home::profile_path(cli_env).await)
             })?;
-        let cli_path = credentials::env_value(cli_env, "PATH");
+        let cli_path = env_value(cli_env, "PATH");
         let path = home::merged_path(cli_path, profile_path.as_deref());
         gateway.env.retain(|(k, _)| k != "PATH");
         gateway
@@ -384,10 +384,10 @@ impl SessionSandbox {
             .with_cause(e)
         })?;
         // A HOME of `/` (or relative) would put the private tmpfs over everything.
-        let home = credentials::env_value(cli_env, "HOME")
+        let home = env_value(cli_env, "HOME")
             .map(PathBuf::from)
             .filter(|h| h.is_absolute() && h.parent().is_some());
-        let config_dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
+        let config_dir = env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
         // The CLI's config dir (its conversation, which `--resume` reads) is the session's
         // directory outside when the environment keeps one, else private and gone with the CLI.
         // Shown where the CLI would look for it anyway, and named in its environment.
@@ -578,13 +578,13 @@ fn with_login_token(cli_env: &[(String, String)]) -> Vec<(String, String)> {
     let mut env = cli_env.to_vec();
     if MODEL_CREDENTIALS
         .iter()
-        .any(|k| credentials::env_value(cli_env, k).is_some_and(|v| !v.is_empty()))
+        .any(|k| env_value(cli_env, k).is_some_and(|v| !v.is_empty()))
     {
         return env;
     }
-    let dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR")
+    let dir = env_value(cli_env, "CLAUDE_CONFIG_DIR")
         .map(PathBuf::from)
-        .or_else(|| credentials::env_value(cli_env, "HOME").map(|h| Path::new(h).join(".claude")));
+        .or_else(|| env_value(cli_env, "HOME").map(|h| Path::new(h).join(".claude")));
     let token = dir
         .and_then(|d| std::fs::read(d.join(".credentials.json")).ok())
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())

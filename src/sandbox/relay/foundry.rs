@@ -19,8 +19,8 @@ use super::route::Route;
 use super::upstream::Upstream;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::https::extra_roots;
-use crate::sandbox::credentials::env_value;
-use crate::sandbox::server::full;
+use crate::process::env_value;
+use crate::server::full;
 
 /// The CLI's calls (2.1.330): the Messages API under the resource's `/anthropic` base.
 const ROUTES: [Route; 2] = [

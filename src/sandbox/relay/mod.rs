@@ -54,11 +54,11 @@ use self::route::{Route, ANTHROPIC_ROUTES};
 use self::stream_head::Head;
 use self::trace::Exchange;
 use self::upstream::Upstream;
-use super::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::audit::AuditRecord;
 use crate::config::ServerTool;
 use crate::error::{AdapterError, Result};
 use crate::https::{extra_roots, sources, BoxError};
+use crate::server::{full, http1_server, strip_hop_by_hop, Body, Limits, UnixServer, UnixStream};
 use crate::spend::SpendMeter;
 
 /// The relay's connections at once (the CLI makes a few in parallel at most).
@@ -991,9 +991,9 @@ mod tests {
     use tokio_rustls::rustls::{self, ServerConfig};
     use tokio_rustls::TlsAcceptor;
 
-    use super::super::server::test_io::read_head;
     use super::*;
     use crate::error::ErrorCode;
+    use crate::server::test_io::read_head;
 
     /// Reads from `client` until what it got contains `needle` (each read bounded: a streamed
     /// part must arrive before the upstream sends the next).

@@ -15,7 +15,7 @@ use super::provider_spec::{ProviderRoutes, ProviderSpec};
 use super::vertex::VERTEX;
 use super::RelayPlan;
 use crate::error::{AdapterError, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// Where the CLI talks to the Anthropic API when `ANTHROPIC_BASE_URL` does not say otherwise.
 pub const DEFAULT_API: &str = "https://api.anthropic.com";

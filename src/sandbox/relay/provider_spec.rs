@@ -13,7 +13,7 @@ use http::header::HeaderValue;
 
 use super::route::Route;
 use crate::error::{AdapterError, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// One model provider behind the relay.
 pub struct ProviderSpec {

@@ -22,9 +22,9 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use serde_json::Value;
 
-use super::super::server::Body;
 use super::api_error;
 use super::trace::Exchange;
+use crate::server::Body;
 use crate::spend::{Hold, SpendMeter, Usage};
 
 /// The longest SSE line or Bedrock frame kept whole to look for usage in (the events that
@@ -597,7 +597,7 @@ mod tests {
     async fn a_metered_response_counts_when_read_and_once_spent_requests_are_refused() {
         let meter = SpendMeter::new(Some(0.001), Prices::default());
         assert!(refusal(Some(&meter)).is_none());
-        let mut response = Response::new(super::super::super::server::full(STREAM));
+        let mut response = Response::new(crate::server::full(STREAM));
         response
             .headers_mut()
             .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
@@ -708,7 +708,7 @@ mod tests {
     #[tokio::test]
     async fn an_error_response_and_a_response_dropped_unread_count_nothing_and_what_was_read() {
         let meter = SpendMeter::new(None, Prices::default());
-        let mut error = Response::new(super::super::super::server::full("{}"));
+        let mut error = Response::new(crate::server::full("{}"));
         *error.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         drop(
             metered(Some(&meter), error, Exchange::begin(None, None))

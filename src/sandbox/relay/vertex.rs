@@ -15,7 +15,7 @@ use super::provider_spec::{
 };
 use super::route::Route;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// The CLI's calls (2.1.330): the Messages API as `streamRawPredict` / `rawPredict` of a
 /// publisher model (the token count is `count-tokens:rawPredict`).
