@@ -13,6 +13,7 @@ pub mod disk;
 pub mod domain;
 pub mod environment;
 pub mod error;
+pub mod gateway;
 pub mod git;
 pub mod https;
 pub mod lifecycle;

@@ -3,8 +3,9 @@
 //! mount plan), so the boundary is the same whichever tool the agent uses (Bash, Read, Write,
 //! WebFetch). Inside there is no network: loopback ports are bridged (socat) to unix
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
-//! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
-//! placeholder, the relay adds the real API key or token, which is never readable inside); and
+//! the model API host, every attempt reported) and the model relay ([`crate::gateway`], a
+//! layer below: the CLI holds a placeholder, the relay adds the real API key or token, which is
+//! never readable inside); and
 //! when the CLI's telemetry is on, a third: the telemetry forwarder ([`telemetry`]: OTLP
 //! exports to the engine's collector only, its headers added outside).
 //! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
@@ -31,7 +32,6 @@ pub mod limits;
 pub mod overlay;
 mod proxy;
 mod read_guard;
-mod relay;
 mod toolchains;
 // Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
 #[cfg(any(target_os = "macos", test))]
@@ -44,6 +44,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::gateway::provider::{anthropic_upstream, provider_relay, Provider};
+use crate::gateway::{placeholder, ApiHooks, ModelRelay};
 #[cfg(target_os = "linux")]
 use crate::git::layer::LayerMounts;
 use crate::process::env_value;
@@ -56,9 +58,6 @@ pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
 pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
-pub use relay::outage::{ApiOutage, OutageCounts};
-pub use relay::provider::Provider;
-pub use relay::{placeholder, ApiHooks, ModelRelay, RelayPlan};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
 pub use telemetry::{TelemetryForwarder, TelemetryPlan};
@@ -169,7 +168,7 @@ impl Gateway {
         };
         // The provider's credentials are found and checked before anything is started.
         let relay_url = format!("http://127.0.0.1:{MODEL_PORT}");
-        let plan = relay::provider::provider_relay(cli_env, &relay_url, substitutions).await?;
+        let plan = provider_relay(cli_env, &relay_url, substitutions).await?;
         env.extend(plan.inside);
         let sockets = socket_dir()?;
         // The Anthropic API's host is reachable on its port (the CLI's own API traffic takes
@@ -177,8 +176,7 @@ impl Gateway {
         // reaches it only through the relay.
         let mut allow = DomainAllowlist::new(sandbox.map_or(&[], |s| s.allowed_domains.as_slice()));
         if provider == Provider::Anthropic {
-            if let Some((host, port)) = url_endpoint(&relay::provider::anthropic_upstream(cli_env))
-            {
+            if let Some((host, port)) = url_endpoint(&anthropic_upstream(cli_env)) {
                 allow = allow.with_endpoint(&host, port);
             }
         }

@@ -26,8 +26,8 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::relay::mask::{mask_headers, Masker};
 use crate::error::{AdapterError, Result};
+use crate::gateway::mask::{mask_headers, Masker};
 use crate::https::{extra_roots, sources, BoxError, Connector};
 use crate::process::env_value;
 use crate::server::{
