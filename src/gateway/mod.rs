@@ -2,7 +2,7 @@
 //! request of a session in the local sandbox or in a pod (`sandbox: false` too) passes — its
 //! routes and upstream, the providers (Bedrock, Vertex AI, Foundry: [`provider`]), the
 //! session's ride through an API outage ([`outage`]), the fleet's shared pace ([`pacing`]), the
-//! budget's metering ([`spend`], counting with [`crate::spend`]), the server tools it refuses
+//! budget's metering ([`metering`], counting with [`crate::spend`]), the server tools it refuses
 //! ([`reach`]) and the secrets it masks ([`mask`]). A layer of its own: it imports only
 //! foundations, and is started by the sandbox (one relay per session, on a unix socket that a
 //! pod's is tunnelled to) and read by the lifecycle (its outage). Not `sandbox::Gateway`, which
@@ -33,13 +33,13 @@ mod bedrock;
 mod body;
 mod foundry;
 pub(crate) mod mask;
+mod metering;
 pub mod outage;
 mod pacing;
 pub mod provider;
 mod provider_spec;
 mod reach;
 mod route;
-mod spend;
 mod stream_head;
 mod trace;
 mod upstream;
@@ -76,13 +76,13 @@ use crate::spend::SpendMeter;
 const MAX_RELAY_CONNECTIONS: usize = 64;
 
 /// What a session asks of its relay beyond the plan: its outage ([`outage`]), whether its
-/// requests are paced with the fleet's ([`pacing`]), and its spend and budget ([`spend`]).
+/// requests are paced with the fleet's ([`pacing`]), and its spend and budget ([`metering`]).
 #[derive(Clone, Default)]
 pub struct ApiHooks {
     pub outage: Option<Arc<ApiOutage>>,
     pub pacing: bool,
     /// The session's spend meter: every answer counted, requests refused past its budget
-    /// ([`spend`]).
+    /// ([`metering`]).
     pub spend: Option<Arc<SpendMeter>>,
     /// The session's span: each model request is a span under it ([`crate::otel`]).
     pub trace: Option<tracing::Span>,
@@ -116,7 +116,7 @@ pub struct RelayPlan {
     /// Paced with every other session's requests to the same account ([`pacing`]).
     pub pacing: bool,
     /// The session's spend, counted from every response; requests are refused once it has
-    /// passed the budget ([`spend`]).
+    /// passed the budget ([`metering`]).
     pub spend: Option<Arc<SpendMeter>>,
     /// The session's span, the parent of each request's span.
     pub trace: Option<tracing::Span>,
@@ -299,14 +299,14 @@ impl Relay {
                 // The budget is kept around the whole exchange: a spent one refuses the
                 // request before anything of it is read, and every answer is counted.
                 let exchange = Exchange::begin(relay.trace.as_ref(), relay.audit.as_ref());
-                if let Some(refused) = spend::refusal(relay.spend.as_deref()) {
+                if let Some(refused) = metering::refusal(relay.spend.as_deref()) {
                     return Ok::<_, std::convert::Infallible>(exchange.failed(refused));
                 }
                 let response = relay.handle(req, &exchange).await;
                 if !response.status().is_success() {
                     return Ok(exchange.failed(response));
                 }
-                Ok(spend::metered(relay.spend.as_ref(), response, exchange))
+                Ok(metering::metered(relay.spend.as_ref(), response, exchange))
             }
         });
         let _ = http1_server()
@@ -409,13 +409,13 @@ impl Relay {
         let asks = Asks::of(&bytes);
         exchange.requested(method.as_str(), &path, &bytes, asks.model.as_deref());
         // Its worst case reserved against the budget until its answer is counted
-        // ([`spend::metered`] takes the hold from the response).
+        // ([`metering::metered`] takes the hold from the response).
         let hold = match &self.spend {
             Some(meter) => {
                 let worst = meter.worst_case(asks.model.as_deref(), bytes.len(), asks.max_tokens);
                 match meter.admit(worst).await {
                     Some(hold) => Some(hold),
-                    None => return spend::budget_refusal(meter),
+                    None => return metering::budget_refusal(meter),
                 }
             }
             None => None,
