@@ -83,20 +83,7 @@ pub async fn provider_relay(
                 routes,
                 auth,
             } = (spec.routes)(cli_env).await?;
-            RelayPlan {
-                api: spec.api,
-                routes,
-                upstreams,
-                substitutions,
-                auth: Some(auth),
-                headers: Vec::new(),
-                server_tools: Some(Vec::new()),
-                outage: None,
-                pacing: false,
-                spend: None,
-                trace: None,
-                audit: None,
-            }
+            RelayPlan::new(spec.api, routes, upstreams, substitutions, Some(auth))
         }
     };
     plan.headers = headers;
