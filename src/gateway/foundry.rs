@@ -12,8 +12,7 @@ use http::{Method, Request};
 use http_body_util::BodyExt;
 
 use super::provider_spec::{
-    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
-    StaticCredential,
+    required, set_bearer, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec, StaticCredential,
 };
 use super::route::Route;
 use super::upstream::Upstream;
@@ -149,12 +148,7 @@ impl Authenticate for Entra {
     ) -> AuthFuture<'a> {
         Box::pin(async move {
             let token = self.token().await?;
-            set_credential(
-                parts,
-                "authorization",
-                &format!("Bearer {token}"),
-                "the access token",
-            )
+            set_bearer(parts, &token)
         })
     }
 

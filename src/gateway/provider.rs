@@ -137,13 +137,7 @@ fn custom_headers(cli_env: &[(String, String)]) -> Result<Vec<(HeaderName, Heade
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::process::tests::env;
 
     #[test]
     fn the_provider_is_the_one_the_cli_would_use() {

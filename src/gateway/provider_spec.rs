@@ -79,6 +79,19 @@ pub(super) fn set_credential(
     Ok(())
 }
 
+/// Puts an OAuth access token in as `Authorization: Bearer` (Vertex AI's, Foundry's).
+pub(super) fn set_bearer(
+    parts: &mut http::request::Parts,
+    token: &str,
+) -> std::result::Result<(), String> {
+    set_credential(
+        parts,
+        "authorization",
+        &format!("Bearer {token}"),
+        "the access token",
+    )
+}
+
 /// A fixed credential (an API key): the header `name` set to `prefix` + `secret`.
 pub(super) struct StaticCredential {
     pub name: &'static str,

@@ -18,3 +18,15 @@ pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> 
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
+
+/// The tests' shorthand for an environment.
+#[cfg(test)]
+pub(crate) mod tests {
+    /// An environment of `pairs`, in their order.
+    pub(crate) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}

@@ -597,13 +597,7 @@ fn refusal(status: StatusCode, message: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::process::tests::env;
 
     fn route(plan: &TelemetryPlan, signal: Signal) -> &SignalRoute {
         plan.routes.iter().find(|r| r.signal == signal).unwrap()
