@@ -1,13 +1,13 @@
 //! The model gateway: the relay between the Claude Code CLI and the model API that every model
-//! request of a session in the local sandbox or in a pod (`sandbox: false` too) passes — its
-//! routes and upstream, the providers (Bedrock, Vertex AI, Foundry: [`provider`]), the
-//! session's ride through an API outage ([`outage`]), the fleet's shared pace ([`pacing`]), the
-//! budget's metering ([`metering`], counting with [`crate::spend`]), the server tools it refuses
-//! ([`reach`]) and the secrets it masks ([`mask`]). A layer of its own: it imports only
-//! foundations, and is started by the sandbox (one relay per session, on a unix socket that a
-//! pod's is tunnelled to) and read by the lifecycle (its outage). Not `sandbox::Gateway`, which
-//! is all a confined session reaches the outside through: this relay, the egress proxy and the
-//! telemetry forwarder.
+//! request of a session in the local sandbox, and of every session in a pod (`sandbox: false`
+//! included), passes — its routes and upstream, the providers (Bedrock, Vertex AI, Foundry:
+//! [`provider`]), the session's ride through an API outage ([`outage`]), the fleet's shared
+//! pace ([`pacing`]), the budget's metering ([`metering`], counting with [`crate::spend`]), the
+//! server tools it refuses ([`reach`]) and the secrets it masks ([`mask`]). A layer of its own:
+//! it imports only foundations, and is started by the sandbox (one relay per session, on a unix
+//! socket that a pod's is tunnelled to) and read by the lifecycle (its outage). Not
+//! `sandbox::Gateway`, which is all a confined session reaches the outside through: this relay,
+//! the egress proxy and the telemetry forwarder.
 //!
 //! The CLI runs without network and without the real model-API credential: it gets
 //! `ANTHROPIC_BASE_URL=http://127.0.0.1:<port>` (a loopback port bridged to this relay's unix
