@@ -19,29 +19,35 @@ import sys
 
 LAYERS = [
     # 1. Foundations: plain data, configuration, checks, and host helpers with no session
-    #    knowledge (processes and their owners, the adapter's scratch directories).
+    #    knowledge (processes, their owners and environments, the adapter's scratch
+    #    directories, its outbound connections and unix-socket servers).
     (1, ['error', 'domain', 'stats', 'spend', 'output', 'deps', 'params', 'config', 'schema',
-         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'scratch', 'process',
-         'audit', 'disk']),
+         'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'server', 'scratch',
+         'process', 'audit', 'disk']),
     # 2. Git: checkouts, patches, views, the shared base and its copy-on-write layer.
     (2, ['git']),
-    # 3. The OS sandbox (bubblewrap, cgroups, overlay, egress proxy, model relay).
-    (3, ['sandbox']),
-    # 4. Where a session runs: local or in a Kubernetes pod.
-    (4, ['environment']),
-    # 5. The Claude Code CLI and its protocol.
-    (5, ['claude']),
-    # 6. What a session is told (context) and what it said (transcript).
-    (6, ['context', 'transcript']),
-    # 7. A session from start to outcome.
-    (7, ['lifecycle']),
-    # 8. The adapter: the process-wide state sessions share.
-    (8, ['adapter']),
-    # 9. napi.
-    (9, ['binding']),
+    # 3. The model gateway: the relay between the CLI and the model API (routes, upstream,
+    #    providers, outage holds, the fleet's pace, the budget's metering), wherever a session
+    #    runs (the local sandbox, a pod). It imports foundations only; git is beside it, not
+    #    below it, and the sandbox above starts it.
+    (3, ['gateway']),
+    # 4. The OS sandbox (bubblewrap, cgroups, overlay, egress proxy, telemetry forwarder).
+    (4, ['sandbox']),
+    # 5. Where a session runs: local or in a Kubernetes pod.
+    (5, ['environment']),
+    # 6. The Claude Code CLI and its protocol.
+    (6, ['claude']),
+    # 7. What a session is told (context) and what it said (transcript).
+    (7, ['context', 'transcript']),
+    # 8. A session from start to outcome.
+    (8, ['lifecycle']),
+    # 9. The adapter: the process-wide state sessions share.
+    (9, ['adapter']),
+    # 10. napi.
+    (10, ['binding']),
 ]
-NAMES = {1: 'foundations', 2: 'git', 3: 'sandbox', 4: 'environment', 5: 'claude',
-         6: 'context/transcript', 7: 'lifecycle', 8: 'adapter', 9: 'binding'}
+NAMES = {1: 'foundations', 2: 'git', 3: 'gateway', 4: 'sandbox', 5: 'environment', 6: 'claude',
+         7: 'context/transcript', 8: 'lifecycle', 9: 'adapter', 10: 'binding'}
 PREFIX = {tuple(p.split('::')): n for n, ps in LAYERS for p in ps}
 
 here = os.path.dirname(os.path.abspath(__file__))

@@ -2,6 +2,12 @@
 //! subagents and the CLI's side requests alike: they all pass the session's one relay), priced
 //! by [`prices`], against the session's `maxBudgetUsd`.
 //!
+//! All of the budget is here: the meter and its reservations (this file), the price table and
+//! its overrides ([`prices`]), and the reading of a response's usage ([`usage`]). Two callers
+//! only plumb it: the config reads `maxBudgetUsd` and `modelPrices` into these types with its
+//! own field checks (`config/budget.rs`), and the model gateway passes each response through
+//! the reader and refuses requests the meter has no room for (`gateway/metering.rs`).
+//!
 //! One [`SpendMeter`] per session, shared (`Arc`) by the relay, which records each response
 //! and refuses requests once the budget is spent, and the lifecycle, which stops the session
 //! when the budget is crossed ([`SpendMeter::crossed`]) and reads the totals for the stats.
@@ -16,13 +22,15 @@
 //! without passing it.
 
 pub mod prices;
+pub mod usage;
 
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-pub use prices::{ModelPrice, Prices, Usage};
+pub use prices::{ModelPrice, Prices};
+pub use usage::{Usage, UsageReader};
 
 /// The largest `maxBudgetUsd` taken (config and params): far above any session's spend, and a
 /// number every check and message handles exactly.

@@ -432,6 +432,7 @@ impl Transcript {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::tests::env;
     use serde_json::json;
 
     #[test]
@@ -450,13 +451,6 @@ mod tests {
         assert_eq!(log_file_name(5, &p, "s/1"), "5-implementor-.._x_1-s_1.log");
         let p = StartParams::Planner { spec_paths: vec![] };
         assert_eq!(log_file_name(5, &p, "abc"), "5-planner-abc.log");
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use claude_runtime_adapter::sandbox::{placeholder, ApiOutage, ModelRelay, RelayPlan};
+use claude_runtime_adapter::gateway::outage::ApiOutage;
+use claude_runtime_adapter::gateway::{placeholder, ModelRelay, RelayPlan};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Bytes;
 use hyper::{Request, Response};

@@ -1,15 +1,13 @@
 //! `maxBudgetUsd` and `modelPrices`: the budget every session gets unless its start params say
-//! otherwise, and the overrides of the price table it is counted at ([`crate::spend::prices`]).
-
-use std::collections::BTreeMap;
+//! otherwise, and the overrides of the price table it is counted at. Only their reading as
+//! config (each field checked and named in the one config error) is here; their bounds, their
+//! rates' defaults and how a price key matches a model are [`crate::spend`]'s.
 
 use serde_json::Value;
 
 use super::{describe, BackendConfig, Problems, Reader, SandboxConfig};
+use crate::spend::prices::MAX_PRICE;
 use crate::spend::{ModelPrice, Prices, MAX_BUDGET_USD};
-
-/// The highest price per million tokens `modelPrices` takes (far above any model's).
-const MAX_PRICE: f64 = 1_000_000.0;
 
 /// `config.maxBudgetUsd` (`None`: absent or `0`, no budget) and `config.modelPrices`.
 pub(super) fn budget(
@@ -54,7 +52,7 @@ fn model_prices(v: Option<&Value>, problems: &mut Problems) -> Prices {
             return Prices::default();
         }
     };
-    let mut out = BTreeMap::new();
+    let mut out = Vec::new();
     for (model, price) in obj {
         let field = format!("modelPrices[{model:?}]");
         if model.trim().is_empty() {
@@ -96,15 +94,15 @@ fn model_prices(v: Option<&Value>, problems: &mut Problems) -> Prices {
             MAX_PRICE,
             false,
         );
-        out.insert(
-            model.trim().to_ascii_lowercase(),
+        out.push((
+            model.clone(),
             ModelPrice {
                 input,
                 output,
                 cache_read,
                 cache_creation,
             },
-        );
+        ));
     }
     Prices::with_overrides(out)
 }

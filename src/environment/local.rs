@@ -15,14 +15,16 @@ use tokio_util::sync::CancellationToken;
 use super::{process, Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::gateway::ApiHooks;
 use crate::git::interrupted::conversation_in;
 #[cfg(target_os = "linux")]
 use crate::git::list::object_dirs;
 use crate::git::worktree::Continuation;
 use crate::git::{RepoGit, RepoView, Worktree};
-use crate::sandbox::{env_value, ApiHooks, EgressSink, GitJails, SessionSandbox};
+use crate::process::env_value;
 #[cfg(target_os = "linux")]
 use crate::sandbox::{find_on_path, SessionScope};
+use crate::sandbox::{EgressSink, GitJails, SessionSandbox};
 use crate::scratch::ScratchDir;
 
 /// Makes [`LocalEnvironment`]s.

@@ -25,9 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SandboxConfig;
 use crate::error::Result;
+use crate::gateway::ApiHooks;
 use crate::git::worktree::Continuation;
 use crate::git::{ProvisionRequest, ViewRequest};
-use crate::sandbox::{ApiHooks, EgressSink};
+use crate::sandbox::EgressSink;
 
 pub use local::LocalBackend;
 

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::process::env_value;
+
 /// Credential stores under the home directory that agent commands may not read.
 pub const HOME_CREDENTIALS: &[&str] = &[
     ".ssh",
@@ -113,13 +115,6 @@ pub fn provider_credential_files(cli_env: &[(String, String)]) -> Vec<PathBuf> {
     files.sort();
     files.dedup();
     files
-}
-
-pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    env.iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 
-use super::credentials::{env_value, is_credential_var};
+use super::credentials::is_credential_var;
+use crate::process::env_value;
 use crate::process::tree::KillTree;
 
 /// Git settings copied from the user's global config into the generated one: identity and

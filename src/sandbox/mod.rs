@@ -3,8 +3,9 @@
 //! mount plan), so the boundary is the same whichever tool the agent uses (Bash, Read, Write,
 //! WebFetch). Inside there is no network: loopback ports are bridged (socat) to unix
 //! sockets of the adapter outside — the egress proxy ([`proxy`]: `sandbox.allowedDomains` and
-//! the model API host, every attempt reported) and the model relay ([`relay`]: the CLI holds a
-//! placeholder, the relay adds the real API key or token, which is never readable inside); and
+//! the model API host, every attempt reported) and the model relay ([`crate::gateway`], a
+//! layer below: the CLI holds a placeholder, the relay adds the real API key or token, which is
+//! never readable inside); and
 //! when the CLI's telemetry is on, a third: the telemetry forwarder ([`telemetry`]: OTLP
 //! exports to the engine's collector only, its headers added outside).
 //! The adapter's own git, when it reads an agent's clone, runs in a jail of the clone alone
@@ -31,12 +32,10 @@ pub mod limits;
 pub mod overlay;
 mod proxy;
 mod read_guard;
-mod relay;
 mod toolchains;
 // Compiled in Linux tests too: the settings text is plain data, tested where CI runs.
 #[cfg(any(target_os = "macos", test))]
 mod seatbelt;
-mod server;
 pub mod telemetry;
 mod write_scope;
 
@@ -45,20 +44,20 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SandboxConfig;
 use crate::error::{AdapterError, ErrorCode, Result};
+use crate::gateway::provider::{anthropic_upstream, provider_relay, Provider};
+use crate::gateway::{placeholder, ApiHooks, ModelRelay};
 #[cfg(target_os = "linux")]
 use crate::git::layer::LayerMounts;
+use crate::process::env_value;
 use crate::scratch::ScratchDir;
 
 pub use allowlist::DomainAllowlist;
 pub use available::{check_available, find_on_path, INSTALL_HINT};
-pub use credentials::{credential_stores, env_value, is_credential_var, HOME_CREDENTIALS};
+pub use credentials::{credential_stores, is_credential_var, HOME_CREDENTIALS};
 pub use git_jail::GitJails;
 pub use jail::{Jail, JailPlan};
 pub use proxy::{EgressAttempt, EgressProxy, EgressSink};
 pub use read_guard::ReadGuard;
-pub use relay::outage::{ApiOutage, OutageCounts};
-pub use relay::provider::Provider;
-pub use relay::{placeholder, ApiHooks, ModelRelay, RelayPlan};
 #[cfg(target_os = "macos")]
 pub use seatbelt::seatbelt_settings;
 pub use telemetry::{TelemetryForwarder, TelemetryPlan};
@@ -169,7 +168,7 @@ impl Gateway {
         };
         // The provider's credentials are found and checked before anything is started.
         let relay_url = format!("http://127.0.0.1:{MODEL_PORT}");
-        let plan = relay::provider::provider_relay(cli_env, &relay_url, substitutions).await?;
+        let plan = provider_relay(cli_env, &relay_url, substitutions).await?;
         env.extend(plan.inside);
         let sockets = socket_dir()?;
         // The Anthropic API's host is reachable on its port (the CLI's own API traffic takes
@@ -177,8 +176,7 @@ impl Gateway {
         // reaches it only through the relay.
         let mut allow = DomainAllowlist::new(sandbox.map_or(&[], |s| s.allowed_domains.as_slice()));
         if provider == Provider::Anthropic {
-            if let Some((host, port)) = url_endpoint(&relay::provider::anthropic_upstream(cli_env))
-            {
+            if let Some((host, port)) = url_endpoint(&anthropic_upstream(cli_env)) {
                 allow = allow.with_endpoint(&host, port);
             }
         }
@@ -365,7 +363,7 @@ impl SessionSandbox {
             tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None, api), async {
                 Ok(home::profile_path(cli_env).await)
             })?;
-        let cli_path = credentials::env_value(cli_env, "PATH");
+        let cli_path = env_value(cli_env, "PATH");
         let path = home::merged_path(cli_path, profile_path.as_deref());
         gateway.env.retain(|(k, _)| k != "PATH");
         gateway
@@ -384,10 +382,10 @@ impl SessionSandbox {
             .with_cause(e)
         })?;
         // A HOME of `/` (or relative) would put the private tmpfs over everything.
-        let home = credentials::env_value(cli_env, "HOME")
+        let home = env_value(cli_env, "HOME")
             .map(PathBuf::from)
             .filter(|h| h.is_absolute() && h.parent().is_some());
-        let config_dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
+        let config_dir = env_value(cli_env, "CLAUDE_CONFIG_DIR").map(PathBuf::from);
         // The CLI's config dir (its conversation, which `--resume` reads) is the session's
         // directory outside when the environment keeps one, else private and gone with the CLI.
         // Shown where the CLI would look for it anyway, and named in its environment.
@@ -578,13 +576,13 @@ fn with_login_token(cli_env: &[(String, String)]) -> Vec<(String, String)> {
     let mut env = cli_env.to_vec();
     if MODEL_CREDENTIALS
         .iter()
-        .any(|k| credentials::env_value(cli_env, k).is_some_and(|v| !v.is_empty()))
+        .any(|k| env_value(cli_env, k).is_some_and(|v| !v.is_empty()))
     {
         return env;
     }
-    let dir = credentials::env_value(cli_env, "CLAUDE_CONFIG_DIR")
+    let dir = env_value(cli_env, "CLAUDE_CONFIG_DIR")
         .map(PathBuf::from)
-        .or_else(|| credentials::env_value(cli_env, "HOME").map(|h| Path::new(h).join(".claude")));
+        .or_else(|| env_value(cli_env, "HOME").map(|h| Path::new(h).join(".claude")));
     let token = dir
         .and_then(|d| std::fs::read(d.join(".credentials.json")).ok())
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())

@@ -19,7 +19,7 @@
 //! session, the open connections are capped and an idle one (tunnels included) is closed.
 //!
 //! What is admitted is [`super::allowlist`]'s; the unix-socket server (its cap and idle clock)
-//! is [`super::server`], shared with the model-API relay.
+//! is [`crate::server`], shared with the model-API relay.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -37,11 +37,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::allowlist::{is_public, normal_host, Admission, DomainAllowlist};
-use super::server::{
+use crate::error::Result;
+use crate::server::{
     full, http1_server, strip_hop_by_hop, Body, Conn, Limits, Tracked, UnixServer, UnixStream,
     STEP_TIMEOUT,
 };
-use crate::error::Result;
 
 /// Connections a session's egress proxy carries at once (a package manager opens a few dozen).
 const MAX_PROXY_CONNECTIONS: usize = 128;
@@ -457,9 +457,9 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::super::allowlist::NOT_LISTED;
-    use super::super::server::test_io::read_head;
-    use super::super::server::MAX_HEAD;
     use super::*;
+    use crate::server::test_io::read_head;
+    use crate::server::MAX_HEAD;
 
     /// An echo server on 127.0.0.1; returns its port.
     async fn echo_server() -> u16 {

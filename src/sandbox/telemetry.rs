@@ -26,13 +26,13 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::credentials::env_value;
-use super::relay::mask::{mask_headers, Masker};
-use super::server::{
+use crate::error::{AdapterError, Result};
+use crate::gateway::mask::{mask_headers, Masker};
+use crate::https::{extra_roots, sources, BoxError, Connector};
+use crate::process::env_value;
+use crate::server::{
     full, strip_hop_by_hop, Body, Limits, Tracked, UnixServer, MAX_HEAD, STEP_TIMEOUT,
 };
-use crate::error::{AdapterError, Result};
-use crate::https::{extra_roots, sources, BoxError, Connector};
 
 /// Connections at once: the CLI keeps one or two per signal (gRPC: one in all).
 const MAX_CONNECTIONS: usize = 16;
@@ -597,13 +597,7 @@ fn refusal(status: StatusCode, message: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::process::tests::env;
 
     fn route(plan: &TelemetryPlan, signal: Signal) -> &SignalRoute {
         plan.routes.iter().find(|r| r.signal == signal).unwrap()
@@ -787,7 +781,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                let (head, _) = super::super::server::test_io::read_head(&mut stream).await;
+                let (head, _) = crate::server::test_io::read_head(&mut stream).await;
                 tx.send(head).unwrap();
                 let _ = stream.write_all(answer.as_bytes()).await;
             }

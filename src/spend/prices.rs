@@ -20,6 +20,8 @@
 
 use std::collections::BTreeMap;
 
+use super::usage::Usage;
+
 /// When the table was last checked against the published prices.
 pub const PRICES_AS_OF: &str = "2026-11-26";
 
@@ -71,19 +73,6 @@ const ONE_HOUR_WRITE: f64 = 2.0;
 /// One web search of the server tool ($10 per thousand).
 const WEB_SEARCH_USD: f64 = 0.01;
 
-/// The tokens one response reports in its `usage`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: u64,
-    pub output: u64,
-    pub cache_read: u64,
-    /// Every cache write (`cache_creation_input_tokens`), the one-hour ones among them.
-    pub cache_creation: u64,
-    pub cache_creation_1h: u64,
-    /// Web searches a server tool made (`server_tool_use.web_search_requests`).
-    pub web_searches: u64,
-}
-
 /// The list prices, by model id prefix. Kept in this one place; see the module's comment.
 pub const TABLE: &[(&str, ModelPrice)] = &[
     ("claude-opus-4-6", ModelPrice::from_rates(5.0, 25.0)),
@@ -113,6 +102,9 @@ pub const TABLE: &[(&str, ModelPrice)] = &[
 /// The key of `config.modelPrices` that prices the models no other key matches.
 pub const ANY_MODEL: &str = "*";
 
+/// The highest price per million tokens `config.modelPrices` takes (far above any model's).
+pub const MAX_PRICE: f64 = 1_000_000.0;
+
 /// The prices a session's spend is counted at: the table, overridden by `config.modelPrices`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Prices {
@@ -121,7 +113,14 @@ pub struct Prices {
 }
 
 impl Prices {
-    pub fn with_overrides(overrides: BTreeMap<String, ModelPrice>) -> Prices {
+    /// The table with `overrides` (model id prefix or [`ANY_MODEL`] → price) over it; a key is
+    /// matched whatever its case and surrounding spaces, as model ids are ([`Prices::of`]), and
+    /// of two keys that are the same so, the later stands (as in the config's order).
+    pub fn with_overrides(overrides: impl IntoIterator<Item = (String, ModelPrice)>) -> Prices {
+        let overrides = overrides
+            .into_iter()
+            .map(|(key, price)| (key.trim().to_ascii_lowercase(), price))
+            .collect();
         Prices { overrides }
     }
 
@@ -171,16 +170,7 @@ fn most_expensive() -> ModelPrice {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn usage(input: u64, output: u64, cache_read: u64, cache_creation: u64) -> Usage {
-        Usage {
-            input,
-            output,
-            cache_read,
-            cache_creation,
-            ..Usage::default()
-        }
-    }
+    use crate::spend::usage::tests::usage;
 
     #[test]
     fn each_kind_of_token_is_priced_at_its_own_rate() {

@@ -54,9 +54,10 @@ use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::command::neutral_git_sh;
+use crate::process::env_value;
 use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
 use crate::sandbox::{
-    bridged_argv, commands_prefix_script, env_value, tool_wrapper_script, use_commands_prefix,
+    bridged_argv, commands_prefix_script, tool_wrapper_script, use_commands_prefix,
     use_tool_wrappers, Gateway, PREFIX_SCRIPT,
 };
 

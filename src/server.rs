@@ -1,7 +1,10 @@
-//! The unix-socket servers of a session's gateway, shared by the egress proxy
-//! ([`super::proxy`]) and the model relay ([`super::relay`]): a listener whose socket only its
-//! owner may connect to, each connection on its own task under a cap and an idle clock, and the
-//! HTTP plumbing both speak through hyper (hop-by-hop headers, bodies, a bounded head).
+//! The unix-socket servers a session reaches the engine's side through — the model gateway
+//! ([`crate::gateway`]), and the sandbox's egress proxy and telemetry forwarder
+//! ([`crate::sandbox`]): a listener whose socket only its owner may connect to, each connection
+//! on its own task under a cap and an idle clock, and the HTTP plumbing they speak through hyper
+//! (hop-by-hop headers, bodies, a bounded head). A foundation (the inbound counterpart of
+//! [`crate::https`]), so that the gateway and the sandbox above it share it without either
+//! importing the other's.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -18,11 +21,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioTimer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 #[cfg(unix)]
-pub(super) use tokio::net::{UnixListener, UnixStream};
+pub(crate) use tokio::net::{UnixListener, UnixStream};
 // Windows has no unix sockets and runs no session sandbox (`ERR_SANDBOX_UNAVAILABLE` before
 // anything starts): binding fails there, and TCP types stand in so the servers' code stays one.
 #[cfg(not(unix))]
-pub(super) use tokio::net::{TcpListener as UnixListener, TcpStream as UnixStream};
+pub(crate) use tokio::net::{TcpListener as UnixListener, TcpStream as UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -30,12 +33,12 @@ use tracing::Instrument;
 use crate::error::{AdapterError, ErrorCode, Result};
 
 /// Longest HTTP message head read before the message is refused.
-pub(super) const MAX_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Bound on reading a request head or SOCKS handshake, on resolving and on connecting upstream.
-pub(super) const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bounds on a [`UnixServer`]'s connections.
-pub(super) struct Limits {
+pub(crate) struct Limits {
     /// Open at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
     /// A connection with no byte read or written by its client for this long is closed
@@ -46,7 +49,7 @@ pub(super) struct Limits {
 
 /// One accepted connection: its place under the server's cap, the token that ends it (and
 /// every task serving it), and its idle clock.
-pub(super) struct Conn {
+pub(crate) struct Conn {
     _permit: OwnedSemaphorePermit,
     stop: CancellationToken,
     idle: Option<Duration>,
@@ -63,7 +66,7 @@ impl Conn {
 
     /// Runs `work` until it ends, the connection is stopped (the server stops) or it has been
     /// idle too long (then everything serving it stops).
-    pub(super) async fn bound(&self, work: impl Future<Output = ()>) {
+    pub(crate) async fn bound(&self, work: impl Future<Output = ()>) {
         let idle = async {
             let Some(limit) = self.idle else {
                 return std::future::pending().await;
@@ -91,7 +94,7 @@ impl Conn {
 /// A listener on a unix socket that serves each connection on its own task, at most
 /// `max_connections` at once; dropping it stops the listener and every connection and removes
 /// the socket file.
-pub(super) struct UnixServer {
+pub(crate) struct UnixServer {
     path: PathBuf,
     stop: CancellationToken,
 }
@@ -99,7 +102,7 @@ pub(super) struct UnixServer {
 impl UnixServer {
     /// `what` names the server in the error when the socket cannot be bound; `on_full` is
     /// called for each connection refused under the cap.
-    pub(super) fn start<F, Fut>(
+    pub(crate) fn start<F, Fut>(
         socket: &Path,
         what: &str,
         limits: Limits,
@@ -188,14 +191,14 @@ async fn accept_loop<F, Fut>(
 
 /// A client's stream: bytes already read from it come first, and each byte moved resets its
 /// connection's idle clock.
-pub(super) struct Tracked<S> {
+pub(crate) struct Tracked<S> {
     inner: S,
     prefix: Option<u8>,
     conn: Arc<Conn>,
 }
 
 impl<S> Tracked<S> {
-    pub(super) fn new(inner: S, prefix: Option<u8>, conn: Arc<Conn>) -> Self {
+    pub(crate) fn new(inner: S, prefix: Option<u8>, conn: Arc<Conn>) -> Self {
         Tracked {
             inner,
             prefix,
@@ -249,7 +252,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
 
 /// Request headers that belong to one connection, never forwarded (RFC 9110 7.6.1), plus
 /// whatever the request's own `Connection` names.
-pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -276,17 +279,17 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// A response body: a whole one of the server's own, or one streamed from upstream.
-pub(super) type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A body of `text`.
-pub(super) fn full(text: impl Into<Bytes>) -> Body {
+pub(crate) fn full(text: impl Into<Bytes>) -> Body {
     Full::new(text.into())
         .map_err(|never| match never {})
         .boxed()
 }
 
 /// hyper's HTTP/1.1 server settings for a unix-socket client: a bounded head, read in time.
-pub(super) fn http1_server() -> hyper::server::conn::http1::Builder {
+pub(crate) fn http1_server() -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -295,10 +298,10 @@ pub(super) fn http1_server() -> hyper::server::conn::http1::Builder {
     builder
 }
 
-/// Reading HTTP heads off raw streams, for the tests of the proxy and the relay (unix only,
-/// like them).
+/// Reading HTTP heads off raw streams, for the tests of the proxy, the relay and the forwarder
+/// (unix only, like them).
 #[cfg(all(test, unix))]
-pub(super) mod test_io {
+pub(crate) mod test_io {
     use tokio::io::{AsyncRead, AsyncReadExt};
 
     /// Reads up to the end of an HTTP message head; returns the head (through its blank line)

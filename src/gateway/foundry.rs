@@ -12,15 +12,14 @@ use http::{Method, Request};
 use http_body_util::BodyExt;
 
 use super::provider_spec::{
-    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
-    StaticCredential,
+    required, set_bearer, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec, StaticCredential,
 };
 use super::route::Route;
 use super::upstream::Upstream;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::https::extra_roots;
-use crate::sandbox::credentials::env_value;
-use crate::sandbox::server::full;
+use crate::process::env_value;
+use crate::server::full;
 
 /// The CLI's calls (2.1.330): the Messages API under the resource's `/anthropic` base.
 const ROUTES: [Route; 2] = [
@@ -149,12 +148,7 @@ impl Authenticate for Entra {
     ) -> AuthFuture<'a> {
         Box::pin(async move {
             let token = self.token().await?;
-            set_credential(
-                parts,
-                "authorization",
-                &format!("Bearer {token}"),
-                "the access token",
-            )
+            set_bearer(parts, &token)
         })
     }
 

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 /// Where `needle` first occurs in `haystack`.
-pub(in crate::sandbox) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Every header value of `headers` with `secrets` masked (a value masking leaves invalid is
 /// emptied).
-pub(in crate::sandbox) fn mask_headers(headers: &mut http::HeaderMap, secrets: &Arc<Vec<Vec<u8>>>) {
+pub(crate) fn mask_headers(headers: &mut http::HeaderMap, secrets: &Arc<Vec<Vec<u8>>>) {
     for value in headers.values_mut() {
         let masked = Masker::new(secrets.clone()).push(value.as_bytes(), true);
         if masked != value.as_bytes() {
@@ -25,13 +25,13 @@ pub(in crate::sandbox) fn mask_headers(headers: &mut http::HeaderMap, secrets: &
 /// Masks secrets in a stream of chunks: each occurrence becomes as many `*`, so lengths (and a
 /// `Content-Length`) stay right. A chunk's end that may be the start of a secret is held until
 /// the next chunk says whether it is.
-pub(in crate::sandbox) struct Masker {
+pub(crate) struct Masker {
     secrets: Arc<Vec<Vec<u8>>>,
     held: Vec<u8>,
 }
 
 impl Masker {
-    pub(in crate::sandbox) fn new(secrets: Arc<Vec<Vec<u8>>>) -> Self {
+    pub(crate) fn new(secrets: Arc<Vec<Vec<u8>>>) -> Self {
         Masker {
             secrets,
             held: Vec::new(),
@@ -39,7 +39,7 @@ impl Masker {
     }
 
     /// The masked bytes that are settled after `chunk`; `last` settles everything.
-    pub(in crate::sandbox) fn push(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+    pub(crate) fn push(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
         let mut buf = std::mem::take(&mut self.held);
         buf.extend_from_slice(chunk);
         let mut out = Vec::with_capacity(buf.len());

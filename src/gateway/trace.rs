@@ -12,7 +12,7 @@ use tracing::Span;
 
 use crate::audit::{sha256_hex, AuditRecord, Digest};
 use crate::otel::{self, metrics, SPANS};
-use crate::sandbox::server::Body;
+use crate::server::Body;
 use crate::spend::Usage;
 
 /// One request's exchange with the model API, until its answer has been read.

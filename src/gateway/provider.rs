@@ -15,7 +15,7 @@ use super::provider_spec::{ProviderRoutes, ProviderSpec};
 use super::vertex::VERTEX;
 use super::RelayPlan;
 use crate::error::{AdapterError, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// Where the CLI talks to the Anthropic API when `ANTHROPIC_BASE_URL` does not say otherwise.
 pub const DEFAULT_API: &str = "https://api.anthropic.com";
@@ -83,20 +83,7 @@ pub async fn provider_relay(
                 routes,
                 auth,
             } = (spec.routes)(cli_env).await?;
-            RelayPlan {
-                api: spec.api,
-                routes,
-                upstreams,
-                substitutions,
-                auth: Some(auth),
-                headers: Vec::new(),
-                server_tools: Some(Vec::new()),
-                outage: None,
-                pacing: false,
-                spend: None,
-                trace: None,
-                audit: None,
-            }
+            RelayPlan::new(spec.api, routes, upstreams, substitutions, Some(auth))
         }
     };
     plan.headers = headers;
@@ -150,13 +137,7 @@ fn custom_headers(cli_env: &[(String, String)]) -> Result<Vec<(HeaderName, Heade
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::process::tests::env;
 
     #[test]
     fn the_provider_is_the_one_the_cli_would_use() {

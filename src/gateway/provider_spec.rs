@@ -13,7 +13,7 @@ use http::header::HeaderValue;
 
 use super::route::Route;
 use crate::error::{AdapterError, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// One model provider behind the relay.
 pub struct ProviderSpec {
@@ -77,6 +77,19 @@ pub(super) fn set_credential(
     v.set_sensitive(true);
     parts.headers.insert(name, v);
     Ok(())
+}
+
+/// Puts an OAuth access token in as `Authorization: Bearer` (Vertex AI's, Foundry's).
+pub(super) fn set_bearer(
+    parts: &mut http::request::Parts,
+    token: &str,
+) -> std::result::Result<(), String> {
+    set_credential(
+        parts,
+        "authorization",
+        &format!("Bearer {token}"),
+        "the access token",
+    )
 }
 
 /// A fixed credential (an API key): the header `name` set to `prefix` + `secret`.

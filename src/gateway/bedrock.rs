@@ -24,7 +24,7 @@ use super::provider_spec::{
 use super::route::Route;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::https::sources;
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// The routes the CLI uses (2.1.330): the inference-profile listing on the control plane
 /// (upstream 1), the model calls on the runtime (upstream 0).

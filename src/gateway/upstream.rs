@@ -10,7 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::error::{AdapterError, Result};
 use crate::https::Connector;
-use crate::sandbox::server::{Body, STEP_TIMEOUT};
+use crate::server::{Body, STEP_TIMEOUT};
 
 /// How long an idle upstream connection stays in the pool (the model API closes its own).
 const POOL_IDLE: Duration = Duration::from_secs(60);

@@ -11,11 +11,11 @@ use http::header::HeaderValue;
 use http::Method;
 
 use super::provider_spec::{
-    required, set_credential, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
+    required, set_bearer, AuthFuture, Authenticate, ProviderRoutes, ProviderSpec,
 };
 use super::route::Route;
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::sandbox::credentials::env_value;
+use crate::process::env_value;
 
 /// The CLI's calls (2.1.330): the Messages API as `streamRawPredict` / `rawPredict` of a
 /// publisher model (the token count is `count-tokens:rawPredict`).
@@ -147,12 +147,7 @@ impl Authenticate for Token {
                 parts.uri = uri;
             }
             let token = self.token().await?;
-            set_credential(
-                parts,
-                "authorization",
-                &format!("Bearer {token}"),
-                "the access token",
-            )
+            set_bearer(parts, &token)
         })
     }
 

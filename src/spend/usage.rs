@@ -1,8 +1,7 @@
-//! The relay's part of the session's budget ([`crate::spend`]): every successful response is
-//! read as it streams back to the CLI for its `usage`, which is counted on the session's
-//! [`SpendMeter`] when the response ends (or when the CLI stops reading it: what was used so
-//! far counts); once the spend has passed the budget, every further request is refused with
-//! an API error the CLI shows, and nothing more reaches the API.
+//! A response's `usage`, read from its bytes as they pass ([`UsageReader`]): what the budget
+//! counts ([`super::SpendMeter::record`], at [`super::prices`]). The model gateway feeds it each
+//! successful response on its way back to the CLI (`gateway::metering`); the reading is here, with
+//! the meter and the prices, so that what a response is counted at is read in one place.
 //!
 //! Where the usage is, per response format:
 //! - streamed (`text/event-stream`, the Messages API, Vertex AI, Foundry): `message_start`'s
@@ -15,17 +14,20 @@
 //! A response with no usage (an error, `count_tokens`) counts nothing; a model the response
 //! does not name is priced as an unknown one.
 
-use std::sync::Arc;
-
-use http::header::CONTENT_TYPE;
-use http::{Response, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
 use serde_json::Value;
 
-use super::super::server::Body;
-use super::api_error;
-use super::trace::Exchange;
-use crate::spend::{Hold, SpendMeter, Usage};
+/// The tokens one response reports in its `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    /// Every cache write (`cache_creation_input_tokens`), the one-hour ones among them.
+    pub cache_creation: u64,
+    pub cache_creation_1h: u64,
+    /// Web searches a server tool made (`server_tool_use.web_search_requests`).
+    pub web_searches: u64,
+}
 
 /// The longest SSE line or Bedrock frame kept whole to look for usage in (the events that
 /// carry it are small; a text delta of the real API too, the fake API's reach 256 KiB). A
@@ -35,119 +37,6 @@ const MAX_HELD: usize = 1024 * 1024;
 /// its `model` comes first, its `usage` last. The relay's memory stays bounded per response.
 const JSON_EDGE: usize = 64 * 1024;
 
-/// The refusal of a request once the budget is spent (`None` while it is not, or without a
-/// meter).
-pub(super) fn refusal(meter: Option<&SpendMeter>) -> Option<Response<Body>> {
-    meter.filter(|m| m.exceeded()).map(budget_refusal)
-}
-
-/// The refusal of a request the budget has no room for (counted on `meter`).
-pub(super) fn budget_refusal(meter: &SpendMeter) -> Response<Body> {
-    meter.refuse();
-    let spent = meter.describe();
-    tracing::warn!("model relay: refused a request: the session's budget is spent: {spent}");
-    api_error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        &format!("the session's model budget is spent: {spent}; the session is being ended"),
-    )
-}
-
-/// `response` with its usage counted on `meter` as it passes (unchanged without a meter, and
-/// for a response that is not a success).
-pub(super) fn metered(
-    meter: Option<&Arc<SpendMeter>>,
-    response: Response<Body>,
-    exchange: Exchange,
-) -> Response<Body> {
-    let Some(meter) = meter.filter(|_| response.status().is_success()) else {
-        exchange.answered(None, None);
-        return response;
-    };
-    let (mut parts, body) = response.into_parts();
-    // The request's reservation, settled once its usage is counted (module docs of `spend`).
-    let hold = parts.extensions.remove::<Hold>();
-    let content_type = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let length = parts
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    let counting = Counting {
-        reader: UsageReader::new(content_type, length),
-        meter: meter.clone(),
-        exchange: Some(exchange),
-        _hold: hold,
-    };
-    let frames = futures::stream::unfold(Some((body, counting)), |state| async move {
-        let (mut body, mut counting) = state?;
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    counting.reader.push(data);
-                    if let Some(exchange) = &mut counting.exchange {
-                        exchange.saw(data);
-                    }
-                    // Counted before the message's last bytes go on: the CLI's next request
-                    // (which may need refusing) cannot come before its count.
-                    if counting.reader.ended() {
-                        counting.count();
-                    }
-                }
-                Some((Ok(frame), Some((body, counting))))
-            }
-            // `counting` is dropped here, and counts what came.
-            Some(Err(e)) => Some((Err(e), None)),
-            None => None,
-        }
-    });
-    Response::from_parts(parts, BodyExt::boxed(StreamBody::new(frames)))
-}
-
-/// Counts what its reader found when dropped: at the response's end, or when the CLI stopped
-/// reading it (a cut or interrupted stream was still billed for what it used).
-struct Counting {
-    reader: UsageReader,
-    meter: Arc<SpendMeter>,
-    /// The request's span and metrics, ended with the first count.
-    exchange: Option<Exchange>,
-    /// Its reservation against the budget: released after the count (fields drop after
-    /// `Drop::drop`, which counts).
-    _hold: Option<Hold>,
-}
-
-impl Counting {
-    /// Counts what was found, once (the reader gives its usage away).
-    fn count(&mut self) {
-        let found = self.reader.finish();
-        let counted = found.as_ref().map(|(model, usage)| {
-            let cost = self.meter.record(model.as_deref(), usage);
-            tracing::debug!(
-                ?model,
-                ?usage,
-                cost,
-                "model relay: a response's usage counted"
-            );
-            (model.as_deref(), usage, cost)
-        });
-        if let Some(exchange) = self.exchange.take() {
-            match counted {
-                Some((model, usage, cost)) => exchange.answered(model, Some((usage, cost))),
-                None => exchange.answered(None, None),
-            }
-        }
-    }
-}
-
-impl Drop for Counting {
-    fn drop(&mut self) {
-        self.count();
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     Sse,
@@ -156,7 +45,7 @@ enum Format {
 }
 
 /// Finds the usage in a response's bytes as they come.
-pub(super) struct UsageReader {
+pub struct UsageReader {
     format: Format,
     held: Vec<u8>,
     /// The rest of an over-long line or message is skipped.
@@ -174,7 +63,7 @@ pub(super) struct UsageReader {
 
 impl UsageReader {
     /// A reader of a response of `content_type` and, when declared, `length` bytes.
-    pub(super) fn new(content_type: &str, length: Option<usize>) -> UsageReader {
+    pub fn new(content_type: &str, length: Option<usize>) -> UsageReader {
         let ct = content_type.to_ascii_lowercase();
         let format = if ct.starts_with("text/event-stream") {
             Format::Sse
@@ -198,14 +87,15 @@ impl UsageReader {
 
     /// True once the whole message has come: a stream's `message_stop`, or a JSON message's
     /// declared length (otherwise its end is the body's).
-    pub(super) fn ended(&self) -> bool {
+    pub fn ended(&self) -> bool {
         match self.format {
             Format::Sse | Format::EventStream => self.stopped,
             Format::Json => self.length == Some(self.seen),
         }
     }
 
-    pub(super) fn push(&mut self, data: &[u8]) {
+    /// Reads the response's next bytes.
+    pub fn push(&mut self, data: &[u8]) {
         match self.format {
             Format::Sse => self.push_lines(data),
             Format::EventStream => {
@@ -227,7 +117,7 @@ impl UsageReader {
     }
 
     /// The model and usage found (`None`: the response reported no usage).
-    pub(super) fn finish(&mut self) -> Option<(Option<String>, Usage)> {
+    pub fn finish(&mut self) -> Option<(Option<String>, Usage)> {
         let rest = std::mem::take(&mut self.held);
         match self.format {
             Format::Sse if !self.skipping => self.line(&rest),
@@ -395,10 +285,10 @@ fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     ANY_PADDING.decode(text).ok()
 }
 
+/// The usage tests' streams and figures, which the gateway's metering tests read too.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::spend::Prices;
 
     fn read(content_type: &str, chunks: &[&[u8]]) -> Option<(Option<String>, Usage)> {
         let mut r = UsageReader::new(content_type, None);
@@ -408,7 +298,8 @@ mod tests {
         r.finish()
     }
 
-    fn usage(input: u64, output: u64, cache_read: u64, cache_creation: u64) -> Usage {
+    /// A `Usage` of these four counts (no one-hour writes, no searches).
+    pub(crate) fn usage(input: u64, output: u64, cache_read: u64, cache_creation: u64) -> Usage {
         Usage {
             input,
             output,
@@ -428,7 +319,8 @@ mod tests {
         );
     }
 
-    const STREAM: &str = concat!(
+    /// A streamed Sonnet answer: 120 in, 42 out, 30k cache reads, 2k cache writes.
+    pub(crate) const STREAM: &str = concat!(
         "event: message_start\n",
         r#"data: {"type":"message_start","message":{"id":"msg_1","model":"claude-sonnet-4-5-20250929","usage":{"input_tokens":120,"cache_creation_input_tokens":2000,"cache_read_input_tokens":30000,"output_tokens":1}}}"#,
         "\n\nevent: content_block_delta\n",
@@ -591,150 +483,5 @@ mod tests {
         assert_eq!(base64_decode(b"aGV5").unwrap(), b"hey");
         assert!(base64_decode(b"a").is_none());
         assert!(base64_decode(b"a*==").is_none());
-    }
-
-    #[tokio::test]
-    async fn a_metered_response_counts_when_read_and_once_spent_requests_are_refused() {
-        let meter = SpendMeter::new(Some(0.001), Prices::default());
-        assert!(refusal(Some(&meter)).is_none());
-        let mut response = Response::new(super::super::super::server::full(STREAM));
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let body = metered(Some(&meter), response, Exchange::begin(None, None)).into_body();
-        assert_eq!(
-            meter.stats().requests,
-            0,
-            "counted when the response has passed"
-        );
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(bytes, STREAM.as_bytes(), "passed on unchanged");
-        assert_eq!(meter.stats().requests, 1);
-        // Sonnet: 120 in, 42 out, 30k cache reads, 2k cache writes.
-        let usd = (120.0 * 3.0 + 42.0 * 15.0 + 30_000.0 * 0.3 + 2_000.0 * 3.75) / 1e6;
-        assert!((meter.stats().usd - usd).abs() < 1e-12);
-        assert!(meter.exceeded());
-        let refused = refusal(Some(&meter)).expect("refused once spent");
-        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
-        let text = refused.into_body().collect().await.unwrap().to_bytes();
-        let text = String::from_utf8_lossy(&text);
-        assert!(
-            text.contains("budget is spent: $0.0175 of maxBudgetUsd $0.001 (1 model request)"),
-            "{text}"
-        );
-        assert_eq!(meter.stats().refused, 1);
-    }
-
-    /// Sends `request` to the relay's socket and returns the whole answer.
-    #[cfg(unix)]
-    async fn send(socket: &std::path::Path, request: &str) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut client = tokio::net::UnixStream::connect(socket).await.unwrap();
-        client.write_all(request.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        client.read_to_end(&mut answer).await.unwrap();
-        String::from_utf8_lossy(&answer).into_owned()
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn a_relay_with_a_meter_counts_each_answer_and_sends_nothing_whose_worst_case_would_pass_the_budget(
-    ) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // An upstream answering every request with STREAM (Sonnet, $0.01749), counting them.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let served = Arc::new(AtomicUsize::new(0));
-        let count = served.clone();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let count = count.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1024];
-                    // The head, and the small body with it.
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        let n = s.read(&mut b).await.unwrap();
-                        if n == 0 {
-                            return;
-                        }
-                        head.extend_from_slice(&b[..n]);
-                    }
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{STREAM}",
-                        STREAM.len()
-                    );
-                    s.write_all(answer.as_bytes()).await.unwrap();
-                });
-            }
-        });
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("model.sock");
-        let meter = SpendMeter::new(Some(0.03), Prices::default());
-        let mut plan = super::super::RelayPlan::anthropic(
-            &format!("http://127.0.0.1:{port}"),
-            vec![("sk-ant-placeholder".into(), "sk-ant-secret".into())],
-        );
-        plan.spend = Some(meter.clone());
-        let _relay = super::super::ModelRelay::start_plan(&socket, plan)
-            .await
-            .unwrap();
-        // Its worst case: 1,000 output tokens at Sonnet's $15 per million, $0.015 (and its few
-        // bytes of input).
-        let body = r#"{"model":"claude-sonnet-4-5","max_tokens":1000}"#;
-        let request = format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-ant-placeholder\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-        // The first fits ($0 + $0.0151) and costs $0.0175; the second would fit only if its
-        // answer cost less than its worst case allows ($0.0175 + $0.0151 > $0.03): refused
-        // before it is sent, and the budget is spent.
-        let answer = send(&socket, &request).await;
-        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
-        assert!(!meter.exceeded());
-        let answer = send(&socket, &request).await;
-        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-        assert!(answer.contains("the session's model budget is spent: $0.0175 of maxBudgetUsd $0.03 (1 model request); the next request's worst case ($0.0151) does not fit what is left"), "{answer}");
-        assert!(meter.exceeded());
-        assert_eq!(
-            served.load(Ordering::SeqCst),
-            1,
-            "the refused request never went upstream"
-        );
-        let s = meter.stats();
-        assert_eq!((s.requests, s.refused), (1, 1));
-        assert!(s.usd <= 0.03);
-    }
-
-    #[tokio::test]
-    async fn an_error_response_and_a_response_dropped_unread_count_nothing_and_what_was_read() {
-        let meter = SpendMeter::new(None, Prices::default());
-        let mut error = Response::new(super::super::super::server::full("{}"));
-        *error.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        drop(
-            metered(Some(&meter), error, Exchange::begin(None, None))
-                .into_body()
-                .collect()
-                .await,
-        );
-        assert_eq!(meter.stats().requests, 0);
-        // A response the CLI stopped reading after message_start still counts its input.
-        let cut = &STREAM[..STREAM.find("event: content_block_delta").unwrap()];
-        let (tx, rx) = futures::channel::mpsc::unbounded::<
-            Result<hyper::body::Frame<bytes::Bytes>, crate::https::BoxError>,
-        >();
-        tx.unbounded_send(Ok(hyper::body::Frame::data(bytes::Bytes::from(cut))))
-            .unwrap();
-        let mut response = Response::new(BodyExt::boxed(StreamBody::new(rx)));
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let mut body = metered(Some(&meter), response, Exchange::begin(None, None)).into_body();
-        body.frame().await.unwrap().unwrap();
-        drop(body);
-        let s = meter.stats();
-        assert_eq!(s.requests, 1);
-        assert!(
-            (s.usd - (120.0 * 3.0 + 15.0 + 30_000.0 * 0.3 + 2_000.0 * 3.75) / 1e6).abs() < 1e-12
-        );
     }
 }
