@@ -22,7 +22,7 @@ LAYERS = [
     #    knowledge (processes and their owners, the adapter's scratch directories).
     (1, ['error', 'domain', 'stats', 'spend', 'output', 'deps', 'params', 'config', 'schema',
          'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'scratch', 'process',
-         'audit', 'disk']),
+         'audit', 'disk', 'clock']),
     # 2. Git: checkouts, patches, views, the shared base and its copy-on-write layer.
     (2, ['git']),
     # 3. The OS sandbox (bubblewrap, cgroups, overlay, egress proxy, model relay).

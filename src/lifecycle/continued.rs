@@ -8,8 +8,8 @@ use serde_json::json;
 
 use super::Session;
 use crate::claude::session::StopReason;
+use crate::clock::now_ms;
 use crate::deps::LogLevel;
-use crate::git::record::now_ms;
 
 /// What the continued CLI is told before the task, as the next user turn of its conversation.
 const CONTINUE_PROMPT: &str = "Your session was interrupted (the engine running it stopped) and has now been resumed in the same checkout, with your commits and uncommitted files as you left them. A command that was running when it stopped did not finish. Check what you already did, then continue the task where you left off and finish it as instructed. The task, as it stands now:";

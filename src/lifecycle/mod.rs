@@ -648,7 +648,7 @@ impl Session {
         let sid = self.id.clone();
         let t = Transcript::create(
             dir,
-            transcript::epoch_millis(),
+            crate::clock::now_ms(),
             &self.params,
             &self.id,
             Box::new(move |msg: &str| logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))),
