@@ -1495,4 +1495,140 @@ mod tests {
             ExecEnd::Failed("container not found (InternalError)".into())
         );
     }
+
+    /// A cluster that is never reached: `pod_spec` reads only its config and namespace.
+    fn offline(config: KubernetesConfig) -> Cluster {
+        let refuse = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("offline"))
+        });
+        Cluster {
+            client: Client::new(refuse, config.namespace.clone()),
+            namespace: config.namespace.clone(),
+            url: "https://offline.invalid".into(),
+            notes: RuntimeNotes {
+                node_cache: config.node_cache.clone(),
+                warned: Arc::default(),
+            },
+            config,
+        }
+    }
+
+    /// `backend.kubernetes` of the runtime image alone, with `extra`'s fields.
+    fn config(extra: serde_json::Value) -> KubernetesConfig {
+        let mut k =
+            serde_json::json!({ "namespace": "agents", "runtimeImage": "example.com/cra:1" });
+        k.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        crate::config::kubernetes::from_json(&k)
+    }
+
+    /// An Implementor's request from a fixed engine process (the owner is on the pod).
+    fn request() -> PodRequest {
+        PodRequest {
+            owner: Owner {
+                pid: 4242,
+                start_time: 99,
+                host: "engine host".into(),
+            },
+            ..PodRequest::new("session/1", Role::Implementor)
+        }
+    }
+
+    /// The pod spec, serialized, as the golden file `tests/golden/pod_spec/{name}.json` has it
+    /// (written anew with `UPDATE_GOLDEN=1`; then read the diff). The init container's script
+    /// stands there as `<image/runtime-init>`: a change to the script is not one to the spec.
+    fn pinned(name: &str, config: KubernetesConfig, req: &PodRequest) {
+        let pod = offline(config).pod_spec("cra-pod-1", req);
+        let mut pod = serde_json::to_value(&pod).unwrap();
+        if let Some(command) = pod.pointer_mut("/spec/initContainers/0/command/2") {
+            if command == RUNTIME_INIT {
+                *command = "<image/runtime-init>".into();
+            }
+        }
+        let actual = serde_json::to_string_pretty(&pod).unwrap() + "\n";
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/pod_spec")
+            .join(format!("{name}.json"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+        if expected != actual {
+            let diff = similar::TextDiff::from_lines(expected.as_str(), actual.as_str())
+                .unified_diff()
+                .header("golden", "actual")
+                .to_string();
+            panic!("the pod spec differs from {}:\n{diff}", path.display());
+        }
+    }
+
+    /// Every branch `pod_spec` takes, each against the bytes it made before it was split into
+    /// its steps: a session's or a warm pod, resources and scheduling, the runtime's image or a
+    /// user's (copied in, or linked from `nodeCache`), a sandboxed session's node bases, and
+    /// `nodeCache` without them (`sandbox: false`).
+    #[tokio::test]
+    async fn the_pod_spec_of_each_kind_of_session_is_byte_identical_to_its_golden_file() {
+        pinned("session", config(serde_json::json!({})), &request());
+
+        let mut warm = PodRequest {
+            warm: true,
+            active_deadline: Some(Duration::from_millis(3_600_500)),
+            ..request()
+        };
+        warm.role = Role::Planner;
+        pinned("warm", config(serde_json::json!({})), &warm);
+
+        let scheduled = config(serde_json::json!({
+            "imagePullPolicy": "Always",
+            "resources": {
+                "requests": { "cpu": "500m" },
+                "limits": { "memory": "2Gi", "ephemeral-storage": "200Mi" },
+            },
+            "nodeSelector": { "pool": "agents" },
+            "tolerations": [{
+                "key": "dedicated", "operator": "Equal", "value": "agents",
+                "effect": "NoExecute", "tolerationSeconds": 30,
+            }],
+            "runtimeClassName": "gvisor",
+            "serviceAccountName": "agent",
+            "labels": { "team": "core" },
+            "annotations": { "note": "a b" },
+        }));
+        let command = PodRequest {
+            command: Some(vec!["sleep".into(), "infinity".into()]),
+            ..request()
+        };
+        pinned("scheduled_and_limited", scheduled, &command);
+
+        let configured_image = config(serde_json::json!({ "image": "example.com/user:2" }));
+        pinned("user_image", configured_image, &request());
+
+        let user_image = PodRequest {
+            image: Some("example.com/devcontainer:3".into()),
+            ..request()
+        };
+        let cached = config(serde_json::json!({ "nodeCache": "/var/cache/cra" }));
+        pinned("user_image_node_cache", cached.clone(), &user_image);
+
+        let node_bases = PodRequest {
+            node_bases: true,
+            ..request()
+        };
+        pinned("node_bases", cached.clone(), &node_bases);
+        pinned(
+            "user_image_node_cache_node_bases",
+            cached.clone(),
+            &PodRequest {
+                node_bases: true,
+                ..user_image
+            },
+        );
+        // Without node bases (`sandbox: false`), a pod of the runtime's image has no use for
+        // `nodeCache`: the same spec as without one.
+        pinned("session", cached, &request());
+    }
 }
