@@ -394,150 +394,35 @@ impl Cluster {
     /// and resources).
     fn pod_spec(&self, name: &str, req: &PodRequest) -> KubePod {
         let c = &self.config;
-        let mut labels = c.labels.clone();
-        labels.insert(MANAGED_BY.into(), MANAGER.into());
-        labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
-        let mut annotations = c.annotations.clone();
-        annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
-        if req.warm {
-            labels.insert(LABEL_WARM.into(), "true".into());
-        } else {
-            labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
-            labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
-            annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
-        }
-        let quantities = |m: &BTreeMap<String, String>| {
-            (!m.is_empty()).then(|| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), Quantity(v.clone())))
-                    .collect::<BTreeMap<_, _>>()
-            })
-        };
-        let resources =
-            (!c.requests.is_empty() || !c.limits.is_empty()).then(|| ResourceRequirements {
-                requests: quantities(&c.requests),
-                limits: quantities(&c.limits),
-                ..Default::default()
-            });
-        let command = req
-            .command
-            .clone()
-            .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
         let image = self.image_of(req);
-        let security = || SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            read_only: read_only.then_some(true),
-            ..Default::default()
-        };
-        let mut volumes: Vec<Volume> = POD_DIRS
-            .iter()
-            .map(|(name, _)| Volume {
-                name: (*name).into(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            })
-            .collect();
-        let mut mounts: Vec<VolumeMount> = POD_DIRS
-            .iter()
-            .map(|(name, path)| mount(name, path, false))
-            .collect();
-        let node_cache_volume = |volumes: &mut Vec<Volume>, path: &String| {
-            // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and the
-            // pod then says the cache is not writable and does without it.
-            if !volumes.iter().any(|v| v.name == NODE_CACHE) {
-                volumes.push(Volume {
-                    name: NODE_CACHE.into(),
-                    host_path: Some(HostPathVolumeSource {
-                        path: path.clone(),
-                        type_: Some("DirectoryOrCreate".into()),
-                    }),
-                    ..Default::default()
-                });
-            }
-        };
+        let mut volumes = Volumes::pod_dirs();
         if let Some(path) = c.node_cache.as_ref().filter(|_| req.node_bases) {
-            node_cache_volume(&mut volumes, path);
-            mounts.push(mount(NODE_CACHE, NODE_BASES_MOUNT, false));
+            volumes.node_bases(path);
         }
         // Another image than the runtime's: an init container of the runtime image copies the
         // runtime into a volume the session container sees, read-only, where the runtime image
         // has it (the way CI runners on Kubernetes bring their tools into a user's image).
-        let init = (image != c.runtime_image).then(|| {
-            volumes.push(Volume {
-                name: RUNTIME_CONTAINER.into(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            });
-            mounts.push(VolumeMount {
-                sub_path: Some(RUNTIME_SUBDIR.into()),
-                ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
-            });
-            let mut init_mounts = vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)];
-            let command = match &c.node_cache {
-                // Not `-a`: the session's user cannot give the copies the image's owner (root),
-                // nor change the volume's own root: the copy is a new directory in it.
-                None => vec![
-                    "cp".into(),
-                    "-dR".into(),
-                    "--preserve=mode".into(),
-                    RUNTIME_DIR.into(),
-                    format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
-                ],
-                Some(path) => {
-                    node_cache_volume(&mut volumes, path);
-                    mounts.push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
-                    init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
-                    vec![
-                        "/bin/sh".into(),
-                        "-c".into(),
-                        RUNTIME_INIT.into(),
-                        "runtime-init".into(),
-                        NODE_CACHE_SEEN.into(),
-                    ]
-                }
-            };
-            vec![Container {
-                name: RUNTIME_CONTAINER.into(),
-                image: Some(c.runtime_image.clone()),
-                image_pull_policy: Some(c.image_pull_policy.as_str().into()),
-                command: Some(command),
-                volume_mounts: Some(init_mounts),
-                // Its output is the failure's message.
-                termination_message_policy: Some("FallbackToLogsOnError".into()),
-                security_context: Some(security()),
-                ..Default::default()
-            }]
-        });
+        let init = (image != c.runtime_image).then(|| vec![runtime_container(c, &mut volumes)]);
+        let command = req
+            .command
+            .clone()
+            .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
+        let session = Container {
+            name: CONTAINER.into(),
+            image: Some(image),
+            image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+            command: Some(command),
+            resources: resources(c),
+            security_context: Some(unprivileged()),
+            volume_mounts: Some(volumes.mounts),
+            ..Default::default()
+        };
         KubePod {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(self.namespace.clone()),
-                labels: Some(labels),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
+            metadata: self.metadata(name, req),
             spec: Some(PodSpec {
                 init_containers: init,
-                containers: vec![Container {
-                    name: CONTAINER.into(),
-                    image: Some(image),
-                    image_pull_policy: Some(c.image_pull_policy.as_str().into()),
-                    command: Some(command),
-                    resources,
-                    security_context: Some(security()),
-                    volume_mounts: Some(mounts),
-                    ..Default::default()
-                }],
-                volumes: Some(volumes),
+                containers: vec![session],
+                volumes: Some(volumes.volumes),
                 security_context: Some(PodSecurityContext {
                     run_as_user: Some(1000),
                     run_as_group: Some(1000),
@@ -550,22 +435,37 @@ impl Cluster {
                 termination_grace_period_seconds: Some(1),
                 active_deadline_seconds: req.active_deadline.map(deadline_seconds),
                 node_selector: (!c.node_selector.is_empty()).then(|| c.node_selector.clone()),
-                tolerations: (!c.tolerations.is_empty()).then(|| {
-                    c.tolerations
-                        .iter()
-                        .map(|t| KubeToleration {
-                            key: t.key.clone(),
-                            operator: t.operator.clone(),
-                            value: t.value.clone(),
-                            effect: t.effect.clone(),
-                            toleration_seconds: t.toleration_seconds,
-                        })
-                        .collect()
-                }),
+                tolerations: tolerations(c),
                 runtime_class_name: c.runtime_class_name.clone(),
                 service_account_name: c.service_account_name.clone(),
                 ..Default::default()
             }),
+            ..Default::default()
+        }
+    }
+
+    /// The pod's name, namespace, labels and annotations: the config's, then the adapter's —
+    /// who made the pod (the sweep's owner rule) and, unless it is a warm pod no session has
+    /// claimed yet, whose session it is.
+    fn metadata(&self, name: &str, req: &PodRequest) -> ObjectMeta {
+        let c = &self.config;
+        let mut labels = c.labels.clone();
+        labels.insert(MANAGED_BY.into(), MANAGER.into());
+        labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
+        let mut annotations = c.annotations.clone();
+        annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
+        if req.warm {
+            labels.insert(LABEL_WARM.into(), "true".into());
+        } else {
+            labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
+            labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
+            annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
+        }
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
             ..Default::default()
         }
     }
@@ -876,6 +776,163 @@ fn cancelled(name: &str) -> AdapterError {
 fn grace_zero() -> DeleteParams {
     DeleteParams {
         grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+/// A pod's volumes and what its session container mounts of them, as the steps of
+/// [`Cluster::pod_spec`] add them (the order is the spec's).
+struct Volumes {
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+}
+
+impl Volumes {
+    /// The pod's own directories ([`POD_DIRS`]), each an empty volume mounted writable.
+    fn pod_dirs() -> Volumes {
+        Volumes {
+            volumes: POD_DIRS
+                .iter()
+                .map(|(name, _)| Volume {
+                    name: (*name).into(),
+                    empty_dir: Some(Default::default()),
+                    ..Default::default()
+                })
+                .collect(),
+            mounts: POD_DIRS
+                .iter()
+                .map(|(name, path)| mount(name, path, false))
+                .collect(),
+        }
+    }
+
+    /// `nodeCache`'s volume, once however many mounts use it.
+    fn node_cache(&mut self, path: &str) {
+        // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and the pod
+        // then says the cache is not writable and does without it.
+        if !self.volumes.iter().any(|v| v.name == NODE_CACHE) {
+            self.volumes.push(Volume {
+                name: NODE_CACHE.into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.into(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// `nodeCache` writable at [`NODE_BASES_MOUNT`], for the checkouts' bases
+    /// ([`PodRequest::node_bases`]).
+    fn node_bases(&mut self, path: &str) {
+        self.node_cache(path);
+        self.mounts.push(mount(NODE_CACHE, NODE_BASES_MOUNT, false));
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// Every container's: no privilege escalation, no capabilities.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The session container's `resources` from the config's `requests` and `limits` (none when
+/// neither is given).
+fn resources(c: &KubernetesConfig) -> Option<ResourceRequirements> {
+    let quantities = |m: &BTreeMap<String, String>| {
+        (!m.is_empty()).then(|| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    (!c.requests.is_empty() || !c.limits.is_empty()).then(|| ResourceRequirements {
+        requests: quantities(&c.requests),
+        limits: quantities(&c.limits),
+        ..Default::default()
+    })
+}
+
+/// The config's `tolerations` as the pod spec takes them (none when there are none).
+fn tolerations(c: &KubernetesConfig) -> Option<Vec<KubeToleration>> {
+    (!c.tolerations.is_empty()).then(|| {
+        c.tolerations
+            .iter()
+            .map(|t| KubeToleration {
+                key: t.key.clone(),
+                operator: t.operator.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+                toleration_seconds: t.toleration_seconds,
+            })
+            .collect()
+    })
+}
+
+/// The init container that brings the runtime into a pod of another image than the runtime's,
+/// with the volumes it needs added to `volumes`: the runtime's volume, which the session
+/// container mounts where the runtime image has the runtime, and with `nodeCache` the node's
+/// copy, which that volume's links lead to (`image/runtime-init`).
+fn runtime_container(c: &KubernetesConfig, volumes: &mut Volumes) -> Container {
+    volumes.volumes.push(Volume {
+        name: RUNTIME_CONTAINER.into(),
+        empty_dir: Some(Default::default()),
+        ..Default::default()
+    });
+    volumes.mounts.push(VolumeMount {
+        sub_path: Some(RUNTIME_SUBDIR.into()),
+        ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
+    });
+    let mut init_mounts = vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)];
+    let command = match &c.node_cache {
+        // Not `-a`: the session's user cannot give the copies the image's owner (root), nor
+        // change the volume's own root: the copy is a new directory in it.
+        None => vec![
+            "cp".into(),
+            "-dR".into(),
+            "--preserve=mode".into(),
+            RUNTIME_DIR.into(),
+            format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
+        ],
+        Some(path) => {
+            volumes.node_cache(path);
+            volumes
+                .mounts
+                .push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
+            init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                RUNTIME_INIT.into(),
+                "runtime-init".into(),
+                NODE_CACHE_SEEN.into(),
+            ]
+        }
+    };
+    Container {
+        name: RUNTIME_CONTAINER.into(),
+        image: Some(c.runtime_image.clone()),
+        image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+        command: Some(command),
+        volume_mounts: Some(init_mounts),
+        // Its output is the failure's message.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(unprivileged()),
         ..Default::default()
     }
 }
