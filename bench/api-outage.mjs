@@ -21,17 +21,13 @@ import { addon } from '../__test__/support/harness.mjs';
 import { offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { apiError, bash, reply, scenario, startFakeApi, structured } from '../__test__/support/fake-api.mjs';
 import { agentsWithTools, makeTempRepo } from '../__test__/support/repo.mjs';
-import { machine, printTable, saveResults } from './support/common.mjs';
+import { machine, printTable, saveResults, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const SESSIONS = arg('sessions', 16);
-const PER_WINDOW = arg('per-window', 12);
-const WINDOW_S = arg('window-s', 15);
-const OUTAGE_S = arg('outage-s', 20);
-const LONG_OUTAGE_S = arg('long-outage-s', 0);
+const SESSIONS = numberArg('sessions', 16);
+const PER_WINDOW = numberArg('per-window', 12);
+const WINDOW_S = numberArg('window-s', 15);
+const OUTAGE_S = numberArg('outage-s', 20);
+const LONG_OUTAGE_S = numberArg('long-outage-s', 0);
 
 const done = structured({ role: 'implementor', outcome: 'completed', summary: 'done' });
 const silent = { debug() {}, info() {}, warn() {}, error() {} };

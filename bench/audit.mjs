@@ -15,13 +15,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bash, reply, scenario, structured } from '../__test__/support/fake-api.mjs';
 import { addon, setup } from '../__test__/support/harness.mjs';
-import { fmtMs, machine, median, printTable, ratio, saveResults, summary } from './support/common.mjs';
+import { fmtMs, machine, median, printTable, ratio, saveResults, summary, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const N = arg('n', 20);
+const N = numberArg('n', 20);
 
 const items = Array.from({ length: 2 * N + 2 }, (_, i) => ({ id: String(i), title: `Item ${i}`, status: 'in-progress', linkedRevision: null }));
 const h = await setup({

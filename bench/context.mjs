@@ -8,15 +8,11 @@
 import { performance } from 'node:perf_hooks';
 import addon from '../index.js';
 import { makeTempRepo } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, median, printTable, quietLogger, saveResults } from './support/common.mjs';
+import { fmtMs, machine, median, printTable, quietLogger, saveResults, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const ITEMS = arg('items', 1000);
-const DELAY = arg('delay', 5);
-const RUNS = arg('runs', 5);
+const ITEMS = numberArg('items', 1000);
+const DELAY = numberArg('delay', 5);
+const RUNS = numberArg('runs', 5);
 const CONCURRENCY = 16; // the documented default; not passed in the config
 
 class SlowWorkItemProvider {

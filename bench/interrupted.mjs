@@ -14,13 +14,9 @@
 import { bash, reply, scenario, structured } from '../__test__/support/fake-api.mjs';
 import { engineProcess } from '../__test__/support/engine-process.mjs';
 import { setup, sleepMarker } from '../__test__/support/harness.mjs';
-import { fmtMs, machine, median, printTable, ratio, saveResults } from './support/common.mjs';
+import { fmtMs, machine, median, printTable, ratio, saveResults, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const N = arg('n', 5);
+const N = numberArg('n', 5);
 const STEPS = 5;
 
 /** The fake API's token count of a request (its usage: 4 characters a token) plus its answer's. */

@@ -16,13 +16,9 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { bash, reply, scenario, startFakeApi, structured } from '../__test__/support/fake-api.mjs';
 import { startCollector } from '../__test__/support/otlp-collector.mjs';
-import { BENCH_DIR, fmtMs, machine, median, printTable, ratio, saveResults, summary } from './support/common.mjs';
+import { BENCH_DIR, fmtMs, machine, median, printTable, ratio, saveResults, summary, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const N = arg('n', 30);
+const N = numberArg('n', 30);
 
 function workerEnv(otel) {
   const env = {};

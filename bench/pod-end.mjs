@@ -20,14 +20,10 @@ import { assistantTurns, bash, reply, structured, startFakeApi } from '../__test
 import { offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { addon, recordingLogger } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { benchDeps, cleanupOnce, fmtMs, machine, printTable, ratio, rmrf, saveResults, summary, tracked } from './support/common.mjs';
+import { benchDeps, cleanupOnce, fmtMs, machine, printTable, ratio, rmrf, saveResults, summary, tracked, arg, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? a.slice(name.length + 3) : dflt;
-};
-const N = Number(arg('n', 5));
-const FILES = Number(arg('files', 100_000));
+const N = numberArg('n', 5);
+const FILES = numberArg('files', 100_000);
 const WORK = arg('tmp', '/tmp');
 const NODE_CACHE = arg('node-cache', '/var/tmp/cra-bench-pod-end-cache');
 const IMAGE = process.env.CRA_KUBE_IMAGE ?? (existsSync('target/session-image/ref') ? readFileSync('target/session-image/ref', 'utf8').trim() : null);

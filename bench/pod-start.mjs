@@ -55,19 +55,15 @@ import { reply, structured, startFakeApi } from '../__test__/support/fake-api.mj
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { addon, recordingLogger } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce, arg, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? a.slice(name.length + 3) : dflt;
-};
 const MIRROR = '/work/.mirror/rust-lang+cargo/repo';
-const N = Number(arg('n', 3));
+const N = numberArg('n', 3);
 const CARGO = arg('cargo', process.env.CRA_BENCH_CARGO ?? (existsSync(MIRROR) ? MIRROR : ''));
 const ONLY = arg('only', 'cargo,cargo10x').split(',');
 const MODES = arg('modes', 'local,local-new,session,session-cache,user,user-cache').split(',');
 const NODE_CACHE = arg('node-cache', '/var/tmp/cra-bench-node-cache');
-const SCALE = Number(arg('scale', 10));
+const SCALE = numberArg('scale', 10);
 const WORK = arg('tmp', tmpdir());
 const POD_TARGET_MS = 1000;
 const HISTORY_TARGET = 1.1;

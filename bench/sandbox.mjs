@@ -25,16 +25,12 @@ import { join } from 'node:path';
 import { assistantTurns, bash, reply, structured } from '../__test__/support/fake-api.mjs';
 import { claudePackageVersion } from '../__test__/support/cli-env.mjs';
 import { addon, engineState, setup } from '../__test__/support/harness.mjs';
-import { fmtMs, machine, printTable, quietLogger, ratio, ROOT, saveResults, summary } from './support/common.mjs';
+import { fmtMs, machine, printTable, quietLogger, ratio, ROOT, saveResults, summary, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? Number(a.slice(name.length + 3)) : dflt;
-};
-const N = arg('n', 5);
-const COMMANDS = arg('commands', 1000);
-const PER_TURN = arg('per-turn', 10);
-const PARALLEL = arg('parallel', 16);
+const N = numberArg('n', 5);
+const COMMANDS = numberArg('commands', 1000);
+const PER_TURN = numberArg('per-turn', 10);
+const PARALLEL = numberArg('parallel', 16);
 const KUBE = Boolean(process.env.KUBECONFIG && process.env.CRA_KUBE_IMAGE);
 const kubeBackend = () => ({
   kubernetes: {

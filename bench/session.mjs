@@ -15,15 +15,11 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { bash, reply, scenario, structured, text, toolResults, userText, startFakeApi } from '../__test__/support/fake-api.mjs';
 import { claudeBinaryPath, claudePackageVersion } from '../__test__/support/cli-env.mjs';
-import { BENCH_DIR, fmtMiB, fmtMs, machine, MiB, printTable, processesWith, ratio, saveResults } from './support/common.mjs';
+import { BENCH_DIR, fmtMiB, fmtMs, machine, MiB, printTable, processesWith, ratio, saveResults, arg, numberArg } from './support/common.mjs';
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? a.slice(name.length + 3) : dflt;
-};
-const N = Number(arg('n', 10));
-const K = Number(arg('k', 8));
-const FLOOD_MB = Number(arg('flood-mb', 100));
+const N = numberArg('n', 10);
+const K = numberArg('k', 8);
+const FLOOD_MB = numberArg('flood-mb', 100);
 const ONLY = arg('only', 'latency,memory,cancel,flood').split(',');
 
 const cli = claudeBinaryPath();

@@ -44,7 +44,7 @@ import { assistantTurns, bash, reply, structured, userText, startFakeApi } from 
 import { claudePackageVersion, offlineCliEnv } from '../__test__/support/cli-env.mjs';
 import { addon, recordingLogger } from '../__test__/support/harness.mjs';
 import { agentFile } from '../__test__/support/repo.mjs';
-import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce } from './support/common.mjs';
+import { fmtMs, machine, MiB, printTable, ratio, ROOT, saveResults, summary, tracked, rmrf, benchDeps, cleanupOnce, arg, numberArg } from './support/common.mjs';
 
 /** Which build of the addon is loaded (as bench/sandbox.mjs tells it). */
 function build() {
@@ -58,13 +58,9 @@ function build() {
   }
 }
 
-const arg = (name, dflt) => {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? a.slice(name.length + 3) : dflt;
-};
-const N = Number(arg('n', 5));
-const FILES = Number(arg('files', 100_000));
-const PARALLEL = Number(arg('parallel', 16));
+const N = numberArg('n', 5);
+const FILES = numberArg('files', 100_000);
+const PARALLEL = numberArg('parallel', 16);
 const CARGO = arg('cargo', process.env.CRA_BENCH_CARGO ?? '');
 const ONLY = arg('only', 'fixture,cargo,synthetic,setup,disk').split(',');
 const WORK = arg('tmp', tmpdir());

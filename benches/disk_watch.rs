@@ -15,12 +15,8 @@ use std::time::{Duration, Instant};
 
 use claude_runtime_adapter::disk::{allocated, space, MAX_ENTRIES, WATCH_EVERY};
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+use support::env_or;
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)

@@ -4,33 +4,14 @@
 //! defaults: 10,000 files of 10 KiB ≈ 100 MB, 5,000 changed files).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use claude_runtime_adapter::git::{ProvisionRequest, RepoGit, SessionRecord, ViewRequest};
 use claude_runtime_adapter::sandbox::GitJails;
 use tokio_util::sync::CancellationToken;
 
-fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+use support::{env_or, git};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

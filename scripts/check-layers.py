@@ -23,7 +23,7 @@ LAYERS = [
     #    directories, its outbound connections and unix-socket servers).
     (1, ['error', 'domain', 'stats', 'spend', 'output', 'deps', 'params', 'config', 'schema',
          'agent_definition', 'bash_validator', 'logging', 'otel', 'https', 'server', 'scratch',
-         'process', 'audit', 'disk']),
+         'process', 'audit', 'disk', 'clock']),
     # 2. Git: checkouts, patches, views, the shared base and its copy-on-write layer.
     (2, ['git']),
     # 3. The model gateway: the relay between the CLI and the model API (routes, upstream,

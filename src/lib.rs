@@ -6,6 +6,7 @@ pub mod audit;
 pub mod bash_validator;
 pub mod binding;
 pub mod claude;
+pub mod clock;
 pub mod config;
 pub mod context;
 pub mod deps;

@@ -14,12 +14,12 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use crate::claude::command;
 use crate::claude::protocol::ResultMessage;
+use crate::clock::now_ms;
 use crate::deps::HookDecision;
 use crate::domain::StartParams;
 use crate::logging::iso8601;
@@ -42,13 +42,6 @@ pub struct Transcript {
     secrets: OnceLock<Vec<String>>,
     /// Tool names by tool-use id, so a result names the tool that produced it.
     tools: Mutex<HashMap<String, String>>,
-}
-
-pub fn epoch_millis() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 fn indent(text: &str) -> String {
@@ -195,7 +188,7 @@ fn bounded_line(text: &str) -> String {
 /// `{ms}-{role}[-{workItemID}]-{sessionID}.log`: the session id makes the name unique even
 /// for two sessions of one role started in the same millisecond (their logs and patch files
 /// would otherwise truncate each other). Ids are sanitized and capped (they come from the engine).
-pub fn log_file_name(started_ms: u128, params: &StartParams, session_id: &str) -> String {
+pub fn log_file_name(started_ms: u64, params: &StartParams, session_id: &str) -> String {
     let role = params.role().as_str();
     let sid: String = sanitize(session_id).chars().take(64).collect();
     match params.work_item_id() {
@@ -223,7 +216,7 @@ fn sanitize(id: &str) -> String {
 impl Transcript {
     pub fn create(
         logs_dir: &Path,
-        started_ms: u128,
+        started_ms: u64,
         params: &StartParams,
         session_id: &str,
         on_error: Box<dyn Fn(&str) + Send + Sync>,
@@ -261,7 +254,7 @@ impl Transcript {
                 revision_id,
             } => header += &format!("Work Item: {work_item_id}\nRevision: {revision_id}\n"),
         }
-        header += &format!("Started: {}\n\n", iso8601(started_ms));
+        header += &format!("Started: {}\n\n", iso8601(started_ms.into()));
         t.write(&header);
         t
     }
@@ -299,7 +292,7 @@ impl Transcript {
     }
 
     fn entry(&self, kind: &str, text: &str) {
-        let ts = iso8601(epoch_millis());
+        let ts = iso8601(now_ms().into());
         self.write(&format!("[{ts}] [{kind}] {text}\n"));
     }
 
@@ -327,7 +320,7 @@ impl Transcript {
     }
 
     pub fn text(&self, text: &str) {
-        let ts = iso8601(epoch_millis());
+        let ts = iso8601(now_ms().into());
         self.write(&format!("[{ts}] [assistant]\n{}", indent(text)));
     }
 
@@ -359,7 +352,7 @@ impl Transcript {
             Some(secrets) => redact(content, secrets),
             None => content.to_string(),
         };
-        let ts = iso8601(epoch_millis());
+        let ts = iso8601(now_ms().into());
         let entry = tool_result_entry(&tool, &redacted, content.len(), is_error);
         self.write(&format!("[{ts}] [tool_result] {entry}"));
     }
@@ -422,7 +415,7 @@ impl Transcript {
 
     /// The last entry: `completed`, `failed` or `cancelled`, and why.
     pub fn footer(&self, outcome: &str, reason: &str) {
-        let ts = iso8601(epoch_millis());
+        let ts = iso8601(now_ms().into());
         self.write(&format!(
             "\n=== Session {outcome} ===\nReason: {reason}\nEnded: {ts}\n"
         ));

@@ -12,6 +12,14 @@ export const MiB = 1024 * 1024;
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+/** The bench's option `--name=value` from its command line, else `dflt`. */
+export const arg = (name, dflt) => {
+  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
+  return a ? a.slice(name.length + 3) : dflt;
+};
+/** A numeric option (a count, a size, seconds): `--name=value` as a number, else `dflt`. */
+export const numberArg = (name, dflt) => Number(arg(name, dflt));
+
 /** Nearest-rank percentile (p in 0..100) of numbers; null when empty. */
 export function percentile(values, p) {
   const v = values.filter((x) => typeof x === 'number' && Number.isFinite(x)).sort((a, b) => a - b);

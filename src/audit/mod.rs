@@ -22,9 +22,10 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
+
+use crate::clock::now_ms;
 
 pub use seal::{PublicKey, SigningKey, Subject};
 pub use verify::{verify, Verdict};
@@ -188,10 +189,10 @@ fn bounded_string(s: &str) -> String {
 }
 
 /// One entry's line (newline included) and its hash.
-fn entry_line(seq: u64, time: u128, kind: &str, fields: Value, prev: &str) -> (String, String) {
+fn entry_line(seq: u64, time: u64, kind: &str, fields: Value, prev: &str) -> (String, String) {
     let mut entry = Map::new();
     entry.insert("seq".into(), seq.into());
-    entry.insert("time".into(), Value::from(time as u64));
+    entry.insert("time".into(), Value::from(time));
     entry.insert("kind".into(), kind.into());
     let fields = match fields {
         Value::Object(o) => o,
@@ -238,13 +239,6 @@ impl Digest {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -325,6 +325,16 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
     })
 }
 
+/// `backend.kubernetes` from its JSON, for the tests of what it drives (the pod spec): the
+/// config a user's JSON makes. Panics naming the problems of one that is not valid. (Unix: the
+/// backend that uses it is.)
+#[cfg(all(test, unix))]
+pub(crate) fn from_json(v: &Value) -> KubernetesConfig {
+    let mut problems = Problems::default();
+    let config = v.as_object().and_then(|o| kubernetes(o, &mut problems));
+    config.unwrap_or_else(|| panic!("{}", problems.into_error().message))
+}
+
 /// An image reference when given: non-empty, no whitespace (what the API server would refuse).
 fn image_ref(r: &mut Reader<'_>, key: &str) -> Option<String> {
     match r.obj.get(key) {

@@ -32,12 +32,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::clock::{now_ms, unix_ms};
+
 use super::confine::Confiner;
 use super::layer::Layer;
 use super::list::ListedWorktree;
 use super::patch::Snapshot;
 use super::provision::ProvisionRequest;
-use super::record::{now_ms, unix_ms, write_owner, AdminRecord, CLI_CONFIG_DIR, KEPT_FILE};
+use super::record::{write_owner, AdminRecord, CLI_CONFIG_DIR, KEPT_FILE};
 use super::repo::cancelled;
 use super::repo::{lock_std, provision_error, same_path, LiveCheckout, RepoGit};
 use super::worktree::{Continuation, Worktree, WorktreeState};

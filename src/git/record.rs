@@ -38,10 +38,10 @@
 //! one at `shutdown()`; a base without both is never adopted, only swept.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::now_ms;
 use crate::process::Owner;
 
 const FILE: &str = "claude-runtime-adapter.json";
@@ -180,16 +180,6 @@ impl AdminRecord {
         let bytes = std::fs::read(admin.join(FILE)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
-}
-
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Unix ms now.
-pub fn now_ms() -> u64 {
-    unix_ms(SystemTime::now())
 }
 
 /// The agent of a fresh session's checkout, recorded once its CLI started (module docs);

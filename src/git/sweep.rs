@@ -46,6 +46,7 @@ use super::list::ListedWorktree;
 use super::patch;
 use super::record::{AdminRecord, KEPT_FILE};
 use super::repo::{provision_error, remove_clone, RepoGit, WORKTREES_DIR};
+use crate::clock::now_ms;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::process::Owner;
 
@@ -312,9 +313,7 @@ fn write_salvaged(
     }
     let dir = common.join("claude-runtime-adapter").join("salvaged");
     std::fs::create_dir_all(&dir)?;
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
+    let ms = now_ms();
     let safe: String = label
         .chars()
         .map(|c| {

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::audit::{sha256_hex, AuditConfig, AuditRecord, Subject};
 use crate::claude::session::SessionSpec;
+use crate::clock::now_ms;
 use crate::config::{AdapterConfig, BackendConfig};
 use crate::deps::{LogLevel, Logger};
 use crate::domain::{StartOptions, StartParams};
@@ -26,7 +27,7 @@ pub fn open(
     env: &[(String, String)],
     logger: Arc<dyn Logger>,
 ) -> Result<Arc<AuditRecord>> {
-    let log_name = transcript::log_file_name(transcript::epoch_millis(), params, session_id);
+    let log_name = transcript::log_file_name(now_ms(), params, session_id);
     let name = format!("{}.audit.jsonl", log_name.trim_end_matches(".log"));
     let secrets = transcript::secrets_in(env);
     let sid = session_id.to_string();

@@ -7,9 +7,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::Session;
+use crate::claude::command;
 use crate::claude::session::StopReason;
+use crate::clock::now_ms;
 use crate::deps::LogLevel;
-use crate::git::record::now_ms;
+use crate::error::{AdapterError, ErrorCode, Result};
+use crate::git::worktree::Continuation;
 
 /// What the continued CLI is told before the task, as the next user turn of its conversation.
 const CONTINUE_PROMPT: &str = "Your session was interrupted (the engine running it stopped) and has now been resumed in the same checkout, with your commits and uncommitted files as you left them. A command that was running when it stopped did not finish. Check what you already did, then continue the task where you left off and finish it as instructed. The task, as it stands now:";
@@ -18,6 +21,21 @@ const CONTINUE_PROMPT: &str = "Your session was interrupted (the engine running 
 /// work item may have changed).
 pub(super) fn prompt(task: &str) -> String {
     format!("{CONTINUE_PROMPT}\n\n{task}")
+}
+
+/// The continued CLI's argv, from the `args` a fresh run would get: on the interrupted
+/// conversation, with the turns its runs used taken off `--max-turns`. None left is
+/// `ERR_AGENT_FAILED` naming the interrupted session and its turns.
+pub(super) fn args(args: &[String], c: &Continuation) -> Result<Vec<String>> {
+    command::resume_args(args, c.turns).ok_or_else(|| {
+        AdapterError::new(
+            ErrorCode::AgentFailed,
+            format!(
+                "the interrupted session {} had used all of its maxTurns ({} turns)",
+                c.from_session, c.turns
+            ),
+        )
+    })
 }
 
 impl Session {
@@ -95,5 +113,34 @@ impl Session {
         }
         self.log(LogLevel::Info, &text, json!({ "path": path }));
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_continued_run_gets_the_turns_its_interrupted_runs_left_and_none_left_fails_naming_them() {
+        let fresh = ["--print", "--max-turns=10", "--session-id=c0ffee"].map(String::from);
+        let mut c = Continuation {
+            from_session: "s-1".into(),
+            transcript: None,
+            cli_session: "c0ffee".into(),
+            interrupted_ms: 0,
+            used: Duration::from_secs(60),
+            turns: 3,
+        };
+        assert_eq!(
+            args(&fresh, &c).unwrap(),
+            ["--print", "--max-turns=7", "--resume=c0ffee"]
+        );
+        c.turns = 10;
+        let e = args(&fresh, &c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::AgentFailed);
+        assert_eq!(
+            e.message,
+            "the interrupted session s-1 had used all of its maxTurns (10 turns)"
+        );
     }
 }

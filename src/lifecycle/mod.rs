@@ -32,6 +32,7 @@ mod host;
 mod observer;
 mod outcome;
 mod registry;
+mod resume;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +76,7 @@ use observer::Observer;
 use outcome::evaluate;
 use registry::Registration;
 pub use registry::{Registry, SessionInfo};
+use resume::{Resume, RunEnd};
 
 /// What `startAgent` hands back; the binding wraps it into the JS `AgentRunHandle`.
 pub struct StartedSession {
@@ -156,18 +158,6 @@ pub struct Session {
     /// [`StopReason::Limit`]).
     disk_hit: Arc<OnceLock<String>>,
 }
-
-/// A session's CLI is started again on its conversation at most this many times (each only
-/// after it ended on an API failure within `apiOutageTolerance`): an API that cuts every
-/// answer must not keep a session going for ever.
-const MAX_RESUMES: u32 = 8;
-/// The pause before a resume, doubling with each (the relay holds the next request through a
-/// failure it sees; this paces an API that cuts its answers).
-const RESUME_PAUSE: Duration = Duration::from_millis(500);
-const MAX_RESUME_PAUSE: Duration = Duration::from_secs(30);
-
-/// What the resumed CLI is told, as the next user turn of its conversation.
-const RESUME_PROMPT: &str = "The model API failed in the middle of your work, and your session has been resumed in the same checkout. Check what you already did, then continue the task where you left off and finish it as instructed.";
 
 impl Session {
     /// Validate, claim the session id (and the branch), start the time limit.
@@ -481,16 +471,7 @@ impl Session {
         });
         let mut prompt = prompt;
         if let Some(c) = &self.continued {
-            // On the interrupted conversation, with the turns its runs used counted.
-            args = command::resume_args(&args, c.turns).ok_or_else(|| {
-                AdapterError::new(
-                    ErrorCode::AgentFailed,
-                    format!(
-                        "the interrupted session {} had used all of its maxTurns ({} turns)",
-                        c.from_session, c.turns
-                    ),
-                )
-            })?;
+            args = continued::args(&args, c)?;
             prompt = continued::prompt(&prompt);
         }
         Ok(SessionSpec {
@@ -650,7 +631,7 @@ impl Session {
         let sid = self.id.clone();
         let t = Transcript::create(
             dir,
-            transcript::epoch_millis(),
+            crate::clock::now_ms(),
             &self.params,
             &self.id,
             Box::new(move |msg: &str| logger.log(LogLevel::Warn, msg, json!({ "sessionID": sid }))),
@@ -770,26 +751,19 @@ impl Session {
                 .run(retries, |r| outcome::semantic_follow_up(role, facts, r))
                 .await;
             stats.then(std::mem::take(&mut end.stats));
-            let resume = match self.resumable(&end, stats.turns().unwrap_or(0)).await {
-                Ok(resume) => resume,
-                Err(failure) => {
-                    self.outage_failure = failure;
-                    None
+            let (reason, spec) = match self.resumable(&end, stats.turns().unwrap_or(0)).await {
+                Resume::Yes(resume) => resume,
+                Resume::No => return end,
+                Resume::Refused(why) => {
+                    self.outage_failure = Some(why);
+                    return end;
                 }
             };
-            let Some((reason, spec)) = resume else {
-                return end;
-            };
             self.resumes += 1;
-            let text = format!(
-                "the Claude Code CLI ended on a model API failure ({reason}); continuing its conversation (resume {} of at most {MAX_RESUMES})",
-                self.resumes
-            );
-            self.outage.notice(&text);
+            self.outage.notice(&resume::notice(&reason, self.resumes));
             // An API that cuts every answer is not asked again at once; a stop ends the pause.
-            let pause = RESUME_PAUSE * 2u32.pow((self.resumes - 1).min(5));
             tokio::select! {
-                _ = tokio::time::sleep(pause.min(MAX_RESUME_PAUSE)) => {}
+                _ = tokio::time::sleep(resume::pause(self.resumes)) => {}
                 _ = self.stop.stopped() => {}
             }
             if let Some(reason) = self.stop.reason() {
@@ -810,61 +784,36 @@ impl Session {
         }
     }
 
-    /// The CLI run that `end` ended is to be resumed: `Ok(Some((why, the spec to run)))`.
-    /// `Err(Some(why))`: it ended on an outage past `apiOutageTolerance` (the session fails
-    /// naming it); `Ok(None)`/`Err(None)`: it ended for another reason (a result, a stop, a
-    /// crash, an environment lost under it: a pod its node killed is not an API failure; a
-    /// limit of the run's own — its turns, its budget — is not one either, whatever the API
-    /// did before it). `turns_used`: what the runs so far reported, taken off the resumed run's
-    /// `--max-turns` (none left: not resumed).
-    async fn resumable(
-        &self,
-        end: &SessionEnd,
-        turns_used: u64,
-    ) -> std::result::Result<Option<(String, SessionSpec)>, Option<String>> {
-        if end.stopped.is_some() || self.stop.reason().is_some() {
-            return Ok(None);
-        }
-        if end
-            .result
-            .as_ref()
-            .is_some_and(|r| !r.is_error || command::ended_at_own_limit(&r.subtype))
-        {
-            return Ok(None);
-        }
-        let Some((reason, lasted, may_wait)) = self.outage.ongoing() else {
-            return Ok(None);
+    /// Whether the CLI run that `end` ended is resumed ([`resume::judge`]), with the outage's
+    /// reason and the spec to run. An environment lost under it is not an API failure (a pod
+    /// its node killed): not resumed. `turns_used`: what the runs so far reported, taken off
+    /// the resumed run's `--max-turns` (none left: not resumed).
+    async fn resumable(&self, end: &SessionEnd, turns_used: u64) -> Resume<(String, SessionSpec)> {
+        let judged = resume::judge(RunEnd {
+            stopped: end.stopped.is_some() || self.stop.reason().is_some(),
+            result: end.result.as_ref(),
+            outage: self.outage.ongoing(),
+            tolerance: self.outage.tolerance(),
+            resumes: self.resumes,
+        });
+        let reason = match judged {
+            Resume::Yes(reason) => reason,
+            Resume::No => return Resume::No,
+            Resume::Refused(why) => return Resume::Refused(why),
         };
-        if self.outage.tolerance().is_zero() {
-            return Ok(None);
-        }
-        if !may_wait {
-            return Err(Some(format!(
-                "the model API was unavailable for {} s, past apiOutageTolerance ({} s): {reason}",
-                lasted.as_secs(),
-                self.outage.tolerance().as_secs()
-            )));
-        }
-        if self.resumes >= MAX_RESUMES {
-            return Err(Some(format!(
-                "the model API kept failing ({reason}); the conversation was resumed {MAX_RESUMES} times"
-            )));
-        }
         if let Some(env) = &self.environment {
             if env.lost().await.is_some() {
-                return Ok(None);
+                return Resume::No;
             }
         }
-        let Some(spec) = &self.spec else {
-            return Ok(None);
-        };
-        let mut spec = spec.clone();
-        let Some(args) = command::resume_args(&spec.args, turns_used) else {
-            return Ok(None);
-        };
-        spec.args = args;
-        spec.prompt = RESUME_PROMPT.to_string();
-        Ok(Some((reason, spec)))
+        match self
+            .spec
+            .as_ref()
+            .and_then(|first| resume::resumed_spec(first, turns_used))
+        {
+            Some(spec) => Resume::Yes((reason, spec)),
+            None => Resume::No,
+        }
     }
 
     /// How the session ended → the engine's `result` (the Implementor's patch added).
@@ -878,13 +827,7 @@ impl Session {
             }
         };
         let (outcome, ()) = tokio::join!(self.result_of(end), kept);
-        let outcome = match (&self.outage_failure, outcome) {
-            (Some(why), Err(e)) if e.code == ErrorCode::AgentFailed => Err(AdapterError {
-                message: format!("{why}; {}", e.message),
-                ..e
-            }),
-            (_, outcome) => outcome,
-        };
+        let outcome = resume::failed_on_outage(self.outage_failure.as_deref(), outcome);
         let changes = self.changes(&outcome).await;
         let elapsed = self.started.elapsed().as_millis() as u64;
         let mut stats = self.spend_stats(run_stats.finish(elapsed, changes.as_deref()));

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::claude::session::{StopReason, StopSignal};
+use crate::clock::now_ms;
 use crate::domain::{Role, StartParams};
 use crate::error::{AdapterError, ErrorCode, Result};
 
@@ -73,9 +74,7 @@ impl Registry {
             }
         }
         let (done_tx, done_rx) = watch::channel(false);
-        let started_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_millis() as f64);
+        let started_at = now_ms() as f64;
         let info = SessionInfo {
             session_id: id.to_string(),
             role: params.role(),

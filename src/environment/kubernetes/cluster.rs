@@ -394,150 +394,35 @@ impl Cluster {
     /// and resources).
     fn pod_spec(&self, name: &str, req: &PodRequest) -> KubePod {
         let c = &self.config;
-        let mut labels = c.labels.clone();
-        labels.insert(MANAGED_BY.into(), MANAGER.into());
-        labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
-        let mut annotations = c.annotations.clone();
-        annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
-        if req.warm {
-            labels.insert(LABEL_WARM.into(), "true".into());
-        } else {
-            labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
-            labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
-            annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
-        }
-        let quantities = |m: &BTreeMap<String, String>| {
-            (!m.is_empty()).then(|| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), Quantity(v.clone())))
-                    .collect::<BTreeMap<_, _>>()
-            })
-        };
-        let resources =
-            (!c.requests.is_empty() || !c.limits.is_empty()).then(|| ResourceRequirements {
-                requests: quantities(&c.requests),
-                limits: quantities(&c.limits),
-                ..Default::default()
-            });
-        let command = req
-            .command
-            .clone()
-            .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
         let image = self.image_of(req);
-        let security = || SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            read_only: read_only.then_some(true),
-            ..Default::default()
-        };
-        let mut volumes: Vec<Volume> = POD_DIRS
-            .iter()
-            .map(|(name, _)| Volume {
-                name: (*name).into(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            })
-            .collect();
-        let mut mounts: Vec<VolumeMount> = POD_DIRS
-            .iter()
-            .map(|(name, path)| mount(name, path, false))
-            .collect();
-        let node_cache_volume = |volumes: &mut Vec<Volume>, path: &String| {
-            // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and the
-            // pod then says the cache is not writable and does without it.
-            if !volumes.iter().any(|v| v.name == NODE_CACHE) {
-                volumes.push(Volume {
-                    name: NODE_CACHE.into(),
-                    host_path: Some(HostPathVolumeSource {
-                        path: path.clone(),
-                        type_: Some("DirectoryOrCreate".into()),
-                    }),
-                    ..Default::default()
-                });
-            }
-        };
+        let mut volumes = Volumes::pod_dirs();
         if let Some(path) = c.node_cache.as_ref().filter(|_| req.node_bases) {
-            node_cache_volume(&mut volumes, path);
-            mounts.push(mount(NODE_CACHE, NODE_BASES_MOUNT, false));
+            volumes.node_bases(path);
         }
         // Another image than the runtime's: an init container of the runtime image copies the
         // runtime into a volume the session container sees, read-only, where the runtime image
         // has it (the way CI runners on Kubernetes bring their tools into a user's image).
-        let init = (image != c.runtime_image).then(|| {
-            volumes.push(Volume {
-                name: RUNTIME_CONTAINER.into(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            });
-            mounts.push(VolumeMount {
-                sub_path: Some(RUNTIME_SUBDIR.into()),
-                ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
-            });
-            let mut init_mounts = vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)];
-            let command = match &c.node_cache {
-                // Not `-a`: the session's user cannot give the copies the image's owner (root),
-                // nor change the volume's own root: the copy is a new directory in it.
-                None => vec![
-                    "cp".into(),
-                    "-dR".into(),
-                    "--preserve=mode".into(),
-                    RUNTIME_DIR.into(),
-                    format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
-                ],
-                Some(path) => {
-                    node_cache_volume(&mut volumes, path);
-                    mounts.push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
-                    init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
-                    vec![
-                        "/bin/sh".into(),
-                        "-c".into(),
-                        RUNTIME_INIT.into(),
-                        "runtime-init".into(),
-                        NODE_CACHE_SEEN.into(),
-                    ]
-                }
-            };
-            vec![Container {
-                name: RUNTIME_CONTAINER.into(),
-                image: Some(c.runtime_image.clone()),
-                image_pull_policy: Some(c.image_pull_policy.as_str().into()),
-                command: Some(command),
-                volume_mounts: Some(init_mounts),
-                // Its output is the failure's message.
-                termination_message_policy: Some("FallbackToLogsOnError".into()),
-                security_context: Some(security()),
-                ..Default::default()
-            }]
-        });
+        let init = (image != c.runtime_image).then(|| vec![runtime_container(c, &mut volumes)]);
+        let command = req
+            .command
+            .clone()
+            .unwrap_or_else(|| POD_COMMAND.iter().map(|s| s.to_string()).collect());
+        let session = Container {
+            name: CONTAINER.into(),
+            image: Some(image),
+            image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+            command: Some(command),
+            resources: resources(c),
+            security_context: Some(unprivileged()),
+            volume_mounts: Some(volumes.mounts),
+            ..Default::default()
+        };
         KubePod {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(self.namespace.clone()),
-                labels: Some(labels),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
+            metadata: self.metadata(name, req),
             spec: Some(PodSpec {
                 init_containers: init,
-                containers: vec![Container {
-                    name: CONTAINER.into(),
-                    image: Some(image),
-                    image_pull_policy: Some(c.image_pull_policy.as_str().into()),
-                    command: Some(command),
-                    resources,
-                    security_context: Some(security()),
-                    volume_mounts: Some(mounts),
-                    ..Default::default()
-                }],
-                volumes: Some(volumes),
+                containers: vec![session],
+                volumes: Some(volumes.volumes),
                 security_context: Some(PodSecurityContext {
                     run_as_user: Some(1000),
                     run_as_group: Some(1000),
@@ -550,22 +435,37 @@ impl Cluster {
                 termination_grace_period_seconds: Some(1),
                 active_deadline_seconds: req.active_deadline.map(deadline_seconds),
                 node_selector: (!c.node_selector.is_empty()).then(|| c.node_selector.clone()),
-                tolerations: (!c.tolerations.is_empty()).then(|| {
-                    c.tolerations
-                        .iter()
-                        .map(|t| KubeToleration {
-                            key: t.key.clone(),
-                            operator: t.operator.clone(),
-                            value: t.value.clone(),
-                            effect: t.effect.clone(),
-                            toleration_seconds: t.toleration_seconds,
-                        })
-                        .collect()
-                }),
+                tolerations: tolerations(c),
                 runtime_class_name: c.runtime_class_name.clone(),
                 service_account_name: c.service_account_name.clone(),
                 ..Default::default()
             }),
+            ..Default::default()
+        }
+    }
+
+    /// The pod's name, namespace, labels and annotations: the config's, then the adapter's —
+    /// who made the pod (the sweep's owner rule) and, unless it is a warm pod no session has
+    /// claimed yet, whose session it is.
+    fn metadata(&self, name: &str, req: &PodRequest) -> ObjectMeta {
+        let c = &self.config;
+        let mut labels = c.labels.clone();
+        labels.insert(MANAGED_BY.into(), MANAGER.into());
+        labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
+        let mut annotations = c.annotations.clone();
+        annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
+        if req.warm {
+            labels.insert(LABEL_WARM.into(), "true".into());
+        } else {
+            labels.insert(LABEL_SESSION.into(), label_value(&req.session_id));
+            labels.insert(LABEL_ROLE.into(), req.role.as_str().into());
+            annotations.insert(ANNOTATION_SESSION_ID.into(), req.session_id.clone());
+        }
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
             ..Default::default()
         }
     }
@@ -876,6 +776,163 @@ fn cancelled(name: &str) -> AdapterError {
 fn grace_zero() -> DeleteParams {
     DeleteParams {
         grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+/// A pod's volumes and what its session container mounts of them, as the steps of
+/// [`Cluster::pod_spec`] add them (the order is the spec's).
+struct Volumes {
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+}
+
+impl Volumes {
+    /// The pod's own directories ([`POD_DIRS`]), each an empty volume mounted writable.
+    fn pod_dirs() -> Volumes {
+        Volumes {
+            volumes: POD_DIRS
+                .iter()
+                .map(|(name, _)| Volume {
+                    name: (*name).into(),
+                    empty_dir: Some(Default::default()),
+                    ..Default::default()
+                })
+                .collect(),
+            mounts: POD_DIRS
+                .iter()
+                .map(|(name, path)| mount(name, path, false))
+                .collect(),
+        }
+    }
+
+    /// `nodeCache`'s volume, once however many mounts use it.
+    fn node_cache(&mut self, path: &str) {
+        // DirectoryOrCreate: a node without it gets it (the kubelet's, root's), and the pod
+        // then says the cache is not writable and does without it.
+        if !self.volumes.iter().any(|v| v.name == NODE_CACHE) {
+            self.volumes.push(Volume {
+                name: NODE_CACHE.into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.into(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// `nodeCache` writable at [`NODE_BASES_MOUNT`], for the checkouts' bases
+    /// ([`PodRequest::node_bases`]).
+    fn node_bases(&mut self, path: &str) {
+        self.node_cache(path);
+        self.mounts.push(mount(NODE_CACHE, NODE_BASES_MOUNT, false));
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// Every container's: no privilege escalation, no capabilities.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The session container's `resources` from the config's `requests` and `limits` (none when
+/// neither is given).
+fn resources(c: &KubernetesConfig) -> Option<ResourceRequirements> {
+    let quantities = |m: &BTreeMap<String, String>| {
+        (!m.is_empty()).then(|| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    (!c.requests.is_empty() || !c.limits.is_empty()).then(|| ResourceRequirements {
+        requests: quantities(&c.requests),
+        limits: quantities(&c.limits),
+        ..Default::default()
+    })
+}
+
+/// The config's `tolerations` as the pod spec takes them (none when there are none).
+fn tolerations(c: &KubernetesConfig) -> Option<Vec<KubeToleration>> {
+    (!c.tolerations.is_empty()).then(|| {
+        c.tolerations
+            .iter()
+            .map(|t| KubeToleration {
+                key: t.key.clone(),
+                operator: t.operator.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+                toleration_seconds: t.toleration_seconds,
+            })
+            .collect()
+    })
+}
+
+/// The init container that brings the runtime into a pod of another image than the runtime's,
+/// with the volumes it needs added to `volumes`: the runtime's volume, which the session
+/// container mounts where the runtime image has the runtime, and with `nodeCache` the node's
+/// copy, which that volume's links lead to (`image/runtime-init`).
+fn runtime_container(c: &KubernetesConfig, volumes: &mut Volumes) -> Container {
+    volumes.volumes.push(Volume {
+        name: RUNTIME_CONTAINER.into(),
+        empty_dir: Some(Default::default()),
+        ..Default::default()
+    });
+    volumes.mounts.push(VolumeMount {
+        sub_path: Some(RUNTIME_SUBDIR.into()),
+        ..mount(RUNTIME_CONTAINER, RUNTIME_DIR, true)
+    });
+    let mut init_mounts = vec![mount(RUNTIME_CONTAINER, RUNTIME_COPY, false)];
+    let command = match &c.node_cache {
+        // Not `-a`: the session's user cannot give the copies the image's owner (root), nor
+        // change the volume's own root: the copy is a new directory in it.
+        None => vec![
+            "cp".into(),
+            "-dR".into(),
+            "--preserve=mode".into(),
+            RUNTIME_DIR.into(),
+            format!("{RUNTIME_COPY}/{RUNTIME_SUBDIR}"),
+        ],
+        Some(path) => {
+            volumes.node_cache(path);
+            volumes
+                .mounts
+                .push(mount(NODE_CACHE, NODE_CACHE_SEEN, true));
+            init_mounts.push(mount(NODE_CACHE, NODE_CACHE_INIT, false));
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                RUNTIME_INIT.into(),
+                "runtime-init".into(),
+                NODE_CACHE_SEEN.into(),
+            ]
+        }
+    };
+    Container {
+        name: RUNTIME_CONTAINER.into(),
+        image: Some(c.runtime_image.clone()),
+        image_pull_policy: Some(c.image_pull_policy.as_str().into()),
+        command: Some(command),
+        volume_mounts: Some(init_mounts),
+        // Its output is the failure's message.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(unprivileged()),
         ..Default::default()
     }
 }
@@ -1494,5 +1551,141 @@ mod tests {
             exec_end(Some(other)),
             ExecEnd::Failed("container not found (InternalError)".into())
         );
+    }
+
+    /// A cluster that is never reached: `pod_spec` reads only its config and namespace.
+    fn offline(config: KubernetesConfig) -> Cluster {
+        let refuse = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("offline"))
+        });
+        Cluster {
+            client: Client::new(refuse, config.namespace.clone()),
+            namespace: config.namespace.clone(),
+            url: "https://offline.invalid".into(),
+            notes: RuntimeNotes {
+                node_cache: config.node_cache.clone(),
+                warned: Arc::default(),
+            },
+            config,
+        }
+    }
+
+    /// `backend.kubernetes` of the runtime image alone, with `extra`'s fields.
+    fn config(extra: serde_json::Value) -> KubernetesConfig {
+        let mut k =
+            serde_json::json!({ "namespace": "agents", "runtimeImage": "example.com/cra:1" });
+        k.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        crate::config::kubernetes::from_json(&k)
+    }
+
+    /// An Implementor's request from a fixed engine process (the owner is on the pod).
+    fn request() -> PodRequest {
+        PodRequest {
+            owner: Owner {
+                pid: 4242,
+                start_time: 99,
+                host: "engine host".into(),
+            },
+            ..PodRequest::new("session/1", Role::Implementor)
+        }
+    }
+
+    /// The pod spec, serialized, as the golden file `tests/golden/pod_spec/{name}.json` has it
+    /// (written anew with `UPDATE_GOLDEN=1`; then read the diff). The init container's script
+    /// stands there as `<image/runtime-init>`: a change to the script is not one to the spec.
+    fn pinned(name: &str, config: KubernetesConfig, req: &PodRequest) {
+        let pod = offline(config).pod_spec("cra-pod-1", req);
+        let mut pod = serde_json::to_value(&pod).unwrap();
+        if let Some(command) = pod.pointer_mut("/spec/initContainers/0/command/2") {
+            if command == RUNTIME_INIT {
+                *command = "<image/runtime-init>".into();
+            }
+        }
+        let actual = serde_json::to_string_pretty(&pod).unwrap() + "\n";
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/pod_spec")
+            .join(format!("{name}.json"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+        if expected != actual {
+            let diff = similar::TextDiff::from_lines(expected.as_str(), actual.as_str())
+                .unified_diff()
+                .header("golden", "actual")
+                .to_string();
+            panic!("the pod spec differs from {}:\n{diff}", path.display());
+        }
+    }
+
+    /// Every branch `pod_spec` takes, each against the bytes it made before it was split into
+    /// its steps: a session's or a warm pod, resources and scheduling, the runtime's image or a
+    /// user's (copied in, or linked from `nodeCache`), a sandboxed session's node bases, and
+    /// `nodeCache` without them (`sandbox: false`).
+    #[tokio::test]
+    async fn the_pod_spec_of_each_kind_of_session_is_byte_identical_to_its_golden_file() {
+        pinned("session", config(serde_json::json!({})), &request());
+
+        let mut warm = PodRequest {
+            warm: true,
+            active_deadline: Some(Duration::from_millis(3_600_500)),
+            ..request()
+        };
+        warm.role = Role::Planner;
+        pinned("warm", config(serde_json::json!({})), &warm);
+
+        let scheduled = config(serde_json::json!({
+            "imagePullPolicy": "Always",
+            "resources": {
+                "requests": { "cpu": "500m" },
+                "limits": { "memory": "2Gi", "ephemeral-storage": "200Mi" },
+            },
+            "nodeSelector": { "pool": "agents" },
+            "tolerations": [{
+                "key": "dedicated", "operator": "Equal", "value": "agents",
+                "effect": "NoExecute", "tolerationSeconds": 30,
+            }],
+            "runtimeClassName": "gvisor",
+            "serviceAccountName": "agent",
+            "labels": { "team": "core" },
+            "annotations": { "note": "a b" },
+        }));
+        let command = PodRequest {
+            command: Some(vec!["sleep".into(), "infinity".into()]),
+            ..request()
+        };
+        pinned("scheduled_and_limited", scheduled, &command);
+
+        let configured_image = config(serde_json::json!({ "image": "example.com/user:2" }));
+        pinned("user_image", configured_image, &request());
+
+        let user_image = PodRequest {
+            image: Some("example.com/devcontainer:3".into()),
+            ..request()
+        };
+        let cached = config(serde_json::json!({ "nodeCache": "/var/cache/cra" }));
+        pinned("user_image_node_cache", cached.clone(), &user_image);
+
+        let node_bases = PodRequest {
+            node_bases: true,
+            ..request()
+        };
+        pinned("node_bases", cached.clone(), &node_bases);
+        pinned(
+            "user_image_node_cache_node_bases",
+            cached.clone(),
+            &PodRequest {
+                node_bases: true,
+                ..user_image
+            },
+        );
+        // Without node bases (`sandbox: false`), a pod of the runtime's image has no use for
+        // `nodeCache`: the same spec as without one.
+        pinned("session", cached, &request());
     }
 }

@@ -28,6 +28,7 @@ mod steps;
 mod warm;
 mod work;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use self::cluster::{Cluster, Pod, PodExec, PodRequest};
-use self::image::{inspect_image, pod_env};
+use self::image::{inspect_image, pod_env, ImageFacts};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
 use self::node_base::{bind_base, use_layer, Found, Holder, LayerError, LAYER_FILE};
 use self::steps::{
@@ -242,7 +243,9 @@ fn stopped() -> AdapterError {
 }
 
 /// Everything between a running pod (its stream, `cra-pod mux`, open) and a session ready for
-/// its CLI, with what was made while it started.
+/// its CLI, with what was made while it started: the shell over the stream, the pod's
+/// directories and environment, the git config and the node's base, then the checkout (a
+/// layer on the node's base, or made in the pod) beside the sockets, history server and probe.
 async fn prepare(
     pod: Arc<Pod>,
     exec: PodExec,
@@ -253,6 +256,86 @@ async fn prepare(
 ) -> Result<KubernetesEnvironment> {
     // Where a pod's start goes, for the log (a slow start is otherwise one number).
     let mut phases = Phases::default();
+    let shell = open_shell(&pod, exec).await?;
+    let image = inspect_image(&shell, &pod.image).await?;
+    phases.mark("stream and image probe");
+    make_dirs(&shell, &image.path).await?;
+    let engine_dirs = engine_dirs(
+        &req.env,
+        &req.repo_root,
+        std::env::var_os("HOME"),
+        std::env::current_dir().ok(),
+    );
+    let env = session_env(gateway.env(), &engine_dirs, &image, req.sandbox.as_ref());
+    let step = Steps {
+        shell: &shell,
+        env: &env,
+    };
+    let sandboxed = req.sandbox.is_some();
+    let in_pod = InPod::of(&step, &pack, &req.workspace, sandboxed);
+    let gitconfig = with_identity(gateway.git_config());
+    // The image as named: its id may come later (the base records it, checked below).
+    let key = node_bases.then(|| {
+        let setup = in_pod.setup.map(|(s, _)| s);
+        node_base::key(&pack.base, setup, &pod.image, &gitconfig)
+    });
+    let node = git_config_and_base(&step, &pod, &gitconfig, key).await?;
+    phases.mark("git config and the node's base");
+    // The repository travels while the sockets, the agent's scripts, the history server and the
+    // jail's probe are set up: every step is a round trip through the API server, and the pack
+    // is the longest. A base on the node needs no pack, and its layer's step is the jail's probe.
+    let probe = sandboxed && !matches!(node, Some((_, Found::Hit { .. })));
+    let beside = async {
+        sockets_and_files(&step, &gateway, sandboxed).await?;
+        let history =
+            history::HistoryServer::start(&req.repo_root, in_pod.default_branch, &pack.base)
+                .await?;
+        shell
+            .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
+            .await?;
+        if probe {
+            step.jail_works().await?;
+        }
+        Ok::<_, AdapterError>(history)
+    };
+    let made = match node {
+        Some((holder, found)) => {
+            on_node_base(&pod, &in_pod, holder, found, beside, &mut phases).await?
+        }
+        None => {
+            let (received, history) = tokio::try_join!(in_pod.send(), beside)?;
+            phases.mark("repository, sockets, history server and jail probe");
+            Made {
+                snapshot: in_pod.finish(received, &mut phases).await?,
+                history,
+                held: None,
+                layered_end: false,
+            }
+        }
+    };
+    let snapshot = made.snapshot.filter(|_| in_pod.checkout_as.is_some());
+    let base = pack.base.clone();
+    let pack_kib = pack.kib();
+    drop(pack);
+    tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
+    Ok(KubernetesEnvironment {
+        pod,
+        shell: Some(shell),
+        gateway: Some(gateway),
+        env,
+        workdir: PathBuf::from(WORKDIR),
+        repo_root: req.repo_root,
+        base,
+        snapshot,
+        sandboxed,
+        layered_end: made.layered_end,
+        _history: made.history,
+        _node_base: made.held.map(std::sync::Mutex::new),
+    })
+}
+
+/// The shell over the pod's stream (`cra-pod mux`).
+async fn open_shell(pod: &Arc<Pod>, exec: PodExec) -> Result<RemoteShell> {
     // The stream may have opened before the pod's status named its image; what needs that
     // status (the runtime's note, the node base's key) waits for it, the rest does not.
     // In the session's span: its log reaches the session's logger.
@@ -278,43 +361,63 @@ async fn prepare(
         let end = status.await;
         tracing::debug!(pod = %name, ?end, diagnostics = %String::from_utf8_lossy(&text), "the pod's stream ended");
     });
-    let shell = RemoteShell::start(exec.stdout, exec.stdin).await?;
-    let image = inspect_image(&shell, &pod.image).await?;
-    phases.mark("stream and image probe");
-    // The pod's directories are empty volumes (cluster.rs): the socket directory, private to
-    // the session's user, is made here, and the checkout's, which the jail's probe binds while
-    // the repository is still arriving.
-    let bare = [("PATH".to_string(), image.path.clone())];
-    Steps {
-        shell: &shell,
-        env: &bare,
-    }
-    .run(
-        "making the socket and checkout directories",
-        vec![
-            "sh".into(),
-            "-c".into(),
-            format!("mkdir -p -m 0700 {SOCKETS} && mkdir -p {WORKDIR}"),
-        ],
-        &[],
-        STEP_TIMEOUT,
-        "/",
-    )
-    .await?;
-    let engine_dirs: Vec<String> = [
-        env_value(&req.env, "HOME").map(PathBuf::from),
-        std::env::var_os("HOME").map(PathBuf::from),
-        Some(req.repo_root.clone()),
-        std::env::current_dir().ok(),
+    RemoteShell::start(exec.stdout, exec.stdin).await
+}
+
+/// The pod's directories are empty volumes (cluster.rs): the socket directory, private to the
+/// session's user, is made here, and the checkout's, which the jail's probe binds while the
+/// repository is still arriving. `path`: the image's PATH.
+async fn make_dirs(shell: &RemoteShell, path: &str) -> Result<()> {
+    let bare = [("PATH".to_string(), path.to_string())];
+    Steps { shell, env: &bare }
+        .run(
+            "making the socket and checkout directories",
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("mkdir -p -m 0700 {SOCKETS} && mkdir -p {WORKDIR}"),
+            ],
+            &[],
+            STEP_TIMEOUT,
+            "/",
+        )
+        .await
+        .map(drop)
+}
+
+/// The engine's directories, which the pod's environment must not name ([`pod_env`]): the
+/// session's HOME, the engine's own (`engine_home`), the repository and the engine's working
+/// directory.
+fn engine_dirs(
+    session_env: &[(String, String)],
+    repo_root: &Path,
+    engine_home: Option<std::ffi::OsString>,
+    engine_cwd: Option<PathBuf>,
+) -> Vec<String> {
+    [
+        env_value(session_env, "HOME").map(PathBuf::from),
+        engine_home.map(PathBuf::from),
+        Some(repo_root.to_path_buf()),
+        engine_cwd,
     ]
     .into_iter()
     .flatten()
     // `/` (a HOME of root's on some systems) would name everything.
     .filter(|d| d.parent().is_some())
     .map(|d| d.display().to_string())
-    .collect();
-    let mut env = pod_env(gateway.env(), &engine_dirs, &image);
-    if let Some(sandbox) = &req.sandbox {
+    .collect()
+}
+
+/// The CLI's environment in the pod ([`pod_env`]): in the jail, with the agent's commands
+/// behind the prefix script and the CLI's own tools behind their wrappers.
+fn session_env(
+    gateway_env: &[(String, String)],
+    engine_dirs: &[String],
+    image: &ImageFacts,
+    sandbox: Option<&SandboxConfig>,
+) -> Vec<(String, String)> {
+    let mut env = pod_env(gateway_env, engine_dirs, image);
+    if let Some(sandbox) = sandbox {
         // The agent's commands get their share of the session's tasks in the jail's user
         // namespace (RLIMIT_NPROC: the pod's processes run as a user other than root, which the
         // kernel does hold to it): a command that forks thousands of processes fails with
@@ -328,26 +431,22 @@ async fn prepare(
         // The CLI's own ripgrep and git take the same share.
         use_tool_wrappers(&mut env);
     }
-    let step = Steps {
-        shell: &shell,
-        env: &env,
-    };
-    let checkout = match &req.workspace {
-        Workspace::Checkout(p) => Some(p),
-        Workspace::View(_) => None,
-    };
-    let setup = checkout.and_then(|p| p.setup.as_ref().filter(|s| !s.is_empty()));
-    let default_branch = req.workspace.default_branch();
-    let sandboxed = req.sandbox.is_some();
-    // Git reads it (core.autocrlf, core.eol) when the repository is checked out.
-    let gitconfig = with_identity(gateway.git_config());
+    env
+}
+
+/// The session's git config written in the pod (git reads it — core.autocrlf, core.eol — when
+/// the repository is checked out) and meanwhile, given the checkout's `key` (node bases), the
+/// node asked for its base: `None` without node bases, or where the node cannot keep one (said
+/// once).
+async fn git_config_and_base(
+    step: &Steps<'_>,
+    pod: &Pod,
+    gitconfig: &str,
+    key: Option<String>,
+) -> Result<Option<(Holder, Found)>> {
     let find = async {
-        if !node_bases {
-            return None;
-        }
-        // The image as named: its id may come later (the base records it, checked below).
-        let key = node_base::key(&pack.base, setup.map(Vec::as_slice), &pod.image, &gitconfig);
-        Some(Holder::find(&step, &key).await)
+        let key = key?;
+        Some(Holder::find(step, &key).await)
     };
     let config_file = format!("{STATE}/gitconfig");
     let (written, found) = tokio::join!(
@@ -355,159 +454,161 @@ async fn prepare(
         find
     );
     written?;
-    let node = match found {
+    Ok(match found {
         Some(Ok(found)) => Some(found),
         Some(Err(e)) => {
             node_base::without_base(&pod.name, &pod.node, &e.message);
             None
         }
         None => None,
-    };
-    phases.mark("git config and the node's base");
-    // The repository travels while the sockets, the agent's scripts, the history server and the
-    // jail's probe are set up: every step is a round trip through the API server, and the pack
-    // is the longest. A base on the node needs no pack, and its layer's step is the jail's probe.
-    let probe = sandboxed && !matches!(node, Some((_, Found::Hit { .. })));
-    let beside = async {
-        sockets_and_files(&step, &gateway, sandboxed).await?;
-        let history =
-            history::HistoryServer::start(&req.repo_root, default_branch, &pack.base).await?;
-        shell
-            .listen(&format!("{SOCKETS}/{}", history::SOCKET), history.socket())
-            .await?;
-        if probe {
-            step.jail_works().await?;
-        }
-        Ok::<_, AdapterError>(history)
-    };
-    let branch = checkout.map(|p| p.branch.as_str());
-    let in_pod = InPod {
-        step: &step,
-        pack: &pack,
-        default_branch,
-        checkout_as: checkout.map(|p| CheckoutAs {
-            branch: &p.branch,
-            snapshot_if_plain: setup.is_none(),
-        }),
-        setup: setup
-            .zip(checkout)
-            .map(|(s, p)| (s.as_slice(), p.setup_timeout)),
-        sandboxed,
-    };
-    let (snapshot, history, held, layered_end) = match node {
-        Some((mut holder, found)) => {
-            let (layered, base, how, history) = match found {
-                Found::Hit {
-                    tree,
-                    snapshot,
-                    verified,
-                    image_id,
-                } => {
-                    let (layered, history) = tokio::join!(use_layer(&step, &tree, branch), beside);
-                    let base = node_base::Published {
-                        tree,
-                        snapshot,
-                        verified,
-                        image_id,
-                    };
-                    (layered, base, "kept on the node", history?)
-                }
-                Found::Miss { tree: made_in } => {
-                    let as_base = CheckoutAs {
-                        branch: default_branch,
-                        snapshot_if_plain: setup.is_none(),
-                    };
-                    let (received, history) = tokio::try_join!(
-                        send_repository(&step, &pack, default_branch, &made_in, Some(as_base)),
-                        beside,
-                    )?;
-                    phases.mark("repository, sockets, history server and jail probe");
-                    bind_base(&step, &made_in).await?;
-                    // A plain snapshot is the commit's tree, every file checked out as the
-                    // commit holds it: verified by construction.
-                    let (made, verified) = match received.snapshot {
-                        Some(s) => (s, true),
-                        None => {
-                            let s = in_pod.setup_and_snapshot(&mut phases).await?;
-                            let verified = step.verify_base(&s, &pod.name).await;
-                            phases.mark("the base's verification");
-                            (s, verified)
-                        }
-                    };
-                    let image_id = pod.image_id().await;
-                    let base = holder.publish(&made, verified, &image_id).await?;
-                    let how = match base.tree == made_in {
-                        true => "made here",
-                        false => "another pod's, made at the same time",
-                    };
-                    (
-                        use_layer(&step, &base.tree, branch).await,
-                        base,
-                        how,
-                        history,
-                    )
-                }
+    })
+}
+
+/// The checkout, with the history server that `beside` started while it was made.
+struct Made {
+    snapshot: Option<PodSnapshot>,
+    history: history::HistoryServer,
+    /// The node's base the checkout is layered on, held while the session lives.
+    held: Option<Holder>,
+    /// The checkout is a layer on a base verified for it.
+    layered_end: bool,
+}
+
+/// The checkout as a layer on the node's base: the base the node has (`Hit`), or one made here
+/// and published (`Miss`) while `beside` runs. Where the layer is refused (the base is not this
+/// pod's image's, the pod cannot mount it) the checkout is made in the pod after all.
+async fn on_node_base(
+    pod: &Pod,
+    in_pod: &InPod<'_>,
+    mut holder: Holder,
+    found: Found,
+    beside: impl Future<Output = Result<history::HistoryServer>>,
+    phases: &mut Phases,
+) -> Result<Made> {
+    let step = in_pod.step;
+    let branch = in_pod.checkout_as.map(|c| c.branch);
+    let (layered, base, how, history) = match found {
+        Found::Hit {
+            tree,
+            snapshot,
+            verified,
+            image_id,
+        } => {
+            let (layered, history) = tokio::join!(use_layer(step, &tree, branch), beside);
+            let base = node_base::Published {
+                tree,
+                snapshot,
+                verified,
+                image_id,
             };
-            phases.mark("the layer on the node's base");
-            // A base made in another image than this pod's (a tag that moved) is not this
-            // pod's: today's path, and the node's list no longer names it.
-            let image_id = pod.image_id().await;
-            let layered = match layered {
-                Ok(()) if base.image_id != image_id => {
-                    holder.unpublish().await;
-                    node_base::drop_layer(&step).await;
-                    Err(LayerError::Refused(format!(
-                        "the base of this commit on the node was made in image {}, and \
-                         this pod runs {image_id} (its tag moved): the next pod makes a new one",
-                        base.image_id
-                    )))
-                }
-                layered => layered,
-            };
-            match layered {
-                Ok(()) => {
-                    holder.hold_mount(&step).await;
-                    layered_on(&pod, &base.tree, how);
-                    (Some(base.snapshot), history, Some(holder), base.verified)
-                }
-                Err(LayerError::Failed(e)) => return Err(e),
-                Err(LayerError::Refused(why)) => {
-                    node_base::without_base(&pod.name, &pod.node, &why);
-                    let received = in_pod.send().await?;
-                    let snapshot = in_pod.finish(received, &mut phases).await?;
-                    (snapshot, history, None, false)
-                }
-            }
+            (layered, base, "kept on the node", history?)
         }
-        None => {
-            let (received, history) = tokio::try_join!(in_pod.send(), beside)?;
-            phases.mark("repository, sockets, history server and jail probe");
+        Found::Miss { tree: made_in } => {
+            let (base, history) =
+                make_base(pod, in_pod, &mut holder, &made_in, beside, phases).await?;
+            let how = match base.tree == made_in {
+                true => "made here",
+                false => "another pod's, made at the same time",
+            };
             (
-                in_pod.finish(received, &mut phases).await?,
+                use_layer(step, &base.tree, branch).await,
+                base,
+                how,
                 history,
-                None,
-                false,
             )
         }
     };
-    let snapshot = snapshot.filter(|_| checkout.is_some());
-    let base = pack.base.clone();
-    let pack_kib = pack.kib();
-    drop(pack);
-    tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
-    Ok(KubernetesEnvironment {
-        pod,
-        shell: Some(shell),
-        gateway: Some(gateway),
-        env,
-        workdir: PathBuf::from(WORKDIR),
-        repo_root: req.repo_root,
-        base,
-        snapshot,
-        sandboxed,
-        layered_end,
-        _history: history,
-        _node_base: held.map(std::sync::Mutex::new),
+    phases.mark("the layer on the node's base");
+    let image_id = pod.image_id().await;
+    let layered = match layered {
+        Ok(()) => match another_image(&base.image_id, &image_id) {
+            Some(why) => {
+                holder.unpublish().await;
+                node_base::drop_layer(step).await;
+                Err(LayerError::Refused(why))
+            }
+            None => Ok(()),
+        },
+        layered => layered,
+    };
+    match layered {
+        Ok(()) => {
+            holder.hold_mount(step).await;
+            layered_on(pod, &base.tree, how);
+            Ok(Made {
+                snapshot: Some(base.snapshot),
+                history,
+                held: Some(holder),
+                layered_end: base.verified,
+            })
+        }
+        Err(LayerError::Failed(e)) => Err(e),
+        Err(LayerError::Refused(why)) => {
+            node_base::without_base(&pod.name, &pod.node, &why);
+            let received = in_pod.send().await?;
+            let snapshot = in_pod.finish(received, phases).await?;
+            Ok(Made {
+                snapshot,
+                history,
+                held: None,
+                layered_end: false,
+            })
+        }
+    }
+}
+
+/// The node's base made here, in the node's `made_in`: the repository checked out there (on the
+/// default branch) while `beside` runs, set up and snapshotted, and published — or, where
+/// another pod published that base first, the other pod's.
+async fn make_base(
+    pod: &Pod,
+    in_pod: &InPod<'_>,
+    holder: &mut Holder,
+    made_in: &str,
+    beside: impl Future<Output = Result<history::HistoryServer>>,
+    phases: &mut Phases,
+) -> Result<(node_base::Published, history::HistoryServer)> {
+    let step = in_pod.step;
+    let as_base = CheckoutAs {
+        branch: in_pod.default_branch,
+        snapshot_if_plain: in_pod.setup.is_none(),
+    };
+    let (received, history) = tokio::try_join!(
+        send_repository(
+            step,
+            in_pod.pack,
+            in_pod.default_branch,
+            made_in,
+            Some(as_base)
+        ),
+        beside,
+    )?;
+    phases.mark("repository, sockets, history server and jail probe");
+    bind_base(step, made_in).await?;
+    // A plain snapshot is the commit's tree, every file checked out as the commit holds it:
+    // verified by construction.
+    let (made, verified) = match received.snapshot {
+        Some(s) => (s, true),
+        None => {
+            let s = in_pod.setup_and_snapshot(phases).await?;
+            let verified = step.verify_base(&s, &pod.name).await;
+            phases.mark("the base's verification");
+            (s, verified)
+        }
+    };
+    let image_id = pod.image_id().await;
+    let base = holder.publish(&made, verified, &image_id).await?;
+    Ok((base, history))
+}
+
+/// Why a base made in image `base_image` is not this pod's, which runs `pod_image` (a tag that
+/// moved): today's path for this pod, and the node's list no longer names it. `None`: the same.
+fn another_image(base_image: &str, pod_image: &str) -> Option<String> {
+    (base_image != pod_image).then(|| {
+        format!(
+            "the base of this commit on the node was made in image {base_image}, and \
+             this pod runs {pod_image} (its tag moved): the next pod makes a new one"
+        )
     })
 }
 
@@ -527,7 +628,35 @@ struct InPod<'a> {
     sandboxed: bool,
 }
 
-impl InPod<'_> {
+impl<'a> InPod<'a> {
+    /// The checkout `workspace` asks for: the Implementor's, on its branch, with its setup (an
+    /// empty command is none), or the view's, on the default branch alone.
+    fn of(
+        step: &'a Steps<'a>,
+        pack: &'a Pack,
+        workspace: &'a Workspace,
+        sandboxed: bool,
+    ) -> InPod<'a> {
+        let checkout = match workspace {
+            Workspace::Checkout(p) => Some(p),
+            Workspace::View(_) => None,
+        };
+        let setup = checkout.and_then(|p| p.setup.as_ref().filter(|s| !s.is_empty()));
+        InPod {
+            step,
+            pack,
+            default_branch: workspace.default_branch(),
+            checkout_as: checkout.map(|p| CheckoutAs {
+                branch: &p.branch,
+                snapshot_if_plain: setup.is_none(),
+            }),
+            setup: setup
+                .zip(checkout)
+                .map(|(s, p)| (s.as_slice(), p.setup_timeout)),
+            sandboxed,
+        }
+    }
+
     /// The repository into [`WORKDIR`].
     async fn send(&self) -> Result<work::Received> {
         send_repository(
@@ -935,5 +1064,89 @@ impl Environment for KubernetesEnvironment {
             self.gateway = None;
             self.pod.delete().await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+
+    #[test]
+    fn the_engines_directories_are_the_homes_the_repository_and_the_cwd_but_never_root() {
+        let dirs = engine_dirs(
+            &[("HOME".into(), "/home/session".into())],
+            Path::new("/srv/repo"),
+            Some("/home/engine".into()),
+            Some(PathBuf::from("/srv/engine")),
+        );
+        assert_eq!(
+            dirs,
+            ["/home/session", "/home/engine", "/srv/repo", "/srv/engine"]
+        );
+        // root's HOME `/` would name every path; what is not known names nothing.
+        let dirs = engine_dirs(&[], Path::new("/srv/repo"), Some("/".into()), None);
+        assert_eq!(dirs, ["/srv/repo"]);
+    }
+
+    #[test]
+    fn a_jailed_sessions_commands_get_the_prefix_their_share_of_tasks_and_the_tools_wrappers() {
+        let image = ImageFacts {
+            path: "/usr/bin:/bin".into(),
+            shell: "/bin/sh".into(),
+            git: "/usr/bin/git".into(),
+        };
+        let gateway = [(
+            "CLAUDE_CODE_SHELL_PREFIX".into(),
+            "/engine/prefix.sh".into(),
+        )];
+        assert_eq!(
+            session_env(&gateway, &[], &image, None),
+            pod_env(&gateway, &[], &image),
+            "without the jail, the pod's environment as it is"
+        );
+        let limits = |tasks| SandboxConfig {
+            limits: Limits {
+                tasks,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let jailed = session_env(&gateway, &[], &image, Some(&limits(Some(1024))));
+        let value = |k| env_value(&jailed, k);
+        assert_eq!(
+            value("CLAUDE_CODE_SHELL_PREFIX"),
+            Some("/run/claude-runtime-adapter/commands.sh")
+        );
+        assert_eq!(value("CRA_SHELL_PREFIX"), Some("/engine/prefix.sh"));
+        // commands_share: a quarter of the tasks (at least 64) is the CLI's headroom.
+        assert_eq!(value("CRA_TOOLS_NPROC"), Some("768"));
+        assert!(value("PATH").is_some_and(|p| p.starts_with("/run/claude-runtime-adapter/bin:")));
+        assert_eq!(value("USE_BUILTIN_RIPGREP"), Some("0"));
+        let unlimited = session_env(&gateway, &[], &image, Some(&limits(None)));
+        assert_eq!(env_value(&unlimited, "CRA_TOOLS_NPROC"), None);
+    }
+
+    #[test]
+    fn a_base_made_in_another_image_than_the_pods_is_refused_naming_both() {
+        assert_eq!(another_image("sha256:a", "sha256:a"), None);
+        let why = another_image("sha256:a", "sha256:b").unwrap();
+        assert!(
+            why.contains("made in image sha256:a") && why.contains("this pod runs sha256:b"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_git_config_gets_a_fixed_identity_only_for_what_it_does_not_name() {
+        let email = "\temail = \"agent@claude-runtime-adapter.invalid\"\n";
+        assert_eq!(
+            with_identity(""),
+            format!("[user]\n\tname = \"Claude agent\"\n{email}")
+        );
+        let named = "[user]\n\tname = Ann\n";
+        assert_eq!(with_identity(named), format!("{named}[user]\n{email}"));
+        let both = "[user]\n\tname = Ann\n\temail = ann@example.com\n";
+        assert_eq!(with_identity(both), both);
     }
 }
