@@ -6,7 +6,7 @@
 //! server tools it refuses ([`reach`]) and the secrets it masks ([`mask`]). A layer of its own:
 //! it imports only foundations, and is started by the sandbox (one relay per session, on a unix
 //! socket that a pod's is tunnelled to) and read by the lifecycle (its outage). Not
-//! `sandbox::Gateway`, which is all a confined session reaches the outside through: this relay,
+//! `sandbox::Egress`, which is all a confined session reaches the outside through: this relay,
 //! the egress proxy and the telemetry forwarder.
 //!
 //! The CLI runs without network and without the real model-API credential: it gets

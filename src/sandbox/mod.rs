@@ -122,11 +122,11 @@ pub struct SessionScope {
     pub cli_config: Option<PathBuf>,
 }
 
-/// One session's sandbox: its mount plan, and the gateway (CLI environment, egress proxy,
+/// One session's sandbox: its mount plan, and the egress (CLI environment, egress proxy,
 /// model relay) it reaches the outside through.
 pub struct SessionSandbox {
     jail: Jail,
-    gateway: Gateway,
+    egress: Egress,
     #[cfg(target_os = "linux")]
     limits: limits::SessionLimits,
 }
@@ -136,7 +136,7 @@ pub struct SessionSandbox {
 /// the relay, everything else through the proxy), the egress proxy, the model relay and (the
 /// CLI's telemetry on) the telemetry forwarder on unix sockets of the engine (stopped, and their sockets removed, when this is dropped), and the
 /// session's generated `~/.gitconfig`.
-pub struct Gateway {
+pub struct Egress {
     env: Vec<(String, String)>,
     _proxy: EgressProxy,
     _relay: ModelRelay,
@@ -146,7 +146,7 @@ pub struct Gateway {
     git_config: String,
 }
 
-impl Gateway {
+impl Egress {
     /// Starts the proxy (allowing the sandbox's `allowed_domains` and the model API's host) and
     /// the relay (forwarding the features that reach out which its `server_tools` allow; any,
     /// without a sandbox). `cli_env` is the CLI's environment as the adapter built it
@@ -158,7 +158,7 @@ impl Gateway {
         sink: Option<EgressSink>,
         identity_repo: Option<&Path>,
         api: ApiHooks,
-    ) -> Result<Gateway> {
+    ) -> Result<Egress> {
         // Checked first: a telemetry setting the forwarder cannot use fails before anything runs.
         let telemetry_plan = TelemetryPlan::of(cli_env)?;
         let provider = Provider::of(cli_env);
@@ -203,7 +203,7 @@ impl Gateway {
             }
             None => None,
         };
-        Ok(Gateway {
+        Ok(Egress {
             env,
             _proxy: proxy,
             _relay: relay,
@@ -325,7 +325,7 @@ pub fn use_commands_prefix(
     env.push((SHELL_PREFIX_VAR.to_string(), at.to_string()));
 }
 
-/// The socket file names of [`Gateway::sockets`].
+/// The socket file names of [`Egress::sockets`].
 const EGRESS_SOCKET: &str = "egress.sock";
 const MODEL_SOCKET: &str = "model.sock";
 /// The bridge script starts the telemetry bridge only where this socket is.
@@ -359,19 +359,19 @@ impl SessionSandbox {
         sink: Option<EgressSink>,
         api: ApiHooks,
     ) -> Result<SessionSandbox> {
-        let (mut gateway, profile_path) =
-            tokio::try_join!(Gateway::start(Some(cfg), cli_env, sink, None, api), async {
+        let (mut egress, profile_path) =
+            tokio::try_join!(Egress::start(Some(cfg), cli_env, sink, None, api), async {
                 Ok(home::profile_path(cli_env).await)
             })?;
         let cli_path = env_value(cli_env, "PATH");
         let path = home::merged_path(cli_path, profile_path.as_deref());
-        gateway.env.retain(|(k, _)| k != "PATH");
-        gateway
+        egress.env.retain(|(k, _)| k != "PATH");
+        egress
             .env
             .extend(path.clone().map(|p| ("PATH".to_string(), p)));
-        let sockets = &gateway.sockets;
+        let sockets = &egress.sockets;
         let git_config_file = sockets.path().join("gitconfig");
-        std::fs::write(&git_config_file, &gateway.git_config).map_err(|e| {
+        std::fs::write(&git_config_file, &egress.git_config).map_err(|e| {
             AdapterError::new(
                 ErrorCode::SandboxUnavailable,
                 format!(
@@ -397,8 +397,8 @@ impl SessionSandbox {
                     .filter(|d| d.is_absolute() && d.parent().is_some() && Some(d) != home.as_ref())
                     .or_else(|| home.as_ref().map(|h| h.join(".claude")))
                     .unwrap_or_else(|| PathBuf::from("/tmp/claude-config"));
-                gateway.env.retain(|(k, _)| k != "CLAUDE_CONFIG_DIR");
-                gateway.env.push((
+                egress.env.retain(|(k, _)| k != "CLAUDE_CONFIG_DIR");
+                egress.env.push((
                     "CLAUDE_CONFIG_DIR".to_string(),
                     inside.display().to_string(),
                 ));
@@ -419,7 +419,7 @@ impl SessionSandbox {
         #[cfg(target_os = "linux")]
         let mut limits = limits::SessionLimits::create(cfg.limits);
         #[cfg(target_os = "linux")]
-        commands_prefix(&mut limits, gateway.sockets.path(), &mut gateway.env)?;
+        commands_prefix(&mut limits, egress.sockets.path(), &mut egress.env)?;
         #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
         let mut plan = JailPlan {
             cwd: scope.cwd.clone(),
@@ -429,7 +429,7 @@ impl SessionSandbox {
             home_files,
             scratch: config_dir.into_iter().collect(),
             kept,
-            sockets: Some(gateway.sockets.path().to_path_buf()),
+            sockets: Some(egress.sockets.path().to_path_buf()),
             path_env: path.map(OsString::from),
             tmpfs_size: cfg.limits.tmpfs,
             secret_files: credentials::provider_credential_files(cli_env),
@@ -443,7 +443,7 @@ impl SessionSandbox {
         let jail = Jail::new(&plan);
         Ok(SessionSandbox {
             jail,
-            gateway,
+            egress,
             #[cfg(target_os = "linux")]
             limits,
         })
@@ -503,7 +503,7 @@ impl SessionSandbox {
     /// bwrap's argv and environment for running `program args` as the session's CLI.
     pub fn command(&self, program: &Path, args: &[String]) -> (Vec<OsString>, &[(String, String)]) {
         let inner = bridged_argv(program.as_os_str(), args);
-        (self.jail.argv("sh".as_ref(), &inner), &self.gateway.env)
+        (self.jail.argv("sh".as_ref(), &inner), &self.egress.env)
     }
 
     /// A one-line summary for the transcript.
@@ -512,7 +512,7 @@ impl SessionSandbox {
         let limits = self.limits.describe();
         #[cfg(not(target_os = "linux"))]
         let limits = "no kernel limits";
-        let collectors = self.gateway.telemetry_collectors();
+        let collectors = self.egress.telemetry_collectors();
         let telemetry = match collectors.is_empty() {
             true => String::new(),
             false => format!(
@@ -522,7 +522,7 @@ impl SessionSandbox {
         };
         format!(
             "bubblewrap; sockets {}; network only through the egress proxy{telemetry}; {limits}",
-            self.gateway.sockets.path().display()
+            self.egress.sockets.path().display()
         )
     }
 }

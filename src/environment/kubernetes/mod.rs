@@ -2,7 +2,7 @@
 //!
 //! - **provision**: a pod of the session image ([`cluster`]), one exec stream into it running
 //!   `cra-pod mux`, over which [`RemoteShell`] multiplexes everything else: processes with their
-//!   stdio, and the pod's unix sockets tunnelled to the session's [`Gateway`] (model relay,
+//!   stdio, and the pod's unix sockets tunnelled to the session's [`Egress`] (model relay,
 //!   egress proxy, and the telemetry forwarder when the CLI's telemetry is on) on the engine.
 //!   The pod needs no network, and the key and the allowlist stay here. The repository goes in
 //!   as a pack of `defaultBranch`'s commit alone, streamed into the pod while its sockets and
@@ -59,7 +59,7 @@ use crate::process::env_value;
 use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
 use crate::sandbox::{
     bridged_argv, commands_prefix_script, tool_wrapper_script, use_commands_prefix,
-    use_tool_wrappers, Gateway, PREFIX_SCRIPT,
+    use_tool_wrappers, Egress, PREFIX_SCRIPT,
 };
 
 /// How long a pod whose stream broke is given to show why in its status.
@@ -106,7 +106,7 @@ impl Backend for KubernetesBackend {
         Ok(())
     }
 
-    /// A pod has no network but the engine's gateway, with or without its jail: the CLI's
+    /// A pod has no network but the engine's egress, with or without its jail: the CLI's
     /// model requests always pass the relay.
     fn meters_model_requests(&self, _sandbox: Option<&SandboxConfig>) -> bool {
         true
@@ -176,7 +176,7 @@ impl Backend for KubernetesBackend {
             }
             // What needs no pod is made while the pod starts: the repository's pack (unless a
             // warm pod is there to take: then it is packed only if the pod has no base to
-            // layer on) and the session's gateway (relay, proxy, forwarder).
+            // layer on) and the session's egress (relay, proxy, forwarder).
             let warm = self.pool.has(&request);
             let early = async {
                 tokio::select! {
@@ -189,7 +189,7 @@ impl Backend for KubernetesBackend {
                                 }
                                 Ok(pack)
                             },
-                            Gateway::start(
+                            Egress::start(
                                 req.sandbox.as_ref(),
                                 &req.env,
                                 req.egress.clone(),
@@ -212,8 +212,8 @@ impl Backend for KubernetesBackend {
             let (pod, stream) = started?;
             let pod = Arc::new(pod);
             let made = match early {
-                Ok((pack, gateway)) => tokio::select! {
-                    r = prepare(pod.clone(), stream, req, pack, gateway, node_bases) => r,
+                Ok((pack, egress)) => tokio::select! {
+                    r = prepare(pod.clone(), stream, req, pack, egress, node_bases) => r,
                     () = stop.cancelled() => Err(stopped()),
                 },
                 Err(e) => Err(e),
@@ -251,7 +251,7 @@ async fn prepare(
     exec: PodExec,
     req: EnvRequest,
     pack: Pack,
-    gateway: Gateway,
+    egress: Egress,
     node_bases: bool,
 ) -> Result<KubernetesEnvironment> {
     // Where a pod's start goes, for the log (a slow start is otherwise one number).
@@ -266,14 +266,14 @@ async fn prepare(
         std::env::var_os("HOME"),
         std::env::current_dir().ok(),
     );
-    let env = session_env(gateway.env(), &engine_dirs, &image, req.sandbox.as_ref());
+    let env = session_env(egress.env(), &engine_dirs, &image, req.sandbox.as_ref());
     let step = Steps {
         shell: &shell,
         env: &env,
     };
     let sandboxed = req.sandbox.is_some();
     let in_pod = InPod::of(&step, &pack, &req.workspace, sandboxed);
-    let gitconfig = with_identity(gateway.git_config());
+    let gitconfig = with_identity(egress.git_config());
     // The image as named: its id may come later (the base records it, checked below).
     let key = node_bases.then(|| {
         let setup = in_pod.setup.map(|(s, _)| s);
@@ -286,7 +286,7 @@ async fn prepare(
     // is the longest. A base on the node needs no pack, and its layer's step is the jail's probe.
     let probe = sandboxed && !matches!(node, Some((_, Found::Hit { .. })));
     let beside = async {
-        sockets_and_files(&step, &gateway, sandboxed).await?;
+        sockets_and_files(&step, &egress, sandboxed).await?;
         let history =
             history::HistoryServer::start(&req.repo_root, in_pod.default_branch, &pack.base)
                 .await?;
@@ -321,7 +321,7 @@ async fn prepare(
     Ok(KubernetesEnvironment {
         pod,
         shell: Some(shell),
-        gateway: Some(gateway),
+        egress: Some(egress),
         env,
         workdir: PathBuf::from(WORKDIR),
         repo_root: req.repo_root,
@@ -693,10 +693,10 @@ impl<'a> InPod<'a> {
     }
 }
 
-/// The session's sockets in the pod (the gateway's, tunnelled to the engine) and, when the
+/// The session's sockets in the pod (the egress's, tunnelled to the engine) and, when the
 /// session is sandboxed, the agent's commands' prefix and the tools' wrappers beside them.
-async fn sockets_and_files(step: &Steps<'_>, gateway: &Gateway, sandboxed: bool) -> Result<()> {
-    for (name, engine_side) in gateway.sockets() {
+async fn sockets_and_files(step: &Steps<'_>, egress: &Egress, sandboxed: bool) -> Result<()> {
+    for (name, engine_side) in egress.sockets() {
         step.shell
             .listen(&format!("{SOCKETS}/{name}"), engine_side)
             .await?;
@@ -787,7 +787,7 @@ fn with_identity(config: &str) -> String {
 pub struct KubernetesEnvironment {
     pod: Arc<Pod>,
     shell: Option<RemoteShell>,
-    gateway: Option<Gateway>,
+    egress: Option<Egress>,
     env: Vec<(String, String)>,
     workdir: PathBuf,
     repo_root: PathBuf,
@@ -924,7 +924,7 @@ impl Environment for KubernetesEnvironment {
 
     fn describe(&self) -> String {
         let collectors = self
-            .gateway
+            .egress
             .as_ref()
             .map_or(&[][..], |g| g.telemetry_collectors());
         let telemetry = match collectors.is_empty() {
@@ -1061,7 +1061,7 @@ impl Environment for KubernetesEnvironment {
                     tracing::debug!(pod = %self.pod.name, error = %e, "the pod's stream ended before Bye");
                 }
             }
-            self.gateway = None;
+            self.egress = None;
             self.pod.delete().await
         })
     }
@@ -1096,13 +1096,13 @@ mod tests {
             shell: "/bin/sh".into(),
             git: "/usr/bin/git".into(),
         };
-        let gateway = [(
+        let egress = [(
             "CLAUDE_CODE_SHELL_PREFIX".into(),
             "/engine/prefix.sh".into(),
         )];
         assert_eq!(
-            session_env(&gateway, &[], &image, None),
-            pod_env(&gateway, &[], &image),
+            session_env(&egress, &[], &image, None),
+            pod_env(&egress, &[], &image),
             "without the jail, the pod's environment as it is"
         );
         let limits = |tasks| SandboxConfig {
@@ -1112,7 +1112,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let jailed = session_env(&gateway, &[], &image, Some(&limits(Some(1024))));
+        let jailed = session_env(&egress, &[], &image, Some(&limits(Some(1024))));
         let value = |k| env_value(&jailed, k);
         assert_eq!(
             value("CLAUDE_CODE_SHELL_PREFIX"),
@@ -1123,7 +1123,7 @@ mod tests {
         assert_eq!(value("CRA_TOOLS_NPROC"), Some("768"));
         assert!(value("PATH").is_some_and(|p| p.starts_with("/run/claude-runtime-adapter/bin:")));
         assert_eq!(value("USE_BUILTIN_RIPGREP"), Some("0"));
-        let unlimited = session_env(&gateway, &[], &image, Some(&limits(None)));
+        let unlimited = session_env(&egress, &[], &image, Some(&limits(None)));
         assert_eq!(env_value(&unlimited, "CRA_TOOLS_NPROC"), None);
     }
 
