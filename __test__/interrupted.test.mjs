@@ -24,9 +24,14 @@ afterEach(async () => {
   h = undefined;
 });
 
+/** Whether `cond` held within `ms`: true once it held (not asked again, since what it saw may
+ * be gone a moment later: a process of the agent's command that exits, a swept checkout). */
 const waitFor = async (cond, ms) => {
-  for (const end = Date.now() + ms; Date.now() < end && !cond(); ) await new Promise((r) => setTimeout(r, 25));
-  return cond();
+  for (const end = Date.now() + ms; Date.now() < end; ) {
+    if (cond()) return true;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return Boolean(cond());
 };
 
 /** Live processes whose command line contains `text` (not zombies). */
@@ -143,7 +148,7 @@ describe('an Implementor interrupted by its engine is continued by the next disp
     h.api.setScript(steps(marker));
     const first = h.adapter();
     const handle = await first.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'first-run' });
-    expect(await waitFor(() => processesWith(`sleep ${marker}`).length > 0, 90_000)).toBe(true);
+    expect(await waitFor(() => h.api.mainRequests().length >= 3 && processesWith(`sleep ${marker}`).length > 0, 90_000)).toBe(true);
     const asked = h.api.mainRequests().length;
     await first.shutdown({ graceMs: 0 });
     const err = await rejection(handle.result);
