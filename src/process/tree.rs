@@ -227,10 +227,16 @@ impl ProcessTree {
     /// in them, whatever their parent links. True once one is noted.
     #[cfg(target_os = "linux")]
     pub fn note_namespaces(&self) -> bool {
+        self.note_namespaces_of(&session_processes(self.leader))
+    }
+
+    /// [`ProcessTree::note_namespaces`] of `procs`, the tree's processes as just found.
+    #[cfg(target_os = "linux")]
+    fn note_namespaces_of(&self, procs: &[u32]) -> bool {
         let own = pid_ns(std::process::id());
-        let found: Vec<String> = session_processes(self.leader)
-            .into_iter()
-            .filter_map(pid_ns)
+        let found: Vec<String> = procs
+            .iter()
+            .filter_map(|pid| pid_ns(*pid))
             .filter(|ns| Some(ns) != own.as_ref())
             .collect();
         let mut noted = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
@@ -261,8 +267,15 @@ impl ProcessTree {
     pub fn kill_all(&self) {
         #[cfg(target_os = "linux")]
         {
-            // While its outer process may still hold the links to what it started.
-            self.note_namespaces();
+            // Its namespaces noted while its outer process may still hold the links to what
+            // it started; then what runs now (a command filling the disk at GB/s) is killed at
+            // once, before the sweep of its namespaces, which reads every process's namespace
+            // on the machine (some hundred milliseconds on a loaded one).
+            let procs = session_processes(self.leader);
+            self.note_namespaces_of(&procs);
+            for pid in procs {
+                signal(pid, libc::SIGKILL);
+            }
             let namespaces = self
                 .namespaces
                 .lock()
