@@ -78,7 +78,10 @@ describe('a hard budget (maxBudgetUsd)', () => {
 
   it('four subagents in parallel against a budget: their requests wait for room or are refused, and the spend never passes it', async () => {
     const task = (i) => toolUse(AGENT_TOOL, { description: `sub task ${i}`, prompt: `Do part ${i}. ${SUB}`, subagent_type: 'general-purpose' });
-    const main = scenario.steps([costing(reply(task(1), task(2), task(3), task(4))), costing(reply(bash('true')))]);
+    // The CLI runs the four in the background and its main loop goes on beside them: its next
+    // request waits out a command long enough for the subagents' to come first (it spending
+    // the room before the second subagent's was what failed this test on a loaded machine).
+    const main = scenario.steps([costing(reply(task(1), task(2), task(3), task(4))), costing(reply(bash('sleep 10')))]);
     h = await setup({
       // Each subagent's answer takes a moment, so the four are in flight together.
       script: (body) => (isSubagent(body) ? { ...costing(reply(text('sub done'))), delayMs: 400 } : main(body)),
