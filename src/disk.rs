@@ -386,7 +386,11 @@ async fn nap(
 }
 
 async fn watch(plan: WatchPlan, me: Arc<Writer>, on_hit: impl FnOnce(String)) {
-    let filesystems = one_per_filesystem(&plan.roots);
+    // Only a bound has a headroom for the free space to pass; a floor-only watch just sleeps.
+    let filesystems = match plan.bound {
+        Some(_) => one_per_filesystem(&plan.roots),
+        None => Vec::new(),
+    };
     let mut free_then = free_on(&filesystems);
     let (start, took) = walk(&plan.roots).await;
     let mut wait = WATCH_EVERY.max(took * WAIT_PER_WALK);
