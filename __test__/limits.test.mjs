@@ -246,11 +246,7 @@ describe('sandbox.limits, enforced by the kernel', () => {
     expect(cgroups.length).toBeGreaterThan(0);
     // A removed cgroup holds no process. (Any adapter's next session removes a dead engine's
     // leftovers, so another test file's session running meanwhile may remove them first.)
-    const procs = () =>
-      cgroups
-        .flatMap((c) => [c, join(c, 'cli'), join(c, 'tools')])
-        .filter(existsSync)
-        .flatMap((c) => readFileSync(join(c, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean));
+    const procs = () => cgroups.flatMap((c) => [c, join(c, 'cli'), join(c, 'tools')]).flatMap(pidsIn);
     const cmdline = (pid) => (existsSync(`/proc/${pid}/cmdline`) ? readFileSync(`/proc/${pid}/cmdline`, 'utf8') : '');
     // The agent's command is running (bwrap, its bridges, the CLI, sh, sleep). Bounded well
     // inside the test's minute: CI runs this file beside an image build, where the sandboxed
@@ -267,6 +263,19 @@ describe('sandbox.limits, enforced by the kernel', () => {
     expect(cgroups.filter(existsSync)).toEqual([]);
   }, 90_000);
 });
+
+/**
+ * The pids in cgroup `dir`; none when it is gone. Another test file's session may remove a dead
+ * engine's cgroup between any look and the read (CI saw ENOENT after an existsSync).
+ */
+function pidsIn(dir) {
+  try {
+    return readFileSync(join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean);
+  } catch (e) {
+    if (e.code === 'ENOENT' || e.code === 'ENODEV') return [];
+    throw e;
+  }
+}
 
 /** Polls `check` every 25 ms, up to `ms`; its last value. */
 async function until(check, ms = 15000) {
@@ -291,8 +300,7 @@ function sessionParts() {
   const parts = [];
   for (const dir of sessionCgroups(process.pid)) {
     for (const part of ['cli', 'tools']) {
-      const file = join(dir, part, 'cgroup.procs');
-      if (existsSync(file)) parts.push({ dir, part, pids: readFileSync(file, 'utf8').split('\n').filter(Boolean) });
+      if (existsSync(join(dir, part))) parts.push({ dir, part, pids: pidsIn(join(dir, part)) });
     }
   }
   return parts;
