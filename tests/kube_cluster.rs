@@ -529,9 +529,12 @@ fn dead_owner() -> Owner {
     owner
 }
 
+/// The sweep's listing (its deletion, with the work saved first, is the addon's:
+/// `__test__/kube/sessions.test.mjs`).
 #[tokio::test(flavor = "multi_thread")]
-async fn sweep_deletes_the_pods_of_dead_engines_of_this_host_only() {
-    if !enabled("sweep_deletes_the_pods_of_dead_engines_of_this_host_only") {
+async fn the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_sweep_claims_each() {
+    let name = "the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_sweep_claims_each";
+    if !enabled(name) {
         return;
     }
     let cfg = config("sweep");
@@ -560,22 +563,20 @@ async fn sweep_deletes_the_pods_of_dead_engines_of_this_host_only() {
     };
     let (of_dead, of_live, of_other) =
         tokio::join!(make(dead.clone()), make(Owner::current()), make(other_host));
-    let swept = cluster.sweep().await.unwrap();
-    assert!(swept.contains(&of_dead.name), "{swept:?}");
-    assert!(
-        !swept.contains(&of_live.name) && !swept.contains(&of_other.name),
-        "{swept:?}"
+    let listed = cluster.orphans().await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|o| o.pod.name.as_str()).collect();
+    assert_eq!(names, [of_dead.name.as_str()]);
+    assert!(listed[0].running);
+    // Two sweeps that listed it at once: the first claim wins, the second finds the pod changed.
+    let (first, second) = tokio::join!(
+        cluster.claim_orphan(&listed[0]),
+        cluster.claim_orphan(&listed[0])
     );
-    let mut left: Vec<String> = pods_of(&cfg)
-        .await
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    left.sort();
-    let mut expected = vec![of_live.name.clone(), of_other.name.clone()];
-    expected.sort();
-    assert_eq!(left, expected);
+    let mut claims = [first.unwrap(), second.unwrap()];
+    claims.sort();
+    assert_eq!(claims, [false, true]);
+    // Claimed by a live process (this one): no later sweep lists it while it lives.
+    assert!(cluster.orphans().await.unwrap().is_empty());
     // The other host's pod carries that host's label, so this host's sweep never lists it.
     let other = pods_of(&cfg)
         .await

@@ -283,13 +283,24 @@ describe('every end deletes the pod', () => {
     expect(handles.flatMap((x) => adapterPods(x.sessionID))).toEqual([]);
   });
 
-  it('an engine SIGKILLed mid-session leaves its pod, which the next createClaudeAdapter deletes (its own only)', { timeout: 180_000 }, async () => {
+  it("an engine SIGKILLed mid-session with 16 Implementors leaves their pods, whose work the next createClaudeAdapter saves before deleting them (its own only)", { timeout: 300_000 }, async () => {
     await kubeSetup();
-    h.api.setScript(waiting());
-    const { engine } = await engineProcess(h, implementorParams, engines);
+    // Each agent commits a file and leaves another uncommitted and a deletion staged, each
+    // naming its own branch, then is killed mid-command.
+    const work = 'b=$(git symbolic-ref --short HEAD) && echo "$b" > committed.txt && git add -A && git commit -qm work && echo "$b" > loose.txt && git rm -q README.md';
+    h.api.setScript(scenario.steps([bash(work), bash('echo started; sleep 120'), ROLES.implementor.done]));
+    const N = 16;
+    const branches = Array.from({ length: N }, (_, i) => `wi-7-${i}`);
+    const { engine, logs } = await engineProcess(h, branches.map((branchName) => ({ ...implementorParams, branchName })), engines);
     const ownedByEngine = () => adapterPods().filter((p) => p.metadata.annotations['claude-runtime-adapter/owner'].includes(` pid=${engine.pid} `));
-    const orphans = await eventually(() => ownedByEngine().length && ownedByEngine(), 60_000, 'the engine made a pod');
-    expect(orphans).toHaveLength(1);
+    const orphans = await eventually(() => ownedByEngine().length === N && ownedByEngine(), 120_000, 'the engine made its pods');
+    await eventually(() => logs.every((log) => readFileSync(log, 'utf8').includes('sleep 120')), 180_000, 'every agent did its work and started its second command');
+    const sessionIDs = orphans.map((p) => p.metadata.annotations['claude-runtime-adapter/session-id']);
+    // What reading its work needs is on each pod before its agent starts.
+    const records = ownedByEngine().map((p) => JSON.parse(p.metadata.annotations['claude-runtime-adapter/work']));
+    expect(records.map((r) => r.repository)).toEqual(Array(N).fill(h.repo.root));
+    const [base] = new Set(records.map((r) => r.base));
+    expect(base).toMatch(/^[0-9a-f]{40}$/);
     // A live engine's pod is not touched by the sweep.
     h.api.setScript(waiting());
     const adapter = h.adapter();
@@ -303,7 +314,30 @@ describe('every end deletes the pod', () => {
     engine.kill('SIGKILL');
     await new Promise((r) => engine.once('exit', r));
     h.adapter();
-    await eventually(() => adapterPods(orphans[0].metadata.annotations['claude-runtime-adapter/session-id']).length === 0, 60_000, 'the dead engine\'s pod was deleted');
+    await eventually(() => sessionIDs.every((id) => adapterPods(id).length === 0), 120_000, "the dead engine's pods were deleted");
+    // Each one's work was saved first, as the session's own end would have returned it: it
+    // applies to the commit the session started from and gives that agent's files.
+    const salvaged = join(h.repo.root, '.git', 'claude-runtime-adapter', 'salvaged');
+    const saved = sessionIDs.map((id) => readdirSync(salvaged).filter((n) => n.startsWith(`${id}-`)));
+    expect(saved.map((names) => names.length)).toEqual(Array(N).fill(1));
+    const tree = join(tmpdir(), `salvage-check-${process.pid}`);
+    execFileSync('git', ['-C', h.repo.root, 'worktree', 'add', '-q', '--detach', tree, base]);
+    const seen = [];
+    try {
+      for (const [name] of saved) {
+        const patch = join(salvaged, name);
+        expect(readFileSync(patch, 'utf8')).toMatch(/diff --git a\/README\.md b\/README\.md\ndeleted file mode/);
+        execFileSync('git', ['-C', tree, 'apply', '--index', patch]);
+        const branch = readFileSync(join(tree, 'committed.txt'), 'utf8');
+        expect(readFileSync(join(tree, 'loose.txt'), 'utf8')).toBe(branch);
+        seen.push(branch.trim());
+        execFileSync('git', ['-C', tree, 'reset', '-q', '--hard']);
+        execFileSync('git', ['-C', tree, 'clean', '-qfd']);
+      }
+    } finally {
+      execFileSync('git', ['-C', h.repo.root, 'worktree', 'remove', '--force', tree]);
+    }
+    expect(seen.sort()).toEqual([...branches].sort());
     await eventually(() => tempDirs(engine.pid).length === 0, 10_000, 'the dead engine\'s temp dirs were removed');
     expect(tempDirs(process.pid)).toEqual(expect.arrayContaining(ours));
     expect(adapterPods(live.sessionID)).toHaveLength(1);

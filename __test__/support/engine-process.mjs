@@ -8,7 +8,8 @@ import { join } from 'node:path';
  * silent logger) and starts one session with `params` (an Implementor works on item 7).
  * Resolves, once `startAgent` has, with the process and the session's transcript and audit
  * record paths (`audit`: null without `config.audit`); the process is pushed onto `engines` for
- * the test's afterEach to kill whatever happened.
+ * the test's afterEach to kill whatever happened. With `params` a list, its sessions start at
+ * once, and `logs` lists their transcripts in its order.
  */
 export async function engineProcess(h, params, engines) {
   const engine = spawn(process.execPath, ['-e', `
@@ -20,15 +21,21 @@ export async function engineProcess(h, params, engines) {
       workItemReader: { getWorkItemBody: async () => 'x' }, revisionReader: { getRevisionFiles: async () => [] },
       getState: () => ({ workItems: { 7: { id: '7', title: 'Seven', status: 'open', linkedRevision: null } }, revisions: {}, lastPlannedSHAs: {} }),
       getReviewHistory: async () => ({ reviews: [], inlineComments: [] }) });
-    adapter.startAgent(${JSON.stringify(params)}).then((h) => console.log(JSON.stringify({ log: h.logFilePath, audit: h.auditRecordPath })));
+    const params = ${JSON.stringify(params)};
+    if (Array.isArray(params)) Promise.all(params.map((p) => adapter.startAgent(p))).then((hs) => console.log(JSON.stringify({ logs: hs.map((h) => h.logFilePath) })));
+    else adapter.startAgent(params).then((h) => console.log(JSON.stringify({ log: h.logFilePath, audit: h.auditRecordPath })));
     setInterval(noop, 1000);
   `], { stdio: ['ignore', 'pipe', 'inherit'] });
   engines.push(engine);
-  const { log, audit } = await new Promise((resolve, reject) => {
-    engine.stdout.on('data', (d) => resolve(JSON.parse(d.toString())));
+  let out = '';
+  const { log, audit, logs } = await new Promise((resolve, reject) => {
+    engine.stdout.on('data', (d) => {
+      out += d.toString();
+      if (out.endsWith('\n')) resolve(JSON.parse(out));
+    });
     engine.on('exit', (code) => reject(new Error(`engine exited ${code}`)));
   });
-  return { engine, log, audit };
+  return { engine, log, audit, logs };
 }
 
 /**

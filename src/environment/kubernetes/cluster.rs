@@ -47,6 +47,15 @@ pub const LABEL_WARM: &str = "claude-runtime-adapter/warm";
 pub const ANNOTATION_OWNER: &str = "claude-runtime-adapter/owner";
 /// The session id exactly (its label is sanitised to a label value).
 pub const ANNOTATION_SESSION_ID: &str = "claude-runtime-adapter/session-id";
+/// What reading an Implementor's work out of its pod needs (`super::work::WorkRecord`),
+/// written once its snapshot is taken: the sweep reads a dead engine's pod's work by it.
+pub const ANNOTATION_WORK: &str = "claude-runtime-adapter/work";
+/// Where a sweep saved a dead engine's pod's work, so that a deletion failing after it does not
+/// save the same work twice.
+pub const ANNOTATION_SALVAGED: &str = "claude-runtime-adapter/salvaged";
+/// [`Owner::to_record`] of the process whose sweep is reading the pod's work out: another
+/// sweep (a second adapter started at once) leaves it while that process lives.
+pub const ANNOTATION_SWEEPER: &str = "claude-runtime-adapter/sweeper";
 
 /// Where the session image keeps the adapter's runtime (pod agent, jail, bubblewrap and socat
 /// with their own loader and libraries, the CLI), and where a pod of another image gets a copy
@@ -701,11 +710,11 @@ impl Cluster {
         }
     }
 
-    /// Deletes the pods of this host's engines that are no longer alive ([`Owner`]'s own
-    /// check, the same rule as the local sweep); pods of live engines and of other hosts are
-    /// never touched (theirs end by `activeDeadlineSeconds` or their own engine's sweep).
-    /// Returns the names deleted.
-    pub async fn sweep(&self) -> Result<Vec<String>> {
+    /// The pods of this host's engines that are no longer alive ([`Owner`]'s own check, the
+    /// same rule as the local sweep), less those another live process's sweep is reading
+    /// ([`ANNOTATION_SWEEPER`]). Pods of live engines and of other hosts are never listed
+    /// (theirs end by `activeDeadlineSeconds` or their own engine's sweep).
+    pub async fn orphans(&self) -> Result<Vec<Orphan>> {
         let host = Owner::current().host;
         let selector = format!("{MANAGED_BY}={MANAGER},{LABEL_HOST}={}", label_value(&host));
         let api = self.pods();
@@ -716,36 +725,80 @@ impl Cluster {
                 f,
             )
         })?;
-        let dead: Vec<String> = list
+        let owner_of = |p: &KubePod, key: &str| {
+            let record = p.metadata.annotations.as_ref()?.get(key)?;
+            Owner::parse(record)
+        };
+        Ok(list
             .items
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ANNOTATION_OWNER))
-                    .and_then(|r| Owner::parse(r))
-                    .is_some_and(|o| o.host == host && !o.is_alive())
-            })
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
-        let (api, grace) = (&api, &grace_zero());
-        let deletions = dead.iter().map(|name| async move {
-            match bounded(|| api.delete(name, grace)).await {
-                Ok(_) => Some(name.clone()),
-                Err(Failure::Api(s)) if s.is_not_found() => None,
-                Err(f) => {
-                    tracing::warn!(pod = %name, error = %self.failed("delete pod", f).message, "sweep");
-                    None
-                }
-            }
-        });
-        Ok(futures::future::join_all(deletions)
-            .await
             .into_iter()
-            .flatten()
+            .filter(|p| {
+                owner_of(p, ANNOTATION_OWNER).is_some_and(|o| o.host == host && !o.is_alive())
+            })
+            .filter(|p| !owner_of(p, ANNOTATION_SWEEPER).is_some_and(|o| o.is_alive()))
+            .filter_map(|p| self.orphan(p))
             .collect())
     }
+
+    fn orphan(&self, p: KubePod) -> Option<Orphan> {
+        let name = p.metadata.name.clone()?;
+        let annotation = |key: &str| p.metadata.annotations.as_ref()?.get(key).cloned();
+        let spec = p.spec.as_ref();
+        let container = spec.and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER));
+        let pod = Pod {
+            api: self.pods(),
+            name,
+            node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            image: container.and_then(|c| c.image.clone()).unwrap_or_default(),
+            image_id: Arc::default(),
+            notes: self.notes.clone(),
+            url: self.url.clone(),
+            memory_limit: self.config.limits.get("memory").cloned(),
+            storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
+            storage_from_disk_mib: self.config.storage_from_disk_mib,
+            active_deadline: spec.and_then(|s| s.active_deadline_seconds),
+        };
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        Some(Orphan {
+            session_id: annotation(ANNOTATION_SESSION_ID),
+            work: annotation(ANNOTATION_WORK),
+            salvaged: annotation(ANNOTATION_SALVAGED),
+            running,
+            resource_version: p.metadata.resource_version.clone(),
+            pod,
+        })
+    }
+
+    /// Marks `orphan` as this process's to read ([`ANNOTATION_SWEEPER`]), on the version the
+    /// list saw: `false` when it changed since (another sweep marked it first).
+    pub async fn claim_orphan(&self, orphan: &Orphan) -> Result<bool> {
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": orphan.resource_version,
+                "annotations": { ANNOTATION_SWEEPER: Owner::current().to_record() },
+            },
+        });
+        let (api, name) = (&orphan.pod.api, &orphan.pod.name);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        match bounded(|| api.patch(name, &params, &patch)).await {
+            Ok(_) => Ok(true),
+            Err(Failure::Api(s)) if s.code == 409 || s.is_not_found() => Ok(false),
+            Err(f) => Err(self.failed(&format!("mark pod {name} as swept"), f)),
+        }
+    }
+}
+
+/// A pod of a dead engine of this host ([`Cluster::orphans`]).
+pub struct Orphan {
+    pub pod: Pod,
+    pub session_id: Option<String>,
+    /// [`ANNOTATION_WORK`]: an Implementor's, once its snapshot was taken.
+    pub work: Option<String>,
+    /// [`ANNOTATION_SALVAGED`].
+    pub salvaged: Option<String>,
+    /// Its container still runs (the pod's phase): only then can its work be read.
+    pub running: bool,
+    resource_version: Option<String>,
 }
 
 fn kubeconfig_error(
@@ -1375,6 +1428,16 @@ impl Pod {
                 kubelet.trim()
             ),
         )
+    }
+
+    /// Sets (or, `None`, removes) annotation `key` on the pod.
+    pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        bounded(|| self.api.patch(&self.name, &params, &patch))
+            .await
+            .map(drop)
+            .map_err(|f| failure(&self.url, &format!("annotate pod {}", self.name), f))
     }
 
     /// Deletes the pod (grace 0) and waits until it is gone (bounded); already gone is

@@ -25,6 +25,7 @@ mod image;
 mod layout;
 mod node_base;
 mod steps;
+mod sweep;
 mod warm;
 mod work;
 
@@ -35,26 +36,21 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use self::cluster::{Cluster, Pod, PodExec, PodRequest};
 use self::image::{inspect_image, pod_env, ImageFacts};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
-use self::node_base::{bind_base, use_layer, Found, Holder, LayerError, LAYER_FILE};
-use self::steps::{
-    confined, sh_quote, PodSnapshot, Steps, COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
-};
+use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
+use self::steps::{confined, sh_quote, PodSnapshot, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
 use self::warm::{Kind, WarmPool};
-use self::work::{
-    send_repository, CheckoutAs, Pack, Scratch, CANDIDATES_INTO, EXTRACT_SCRIPT, MAX_WORK_BUNDLE,
-};
+use self::work::{send_repository, CheckoutAs, Pack};
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::command::neutral_git_sh;
 use crate::process::env_value;
 use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
 use crate::sandbox::{
@@ -147,7 +143,7 @@ impl Backend for KubernetesBackend {
     }
 
     fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
-        Box::pin(async move { self.cluster().await?.sweep().await })
+        Box::pin(async move { sweep::sweep(&*self.cluster().await?).await })
     }
 
     fn provision<'a>(
@@ -315,6 +311,18 @@ async fn prepare(
     };
     let snapshot = made.snapshot.filter(|_| in_pod.checkout_as.is_some());
     let base = pack.base.clone();
+    if let Some(s) = &snapshot {
+        // Before the agent starts: a pod whose engine dies later is read by this (the sweep).
+        let record = work::WorkRecord {
+            repository: req.repo_root.clone(),
+            base: base.clone(),
+            snapshot: s.commit.clone(),
+            trust_before: s.trust_before,
+            sandboxed,
+            layered_end: made.layered_end,
+        };
+        sweep::record_work(&pod, &record).await?;
+    }
     let pack_kib = pack.kib();
     drop(pack);
     tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
@@ -832,80 +840,18 @@ impl KubernetesEnvironment {
             .ok_or_else(|| AdapterError::new(ErrorCode::Internal, "the pod's stream is closed"))
     }
 
-    async fn read_work(&self, snapshot: &PodSnapshot) -> Result<String> {
-        let shell = self.shell()?;
-        let trust = snapshot.trust_before.to_string();
-        let jailed = confined(
-            self.sandboxed.then_some("rw"),
-            vec![
-                "sh".to_string(),
-                "-c".into(),
-                EXTRACT_SCRIPT.into(),
-                "sh".into(),
-                self.base.clone(),
-                snapshot.commit.clone(),
-                trust.clone(),
-            ],
-        );
-        let mut env = self.env.clone();
-        env.push(("G".into(), neutral_git_sh()));
-        env.push(("C".into(), COMMIT_ENV.into()));
-        let argv = match self.layered_end {
-            true => {
-                env.push(("P".into(), MUX[0].into()));
-                let outer = [
-                    "sh",
-                    "-c",
-                    CANDIDATES_INTO,
-                    "sh",
-                    MUX[0],
-                    LAYER_FILE,
-                    &trust,
-                ];
-                outer.into_iter().map(String::from).chain(jailed).collect()
-            }
-            false => jailed,
-        };
-        let mut exec = shell
-            .spawn(RemoteCommand {
-                argv,
-                env,
-                cwd: WORKDIR.into(),
-            })
-            .await?;
-        let scratch = Scratch::create(&self.repo_root).await?;
-        let bundle_path = scratch.dir.path().join("work.bundle");
-        let mut file = tokio::fs::File::create(&bundle_path)
-            .await
-            .map_err(|e| AdapterError::extract("cannot write the work's bundle").with_cause(e))?;
-        let mut stderr = Vec::new();
-        let mut bundle = (&mut exec.stdout).take(MAX_WORK_BUNDLE);
-        let mut diagnostics = (&mut exec.stderr).take(MAX_STEP_OUTPUT as u64);
-        let (copied, _) = tokio::join!(
-            tokio::io::copy(&mut bundle, &mut file),
-            diagnostics.read_to_end(&mut stderr)
-        );
-        let copied = copied.map_err(|e| {
-            AdapterError::extract("cannot read the work out of the pod").with_cause(e)
-        })?;
-        file.flush().await.ok();
-        let status = exec.control.wait().await;
-        if copied >= MAX_WORK_BUNDLE {
-            return Err(AdapterError::extract(format!(
-                "the work in the pod is more than {MAX_WORK_BUNDLE} bytes"
-            )));
-        }
-        if !status.is_some_and(|s| s.success()) {
-            return Err(AdapterError::extract(format!(
-                "reading the work out of the pod failed ({status:?}): {}",
-                String::from_utf8_lossy(&stderr).trim()
-            )));
-        }
-        let said = String::from_utf8_lossy(&stderr);
-        if !said.trim().is_empty() {
-            tracing::debug!(pod = %self.pod.name, "the work read out of the pod: {}", said.trim());
-        }
-        scratch.patch(&bundle_path, &self.base).await
+    /// Where the work is, for [`work::read_work`].
+    fn work_at<'a>(&'a self, snapshot: &'a PodSnapshot) -> Result<work::WorkAt<'a>> {
+        Ok(work::WorkAt {
+            shell: self.shell()?,
+            env: &self.env,
+            repo_root: &self.repo_root,
+            base: &self.base,
+            snapshot,
+            sandboxed: self.sandboxed,
+            layered_end: self.layered_end,
+            pod: &self.pod.name,
+        })
     }
 }
 
@@ -1046,7 +992,7 @@ impl Environment for KubernetesEnvironment {
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>> {
         Box::pin(async move {
             match &self.snapshot {
-                Some(s) => self.read_work(s).await,
+                Some(s) => work::read_work(&self.work_at(s)?).await,
                 None => Ok(String::new()),
             }
         })

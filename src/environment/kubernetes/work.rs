@@ -4,24 +4,27 @@
 //! turns into the patch with the local backend's own `patch_of_trees`: the same bytes by
 //! construction.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::history;
+use super::layout::{MUX, WORKDIR};
+use super::node_base::LAYER_FILE;
 use super::steps::{
-    provision_error, sh_quote, snapshot_sh, trust_limit_sh, PodSnapshot, Steps, MAX_STEP_OUTPUT,
-    STEP_TIMEOUT,
+    confined, provision_error, sh_quote, snapshot_sh, trust_limit_sh, PodSnapshot, Steps,
+    COMMIT_ENV, MAX_STEP_OUTPUT, STEP_TIMEOUT,
 };
-use crate::environment::remote::RemoteCommand;
+use crate::environment::remote::{RemoteCommand, RemoteShell};
 use crate::error::{AdapterError, Result};
-use crate::git::command::{git_command, run_git, At};
+use crate::git::command::{git_command, neutral_git_sh, run_git, At};
 use crate::git::patch::patch_of_trees;
 use crate::git::RepoGit;
 use crate::scratch::ScratchDir;
 
 /// The largest bundle of the agent's work read back (a checkout's whole new content).
-pub(super) const MAX_WORK_BUNDLE: u64 = 4 << 30;
+const MAX_WORK_BUNDLE: u64 = 4 << 30;
 
 /// Extraction in the jail: stage the work into a temporary index, commit the final tree, and
 /// write a bundle of the snapshot and final commits to stdout. `$1` base, `$2` snapshot
@@ -348,6 +351,117 @@ fn read_plain_snapshot(out: &[u8]) -> Result<Option<PodSnapshot>> {
             "the repository's step in the session's pod answered {out:?}, not a snapshot"
         ))
     })
+}
+
+/// Where an Implementor's work is in its pod and how it is read out ([`read_work`]).
+pub(super) struct WorkAt<'a> {
+    pub shell: &'a RemoteShell,
+    /// The environment of the pod's processes (its PATH, HOME, git).
+    pub env: &'a [(String, String)],
+    pub repo_root: &'a Path,
+    /// The commit the checkout was made at.
+    pub base: &'a str,
+    pub snapshot: &'a PodSnapshot,
+    /// The session ran in the pod's jail: its work is read there too.
+    pub sandboxed: bool,
+    /// The checkout is a layer on a node's base verified for it ([`EXTRACT_SCRIPT`]).
+    pub layered_end: bool,
+    /// The pod's name, for the log.
+    pub pod: &'a str,
+}
+
+/// What [`read_work`] needs that only the session knew, kept on its pod
+/// ([`super::cluster::ANNOTATION_WORK`], JSON) once the snapshot is taken: a dead engine's pod
+/// is read by it ([`super::sweep`]). Names nothing secret: the repository's path on the engine's
+/// host (which the pod's processes cannot read: no service account token is mounted), commits
+/// and flags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct WorkRecord {
+    pub repository: PathBuf,
+    pub base: String,
+    pub snapshot: String,
+    pub trust_before: u64,
+    pub sandboxed: bool,
+    pub layered_end: bool,
+}
+
+/// The agent's work in the pod as a patch against `at.base`: [`EXTRACT_SCRIPT`] in the jail
+/// (through `cra-pod candidates` on a layer) streams the bundle into a [`Scratch`] repository,
+/// which computes the patch.
+pub(super) async fn read_work(at: &WorkAt<'_>) -> Result<String> {
+    let trust = at.snapshot.trust_before.to_string();
+    let jailed = confined(
+        at.sandboxed.then_some("rw"),
+        vec![
+            "sh".to_string(),
+            "-c".into(),
+            EXTRACT_SCRIPT.into(),
+            "sh".into(),
+            at.base.to_string(),
+            at.snapshot.commit.clone(),
+            trust.clone(),
+        ],
+    );
+    let mut env = at.env.to_vec();
+    env.push(("G".into(), neutral_git_sh()));
+    env.push(("C".into(), COMMIT_ENV.into()));
+    let argv = match at.layered_end {
+        true => {
+            env.push(("P".into(), MUX[0].into()));
+            let outer = [
+                "sh",
+                "-c",
+                CANDIDATES_INTO,
+                "sh",
+                MUX[0],
+                LAYER_FILE,
+                &trust,
+            ];
+            outer.into_iter().map(String::from).chain(jailed).collect()
+        }
+        false => jailed,
+    };
+    let mut exec = at
+        .shell
+        .spawn(RemoteCommand {
+            argv,
+            env,
+            cwd: WORKDIR.into(),
+        })
+        .await?;
+    let scratch = Scratch::create(at.repo_root).await?;
+    let bundle_path = scratch.dir.path().join("work.bundle");
+    let mut file = tokio::fs::File::create(&bundle_path)
+        .await
+        .map_err(|e| AdapterError::extract("cannot write the work's bundle").with_cause(e))?;
+    let mut stderr = Vec::new();
+    let mut bundle = (&mut exec.stdout).take(MAX_WORK_BUNDLE);
+    let mut diagnostics = (&mut exec.stderr).take(MAX_STEP_OUTPUT as u64);
+    let (copied, _) = tokio::join!(
+        tokio::io::copy(&mut bundle, &mut file),
+        diagnostics.read_to_end(&mut stderr)
+    );
+    let copied = copied
+        .map_err(|e| AdapterError::extract("cannot read the work out of the pod").with_cause(e))?;
+    file.flush().await.ok();
+    let status = exec.control.wait().await;
+    if copied >= MAX_WORK_BUNDLE {
+        return Err(AdapterError::extract(format!(
+            "the work in the pod is more than {MAX_WORK_BUNDLE} bytes"
+        )));
+    }
+    if !status.is_some_and(|s| s.success()) {
+        return Err(AdapterError::extract(format!(
+            "reading the work out of the pod failed ({status:?}): {}",
+            String::from_utf8_lossy(&stderr).trim()
+        )));
+    }
+    let said = String::from_utf8_lossy(&stderr);
+    if !said.trim().is_empty() {
+        tracing::debug!(pod = %at.pod, "the work read out of the pod: {}", said.trim());
+    }
+    scratch.patch(&bundle_path, at.base).await
 }
 
 /// A scratch repository on the engine borrowing the repository's objects, where the work's
