@@ -69,6 +69,8 @@ fn config(case: &str) -> KubernetesConfig {
         annotations: BTreeMap::new(),
         pod_start_timeout: Duration::from_secs(60),
         warm_pods: 0,
+        engine_id: None,
+        engine_lease: Duration::from_secs(30),
     }
 }
 
@@ -533,7 +535,8 @@ fn dead_owner() -> Owner {
 /// `__test__/kube/sessions.test.mjs`).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_sweep_claims_each() {
-    let name = "the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_sweep_claims_each";
+    let name =
+        "the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_sweep_claims_each";
     if !enabled(name) {
         return;
     }
@@ -563,7 +566,7 @@ async fn the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_swee
     };
     let (of_dead, of_live, of_other) =
         tokio::join!(make(dead.clone()), make(Owner::current()), make(other_host));
-    let listed = cluster.orphans().await.unwrap();
+    let listed = cluster.orphans(None).await.unwrap();
     let names: Vec<&str> = listed.iter().map(|o| o.pod.name.as_str()).collect();
     assert_eq!(names, [of_dead.name.as_str()]);
     assert!(listed[0].running);
@@ -576,7 +579,7 @@ async fn the_sweep_lists_the_pods_of_dead_engines_of_this_host_only_and_one_swee
     claims.sort();
     assert_eq!(claims, [false, true]);
     // Claimed by a live process (this one): no later sweep lists it while it lives.
-    assert!(cluster.orphans().await.unwrap().is_empty());
+    assert!(cluster.orphans(None).await.unwrap().is_empty());
     // The other host's pod carries that host's label, so this host's sweep never lists it.
     let other = pods_of(&cfg)
         .await

@@ -53,7 +53,7 @@ const kubeShape = fc.record({
   kubeconfig: near('/nonexistent/kubeconfig'), context: near('ctx'),
   resources: fc.oneof(value, fc.record({ requests: quantities, limits: quantities }, { requiredKeys: [] })),
   nodeSelector: stringMap, tolerations: fc.oneof(value, fc.array(toleration, { maxLength: 3 })),
-  runtimeClassName: near('gvisor'), serviceAccountName: near('sa'), labels: stringMap, annotations: stringMap, podStartTimeout: number, warmPods: number,
+  runtimeClassName: near('gvisor'), serviceAccountName: near('sa'), labels: stringMap, annotations: stringMap, podStartTimeout: number, warmPods: number, engineId: near('engine-1'), engineLease: number,
 }, { requiredKeys: [] });
 const backendShape = fc.oneof(value, fc.constant('local'), kubeShape.map((kubernetes) => ({ kubernetes })));
 const configPair = fc.oneof(fc.tuple(configField, value), fc.tuple(fc.constant('sandbox'), sandboxShape), fc.tuple(fc.constant('backend'), backendShape));

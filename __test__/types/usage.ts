@@ -278,7 +278,10 @@ const ciImage: KubernetesBackend = { namespace: 'agents', image: 'ghcr.io/acme/c
 const devcontainerImage: KubernetesBackend = { namespace: 'agents', runtimeImage: 'ghcr.io/acme/cra-session:1' };
 // The runtime kept once per node instead of copied into each pod.
 const cachedRuntime: KubernetesBackend = { ...ciImage, nodeCache: '/var/lib/claude-runtime-adapter' };
+// An engine in the cluster: a rescheduled process takes over its predecessor's pods.
+const inCluster: KubernetesBackend = { ...ciImage, engineId: 'decree-prod', engineLease: 30 };
 export function onACluster(): void {
+  createClaudeAdapter({ ...fullConfig, backend: { kubernetes: inCluster } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: ciImage } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: devcontainerImage } }, deps);
   createClaudeAdapter({ ...fullConfig, backend: { kubernetes: cachedRuntime } }, deps);

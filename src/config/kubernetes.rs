@@ -64,6 +64,14 @@ pub struct KubernetesConfig {
     /// `warmPods`: how many pods are kept started before any session asks for one
     /// (`environment::kubernetes::warm`); each serves one session. 0: none.
     pub warm_pods: usize,
+    /// `engineId`: the engine's identity across processes and hosts (a DNS label). Its pods
+    /// are labelled with it, and the process holding its Lease sweeps those of any other
+    /// process (`environment::kubernetes::lease`). `None`: pods are the host's, swept only by
+    /// an adapter on the same host.
+    pub engine_id: Option<String>,
+    /// `engineLease`: how long the identity's Lease stands without a renewal, so how long a
+    /// restarted engine waits for a predecessor it cannot see (on another host) to be gone.
+    pub engine_lease: Duration,
 }
 
 /// `imagePullPolicy`.
@@ -114,11 +122,21 @@ const FIELDS: &[&str] = &[
     "annotations",
     "podStartTimeout",
     "warmPods",
+    "engineId",
+    "engineLease",
 ];
 const RESOURCE_NAMES: &[&str] = &["cpu", "memory", "ephemeral-storage"];
 const TOLERATION_FIELDS: &[&str] = &["key", "operator", "value", "effect", "tolerationSeconds"];
 const OPERATORS: &[&str] = &["Exists", "Equal"];
 const EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+/// `engineLease`: long enough that an API server's passing failure (renewals come every third
+/// of it) does not hand the identity over; short enough that a rescheduled engine takes its
+/// pods over soon.
+const DEFAULT_ENGINE_LEASE_S: f64 = 30.0;
+/// A DNS label less the Lease name's `cra-engine-`.
+const MAX_ENGINE_ID: usize = 52;
+const MIN_ENGINE_LEASE_S: f64 = 3.0;
+const MAX_ENGINE_LEASE_S: f64 = 3600.0;
 /// Bound on `warmPods`: idle pods hold the cluster's resources.
 const MAX_WARM_PODS: usize = 64;
 /// The API server's limit on all of a pod's annotations together (keys and values).
@@ -300,6 +318,19 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
     }
     let pod_start_timeout = r.seconds("podStartTimeout", DEFAULT_POD_START_TIMEOUT_S);
     let warm_pods = r.count("warmPods", 0.0, 0.0, MAX_WARM_PODS as f64) as usize;
+    let engine_id = r.opt_string("engineId");
+    if let Some(id) = engine_id.as_deref() {
+        // Its Lease is named `cra-engine-<id>` (a DNS name), its pods labelled with it.
+        if !is_dns_label(id) || id.len() > MAX_ENGINE_ID {
+            r.add("engineId", format!("must be at most {MAX_ENGINE_ID} lowercase letters, digits and '-', starting and ending alphanumeric (got {id:?})"));
+        }
+    }
+    let engine_lease = r.count(
+        "engineLease",
+        DEFAULT_ENGINE_LEASE_S,
+        MIN_ENGINE_LEASE_S,
+        MAX_ENGINE_LEASE_S,
+    );
     if r.problems.0.len() > before {
         return None;
     }
@@ -322,6 +353,8 @@ fn kubernetes(obj: &Map<String, Value>, problems: &mut Problems) -> Option<Kuber
         annotations,
         pod_start_timeout: seconds(pod_start_timeout),
         warm_pods,
+        engine_id,
+        engine_lease: seconds(engine_lease),
     })
 }
 
@@ -1033,6 +1066,41 @@ mod tests {
             let msg = problem(json!({ "podStartTimeout": bad }));
             assert!(
                 msg.contains("config.backend.kubernetes.podStartTimeout must be a number in [0.001, 31536000]"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn engine_id_is_a_dns_label_of_at_most_52_and_its_lease_whole_seconds_from_3_to_3600() {
+        let c = kube(json!({})).0.unwrap();
+        assert_eq!(
+            (c.engine_id, c.engine_lease),
+            (None, Duration::from_secs(30))
+        );
+        let c = kube(json!({ "engineId": "decree-prod", "engineLease": 10 }))
+            .0
+            .unwrap();
+        assert_eq!(c.engine_id.as_deref(), Some("decree-prod"));
+        assert_eq!(c.engine_lease, Duration::from_secs(10));
+        let long = "e".repeat(53);
+        for bad in [
+            json!("has space"),
+            json!(""),
+            json!("-lead"),
+            json!("Upper"),
+            json!(7),
+            json!(long),
+        ] {
+            let msg = problem(json!({ "engineId": bad }));
+            assert!(msg.contains("config.backend.kubernetes.engineId"), "{msg}");
+        }
+        for bad in [json!(2), json!(3601), json!(4.5), json!("30")] {
+            let msg = problem(json!({ "engineLease": bad }));
+            assert!(
+                msg.contains(
+                    "config.backend.kubernetes.engineLease must be an integer in [3, 3600]"
+                ),
                 "{msg}"
             );
         }

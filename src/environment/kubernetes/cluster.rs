@@ -35,6 +35,8 @@ use crate::domain::Role;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::process::Owner;
 
+use super::lease::LABEL_ENGINE;
+
 /// The value of [`MANAGED_BY`] on every pod the adapter makes: what a sweep lists by.
 pub const MANAGER: &str = "claude-runtime-adapter";
 pub const LABEL_SESSION: &str = "claude-runtime-adapter/session";
@@ -281,7 +283,7 @@ pub fn label_value(s: &str) -> String {
 }
 
 /// How the API server answered (or did not).
-enum Failure {
+pub(super) enum Failure {
     /// It answered with this status.
     Api(Box<kube::core::Status>),
     /// It could not be reached (or did not answer within the bound): the text says why.
@@ -388,6 +390,16 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// The namespace's Leases (the engine's identity: `super::lease`).
+    pub(super) fn leases(&self) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The API server's URL, for messages.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     fn no_namespace(&self) -> AdapterError {
         provision(format!(
             "namespace {} (backend.kubernetes.namespace) does not exist on the cluster at {}",
@@ -461,6 +473,9 @@ impl Cluster {
         let mut labels = c.labels.clone();
         labels.insert(MANAGED_BY.into(), MANAGER.into());
         labels.insert(LABEL_HOST.into(), label_value(&req.owner.host));
+        if let Some(id) = &c.engine_id {
+            labels.insert(LABEL_ENGINE.into(), id.clone());
+        }
         let mut annotations = c.annotations.clone();
         annotations.insert(ANNOTATION_OWNER.into(), req.owner.to_record());
         if req.warm {
@@ -714,9 +729,21 @@ impl Cluster {
     /// same rule as the local sweep), less those another live process's sweep is reading
     /// ([`ANNOTATION_SWEEPER`]). Pods of live engines and of other hosts are never listed
     /// (theirs end by `activeDeadlineSeconds` or their own engine's sweep).
-    pub async fn orphans(&self) -> Result<Vec<Orphan>> {
-        let host = Owner::current().host;
-        let selector = format!("{MANAGED_BY}={MANAGER},{LABEL_HOST}={}", label_value(&host));
+    ///
+    /// With `engine` (an identity whose Lease this process holds: `super::lease`), the
+    /// identity's pods of every other process instead, on any host: only live processes of
+    /// this host are told apart (any other holder of the identity is gone).
+    pub async fn orphans(&self, engine: Option<&str>) -> Result<Vec<Orphan>> {
+        let me = Owner::current();
+        let host = me.host.clone();
+        let selector = match engine {
+            None => format!("{MANAGED_BY}={MANAGER},{LABEL_HOST}={}", label_value(&host)),
+            Some(id) => format!("{MANAGED_BY}={MANAGER},{LABEL_ENGINE}={id}"),
+        };
+        let gone = |o: &Owner| match engine {
+            None => o.host == host && !o.is_alive(),
+            Some(_) => *o != me && (o.host != host || !o.is_alive()),
+        };
         let api = self.pods();
         let params = ListParams::default().labels(&selector);
         let list = bounded(|| api.list(&params)).await.map_err(|f| {
@@ -732,9 +759,7 @@ impl Cluster {
         Ok(list
             .items
             .into_iter()
-            .filter(|p| {
-                owner_of(p, ANNOTATION_OWNER).is_some_and(|o| o.host == host && !o.is_alive())
-            })
+            .filter(|p| owner_of(p, ANNOTATION_OWNER).is_some_and(|o| gone(&o)))
             .filter(|p| !owner_of(p, ANNOTATION_SWEEPER).is_some_and(|o| o.is_alive()))
             .filter_map(|p| self.orphan(p))
             .collect())
@@ -1000,7 +1025,9 @@ fn deadline_seconds(d: Duration) -> i64 {
 /// [`TRANSPORT_RETRIES`]' waits: CI saw a pod's create fail once with "connection closed
 /// before message completed" under load, a session lost to a request that would have worked.
 /// An answer (any status) and a timeout are never tried again here.
-async fn bounded<T, Fut>(mut request: impl FnMut() -> Fut) -> std::result::Result<T, Failure>
+pub(super) async fn bounded<T, Fut>(
+    mut request: impl FnMut() -> Fut,
+) -> std::result::Result<T, Failure>
 where
     Fut: Future<Output = kube::Result<T>>,
 {
@@ -1043,7 +1070,7 @@ fn once<T>(
     }
 }
 
-fn failure(url: &str, what: &str, f: Failure) -> AdapterError {
+pub(super) fn failure(url: &str, what: &str, f: Failure) -> AdapterError {
     match f {
         Failure::Unreachable(why) => provision(format!(
             "the Kubernetes API server at {url} is unreachable (trying to {what}): {why}"

@@ -23,6 +23,7 @@ mod devcontainer;
 pub mod history;
 mod image;
 mod layout;
+mod lease;
 mod node_base;
 mod steps;
 mod sweep;
@@ -43,6 +44,7 @@ use tracing::Instrument;
 use self::cluster::{Cluster, Pod, PodExec, PodRequest};
 use self::image::{inspect_image, pod_env, ImageFacts};
 use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
+use self::lease::EngineLease;
 use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
 use self::steps::{confined, sh_quote, PodSnapshot, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
 use self::warm::{Kind, WarmPool};
@@ -69,6 +71,21 @@ pub struct KubernetesBackend {
     deadline: Option<Duration>,
     /// `warmPods`.
     pool: Arc<WarmPool>,
+    /// The task renewing the engine's identity (`engineId`, [`lease`]), once it is held.
+    holding: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for KubernetesBackend {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .holding
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
 }
 
 impl KubernetesBackend {
@@ -78,6 +95,7 @@ impl KubernetesBackend {
             config: Arc::new(config),
             cluster: tokio::sync::OnceCell::new(),
             deadline,
+            holding: std::sync::Mutex::default(),
         }
     }
 
@@ -142,8 +160,30 @@ impl Backend for KubernetesBackend {
         Box::pin(self.pool.close())
     }
 
+    /// The host's dead engines' pods; with `engineId`, once this process holds the identity
+    /// (waiting out a predecessor on another host: [`lease`]), the identity's other processes'
+    /// pods too. The identity is then renewed while the backend lives.
     fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
-        Box::pin(async move { sweep::sweep(&*self.cluster().await?).await })
+        Box::pin(async move {
+            let cluster = self.cluster().await?;
+            let mut gone = sweep::sweep(&cluster, None).await?;
+            if let Some(id) = &self.config.engine_id {
+                let lease = Arc::new(EngineLease::new(&cluster, id, self.config.engine_lease));
+                let held = lease.acquire().await?;
+                let hold = async move { lease.hold(held).await };
+                let task = tokio::spawn(hold.in_current_span()).abort_handle();
+                let before = self
+                    .holding
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .replace(task);
+                if let Some(before) = before {
+                    before.abort();
+                }
+                gone.extend(sweep::sweep(&cluster, Some(id)).await?);
+            }
+            Ok(gone)
+        })
     }
 
     fn provision<'a>(

@@ -42,10 +42,11 @@ pub(super) async fn record_work(pod: &Pod, record: &WorkRecord) -> Result<()> {
     pod.annotate(ANNOTATION_WORK, Some(&json)).await
 }
 
-/// Saves the work of this host's dead engines' pods and deletes them (the module docs);
-/// returns the names deleted.
-pub(super) async fn sweep(cluster: &Cluster) -> Result<Vec<String>> {
-    let orphans = cluster.orphans().await?;
+/// Saves the work of this host's dead engines' pods (with `engine`, of the identity's other
+/// processes: [`Cluster::orphans`]) and deletes them (the module docs); returns the names
+/// deleted.
+pub(super) async fn sweep(cluster: &Cluster, engine: Option<&str>) -> Result<Vec<String>> {
+    let orphans = cluster.orphans(engine).await?;
     let retired = orphans.into_iter().map(|o| retire(cluster, o));
     Ok(futures::future::join_all(retired)
         .await
