@@ -14,7 +14,7 @@ import { pooled, racyCases, RACY_CHANGE, RACY_REPO } from '../support/racy-edits
 import { startFakeBedrock } from '../support/fake-providers.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
-import { adapterPods, EDGE_FILES, EDGE_WORK, eventually, kubeBackend, podLine } from './support.mjs';
+import { adapterPods, EDGE_FILES, EDGE_WORK, eventually, kubeBackend, kubectl, podLine } from './support.mjs';
 
 const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'Grep']);
 
@@ -242,6 +242,54 @@ describe('16 sessions at once', () => {
     expect(nodes.size).toBeGreaterThanOrEqual(2);
     expect(adapterPods()).toEqual([]);
     expect(adapter.sessions()).toEqual([]);
+  });
+});
+
+describe('an engine identity that outlives its host (backend.kubernetes.engineId)', () => {
+  it("an engine that comes back on another host takes over its predecessor's pod once its Lease lapses, saving the work first", { timeout: 240_000 }, async () => {
+    const engineId = `e-${process.pid}-${Date.now() % 1_000_000}`;
+    const lease = `cra-engine-${engineId}`;
+    await kubeSetup({ config: { backend: kubeBackend({ engineId, engineLease: 5 }) } });
+    try {
+      const work = 'echo moved > moved.txt && git add -A && git commit -qm moved && echo loose > loose.txt';
+      h.api.setScript(scenario.steps([bash(work), bash('echo started; sleep 120'), ROLES.implementor.done]));
+      // The first process, on a host this one cannot see into (its own UTS namespace).
+      const elsewhere = `elsewhere-${process.pid}`;
+      const { engine, log } = await engineProcess(h, implementorParams, engines, { hostname: elsewhere });
+      const [pod] = await eventually(() => {
+        const pods = adapterPods().filter((p) => p.metadata.labels['claude-runtime-adapter/engine'] === engineId);
+        return pods.length === 1 && pods;
+      }, 90_000, 'the first engine made its pod');
+      expect(pod.metadata.annotations['claude-runtime-adapter/owner']).toContain(`host=${elsewhere}`);
+      await eventually(() => readFileSync(log, 'utf8').includes('sleep 120'), 90_000, 'the agent did its work');
+      const holder = () => JSON.parse(kubectl('get', 'lease', lease, '-o', 'json')).spec.holderIdentity;
+      expect(holder()).toContain(`host=${elsewhere}`);
+      const sessionID = pod.metadata.annotations['claude-runtime-adapter/session-id'];
+      engine.kill('SIGKILL');
+      await new Promise((r) => engine.once('exit', r));
+      // The next process, on this host: it cannot see whether the first one lives, so it waits
+      // out the Lease (5 s), then takes the identity and its pods.
+      const t0 = Date.now();
+      const adapter = h.adapter();
+      await eventually(() => adapterPods(sessionID).length === 0, 90_000, "the predecessor's pod was taken over");
+      const waited = Date.now() - t0;
+      expect(waited).toBeGreaterThanOrEqual(5_000);
+      expect(holder()).toContain(` pid=${process.pid} `);
+      const salvaged = join(h.repo.root, '.git', 'claude-runtime-adapter', 'salvaged');
+      const [saved, ...more] = readdirSync(salvaged).filter((n) => n.startsWith(`${sessionID}-`));
+      expect(more).toEqual([]);
+      const patch = readFileSync(join(salvaged, saved), 'utf8');
+      expect(patch).toContain('+++ b/moved.txt');
+      expect(patch).toContain('+++ b/loose.txt');
+      console.log(`[measure] engineLease 5 s: the predecessor's pod taken over ${waited} ms after the new adapter`);
+      // A graceful end gives the identity up: a successor need not wait the Lease out.
+      await adapter.shutdown();
+      expect(holder()).toBeUndefined();
+    } finally {
+      try {
+        kubectl('delete', 'lease', lease, '--ignore-not-found');
+      } catch {}
+    }
   });
 });
 

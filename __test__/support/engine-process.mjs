@@ -9,10 +9,12 @@ import { join } from 'node:path';
  * Resolves, once `startAgent` has, with the process and the session's transcript and audit
  * record paths (`audit`: null without `config.audit`); the process is pushed onto `engines` for
  * the test's afterEach to kill whatever happened. With `params` a list, its sessions start at
- * once, and `logs` lists their transcripts in its order.
+ * once, and `logs` lists their transcripts in its order. With `hostname`, the process runs in
+ * a UTS namespace of its own under that name: an engine on another host, as its owner records
+ * say.
  */
-export async function engineProcess(h, params, engines) {
-  const engine = spawn(process.execPath, ['-e', `
+export async function engineProcess(h, params, engines, { hostname } = {}) {
+  const argv = [process.execPath, '-e', `
     const { createClaudeAdapter } = require(${JSON.stringify(join(process.cwd(), 'index.js'))});
     const noop = () => {};
     const config = { ...${JSON.stringify({ ...h.config, bashValidatorHook: undefined, logger: undefined })},
@@ -25,7 +27,10 @@ export async function engineProcess(h, params, engines) {
     if (Array.isArray(params)) Promise.all(params.map((p) => adapter.startAgent(p))).then((hs) => console.log(JSON.stringify({ logs: hs.map((h) => h.logFilePath) })));
     else adapter.startAgent(params).then((h) => console.log(JSON.stringify({ log: h.logFilePath, audit: h.auditRecordPath })));
     setInterval(noop, 1000);
-  `], { stdio: ['ignore', 'pipe', 'inherit'] });
+  `];
+  // unshare and sh exec: the process's pid is the engine's.
+  const [program, ...args] = hostname ? ['unshare', '--uts', 'sh', '-c', 'hostname "$0" && exec "$@"', hostname, ...argv] : argv;
+  const engine = spawn(program, args, { stdio: ['ignore', 'pipe', 'inherit'] });
   engines.push(engine);
   let out = '';
   const { log, audit, logs } = await new Promise((resolve, reject) => {

@@ -15,6 +15,8 @@
 //! - **Holding it.** Renewed every third of `engineLease` while the backend lives. A renewal
 //!   that finds another holder (this process was cut off from the API server for longer than
 //!   the lease) stops and says so: that process now sweeps this one's pods.
+//! - **Giving it up.** `shutdown()` clears the holder, so a successor (a deploy's new process,
+//!   started before the old one stops) takes it at once.
 //! - Two live engines configured with one identity: the second waits for the Lease for as
 //!   long as the first renews it (said once), and sweeps nothing of the identity meanwhile.
 
@@ -192,6 +194,31 @@ impl EngineLease {
                     tracing::warn!(error = %self.failed("renew", f).message, "could not renew the engine's identity; trying again")
                 }
             }
+        }
+    }
+}
+
+impl EngineLease {
+    /// Gives the Lease up if this process holds it (`shutdown()`): its holder cleared, on the
+    /// version read, so a successor takes it at once. A failure is logged: the Lease then
+    /// lapses by itself.
+    pub(super) async fn release(&self) {
+        let released = async {
+            let Some(mut lease) = bounded(|| self.api.get_opt(&self.name)).await? else {
+                return Ok(());
+            };
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if holder_of(spec.holder_identity.as_deref(), &self.me) != Holder::Ours {
+                return Ok(());
+            }
+            spec.holder_identity = None;
+            let params = PostParams::default();
+            bounded(|| self.api.replace(&self.name, &params, &lease))
+                .await
+                .map(drop)
+        };
+        if let Err(f) = released.await {
+            tracing::warn!(error = %self.failed("release", f).message, "could not give the engine's identity up; it lapses by itself");
         }
     }
 }

@@ -71,20 +71,26 @@ pub struct KubernetesBackend {
     deadline: Option<Duration>,
     /// `warmPods`.
     pool: Arc<WarmPool>,
-    /// The task renewing the engine's identity (`engineId`, [`lease`]), once it is held.
-    holding: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// The engine's identity (`engineId`, [`lease`]) once held, and the task renewing it.
+    holding: std::sync::Mutex<Option<(tokio::task::AbortHandle, Arc<EngineLease>)>>,
+}
+
+impl KubernetesBackend {
+    /// Stops renewing the engine's identity; the Lease as it was left.
+    fn stop_holding(&self) -> Option<Arc<EngineLease>> {
+        let (task, lease) = self
+            .holding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        task.abort();
+        Some(lease)
+    }
 }
 
 impl Drop for KubernetesBackend {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .holding
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            task.abort();
-        }
+        self.stop_holding();
     }
 }
 
@@ -156,8 +162,15 @@ impl Backend for KubernetesBackend {
         })
     }
 
+    /// The warm pods go, and the engine's identity is given up: a successor (a deploy's new
+    /// process) takes it at once instead of waiting out the Lease.
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.pool.close())
+        Box::pin(async move {
+            self.pool.close().await;
+            if let Some(lease) = self.stop_holding() {
+                lease.release().await;
+            }
+        })
     }
 
     /// The host's dead engines' pods; with `engineId`, once this process holds the identity
@@ -170,14 +183,17 @@ impl Backend for KubernetesBackend {
             if let Some(id) = &self.config.engine_id {
                 let lease = Arc::new(EngineLease::new(&cluster, id, self.config.engine_lease));
                 let held = lease.acquire().await?;
-                let hold = async move { lease.hold(held).await };
+                let hold = {
+                    let lease = lease.clone();
+                    async move { lease.hold(held).await }
+                };
                 let task = tokio::spawn(hold.in_current_span()).abort_handle();
                 let before = self
                     .holding
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .replace(task);
-                if let Some(before) = before {
+                    .replace((task, lease));
+                if let Some((before, _)) = before {
                     before.abort();
                 }
                 gone.extend(sweep::sweep(&cluster, Some(id)).await?);
