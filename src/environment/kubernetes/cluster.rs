@@ -35,13 +35,13 @@ use crate::domain::Role;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::process::Owner;
 
-use super::lease::LABEL_ENGINE;
-
 /// The value of [`MANAGED_BY`] on every pod the adapter makes: what a sweep lists by.
 pub const MANAGER: &str = "claude-runtime-adapter";
 pub const LABEL_SESSION: &str = "claude-runtime-adapter/session";
 pub const LABEL_ROLE: &str = "claude-runtime-adapter/role";
 pub const LABEL_HOST: &str = "claude-runtime-adapter/host";
+/// `engineId`: the identity of the engine that made the pod (`super::lease`).
+pub const LABEL_ENGINE: &str = "claude-runtime-adapter/engine";
 /// On a pod started before any session asked for it (`warmPods`): it has no session label,
 /// role or session id until one claims it ([`Cluster::claim`]).
 pub const LABEL_WARM: &str = "claude-runtime-adapter/warm";

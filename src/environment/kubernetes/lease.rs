@@ -2,10 +2,11 @@
 //!
 //! An engine that runs in the cluster comes back from a deploy, a crash or a drained node as a
 //! new process, mostly on another node: the host rule of the sweep ([`Cluster::orphans`]) never
-//! finds its old pods there. With an identity, every pod carries it ([`LABEL_ENGINE`]) and one
-//! process at a time holds the identity's `Lease` (`coordination.k8s.io/v1`, named
-//! `cra-engine-<id>`, its holder the process's [`Owner`] record). The holder sweeps the
-//! identity's pods of every other process: a process that no longer holds the Lease is gone.
+//! finds its old pods there. With an identity, every pod carries it
+//! ([`super::cluster::LABEL_ENGINE`]) and one process at a time holds the identity's `Lease`
+//! (`coordination.k8s.io/v1`, named `cra-engine-<id>`, its holder the process's [`Owner`]
+//! record). The holder sweeps the identity's pods of every other process: a process that no
+//! longer holds the Lease is gone.
 //!
 //! - **Taking it.** Free, already this process's, or held by a process of this host that is
 //!   gone: taken at once. Held by another: taken once its holder has not renewed it for
@@ -29,9 +30,6 @@ use kube::api::{Api, PostParams};
 use super::cluster::{bounded, Cluster, Failure};
 use crate::error::Result;
 use crate::process::Owner;
-
-/// The pod label naming the identity its engine had.
-pub const LABEL_ENGINE: &str = "claude-runtime-adapter/engine";
 
 /// What an observed Lease's holder means to this process.
 #[derive(Debug, PartialEq, Eq)]
