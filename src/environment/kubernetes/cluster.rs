@@ -547,19 +547,12 @@ impl Cluster {
         );
         let spec = self.pod_spec(&name, &req);
         let image = self.image_of(&req);
-        let pod = Pod {
-            api: self.pods(),
-            name: name.clone(),
-            node: String::new(),
-            image: image.clone(),
-            image_id: Arc::default(),
-            notes: self.notes.clone(),
-            url: self.url.clone(),
-            memory_limit: self.config.limits.get("memory").cloned(),
-            storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
-            storage_from_disk_mib: self.config.storage_from_disk_mib,
-            active_deadline: req.active_deadline.map(deadline_seconds),
-        };
+        let pod = self.pod_named(
+            name.clone(),
+            String::new(),
+            image.clone(),
+            req.active_deadline.map(deadline_seconds),
+        );
         let params = PostParams::default();
         let mut sent = 0;
         let create = bounded(|| {
@@ -765,24 +758,40 @@ impl Cluster {
             .collect())
     }
 
-    fn orphan(&self, p: KubePod) -> Option<Orphan> {
-        let name = p.metadata.name.clone()?;
-        let annotation = |key: &str| p.metadata.annotations.as_ref()?.get(key).cloned();
-        let spec = p.spec.as_ref();
-        let container = spec.and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER));
-        let pod = Pod {
+    /// The handle of pod `name` (on `node`, of `image`), the config's limits named.
+    fn pod_named(
+        &self,
+        name: String,
+        node: String,
+        image: String,
+        active_deadline: Option<i64>,
+    ) -> Pod {
+        Pod {
             api: self.pods(),
             name,
-            node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
-            image: container.and_then(|c| c.image.clone()).unwrap_or_default(),
+            node,
+            image,
             image_id: Arc::default(),
             notes: self.notes.clone(),
             url: self.url.clone(),
             memory_limit: self.config.limits.get("memory").cloned(),
             storage_limit: self.config.limits.get("ephemeral-storage").cloned(),
             storage_from_disk_mib: self.config.storage_from_disk_mib,
-            active_deadline: spec.and_then(|s| s.active_deadline_seconds),
-        };
+            active_deadline,
+        }
+    }
+
+    fn orphan(&self, p: KubePod) -> Option<Orphan> {
+        let name = p.metadata.name.clone()?;
+        let annotation = |key: &str| p.metadata.annotations.as_ref()?.get(key).cloned();
+        let spec = p.spec.as_ref();
+        let container = spec.and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER));
+        let pod = self.pod_named(
+            name,
+            spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            container.and_then(|c| c.image.clone()).unwrap_or_default(),
+            spec.and_then(|s| s.active_deadline_seconds),
+        );
         let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         Some(Orphan {
             session_id: annotation(ANNOTATION_SESSION_ID),
