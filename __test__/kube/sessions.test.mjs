@@ -9,7 +9,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from '../support/fake-api.mjs';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { engineProcess } from '../support/engine-process.mjs';
-import { engineState, rejection, setup } from '../support/harness.mjs';
+import { engineState, logEntry, rejection, setup } from '../support/harness.mjs';
 import { pooled, racyCases, RACY_CHANGE, RACY_REPO } from '../support/racy-edits.mjs';
 import { startFakeBedrock } from '../support/fake-providers.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
@@ -246,10 +246,11 @@ describe('16 sessions at once', () => {
 });
 
 describe('an engine identity that outlives its host (backend.kubernetes.engineId)', () => {
-  it("an engine that comes back on another host takes over its predecessor's pod once its Lease lapses, saving the work first", { timeout: 240_000 }, async () => {
+  it("a second engine of the identity leaves the first's live pod alone; once the first is killed it takes the identity and the pod, saving the work first", { timeout: 240_000 }, async () => {
     const engineId = `e-${process.pid}-${Date.now() % 1_000_000}`;
     const lease = `cra-engine-${engineId}`;
-    await kubeSetup({ config: { backend: kubeBackend({ engineId, engineLease: 5 }) } });
+    const LEASE = 5;
+    await kubeSetup({ config: { backend: kubeBackend({ engineId, engineLease: LEASE }) } });
     try {
       const work = 'echo moved > moved.txt && git add -A && git commit -qm moved && echo loose > loose.txt';
       h.api.setScript(scenario.steps([bash(work), bash('echo started; sleep 120'), ROLES.implementor.done]));
@@ -265,15 +266,20 @@ describe('an engine identity that outlives its host (backend.kubernetes.engineId
       const holder = () => JSON.parse(kubectl('get', 'lease', lease, '-o', 'json')).spec.holderIdentity;
       expect(holder()).toContain(`host=${elsewhere}`);
       const sessionID = pod.metadata.annotations['claude-runtime-adapter/session-id'];
-      engine.kill('SIGKILL');
-      await new Promise((r) => engine.once('exit', r));
-      // The next process, on this host: it cannot see whether the first one lives, so it waits
-      // out the Lease (5 s), then takes the identity and its pods.
-      const t0 = Date.now();
+      // A second engine of the identity while the first lives (a deploy's new process): it
+      // cannot see the first's host, so it waits, and the first's renewals keep it waiting.
       const adapter = h.adapter();
+      await logEntry(h.logger, /another engine process holds this engineId/, 30_000);
+      await new Promise((r) => setTimeout(r, 3 * LEASE * 1000));
+      expect(adapterPods(sessionID)).toHaveLength(1);
+      expect(holder()).toContain(`host=${elsewhere}`);
+      // The first dies: its Lease lapses, and the second takes the identity and its pod.
+      engine.kill('SIGKILL');
+      const t0 = Date.now();
+      await new Promise((r) => engine.once('exit', r));
       await eventually(() => adapterPods(sessionID).length === 0, 90_000, "the predecessor's pod was taken over");
       const waited = Date.now() - t0;
-      expect(waited).toBeGreaterThanOrEqual(5_000);
+      expect(waited).toBeGreaterThanOrEqual(LEASE * 1000);
       expect(holder()).toContain(` pid=${process.pid} `);
       const salvaged = join(h.repo.root, '.git', 'claude-runtime-adapter', 'salvaged');
       const [saved, ...more] = readdirSync(salvaged).filter((n) => n.startsWith(`${sessionID}-`));
@@ -281,7 +287,7 @@ describe('an engine identity that outlives its host (backend.kubernetes.engineId
       const patch = readFileSync(join(salvaged, saved), 'utf8');
       expect(patch).toContain('+++ b/moved.txt');
       expect(patch).toContain('+++ b/loose.txt');
-      console.log(`[measure] engineLease 5 s: the predecessor's pod taken over ${waited} ms after the new adapter`);
+      console.log(`[measure] engineLease ${LEASE} s: the predecessor's pod taken over ${waited} ms after it was killed`);
       // A graceful end gives the identity up: a successor need not wait the Lease out.
       await adapter.shutdown();
       expect(holder()).toBeUndefined();
