@@ -215,6 +215,19 @@ export interface KubernetesBackend {
    * they wait; shutdown() deletes them, and a dead engine's go with the next one's sweep
    */
   warmPods?: number
+  /**
+   * The engine's identity across processes and hosts (at most 52 lowercase letters, digits and
+   * '-'): an engine that comes back on another node (a deploy, a drained node) takes over the
+   * pods of its earlier process, saving their work. Its pods are labelled with it; one process
+   * at a time holds its Lease `cra-engine-<engineId>` (RBAC: leases get, create, update).
+   * Absent: a dead engine's pods are swept only by an adapter on the same host
+   */
+  engineId?: string
+  /**
+   * Seconds the identity's Lease stands without a renewal: how long a restarted engine waits
+   * for a predecessor it cannot see before taking its pods over (integer, 3–3600; default 30)
+   */
+  engineLease?: number
 }
 export interface KubernetesResources { cpu?: string; memory?: string; 'ephemeral-storage'?: string }
 export interface KubernetesToleration {
