@@ -164,10 +164,10 @@ run_tests() {
   # cluster's CPU, which these hardly use. One after the other they added ~105 s to the first
   # pass and ~100 s to the second. The node's base (node-base.test.mjs: most of it the same-size
   # edit cases on one node, 50 sessions, 4 at a time; 120 before the loops moved to test:loops) goes there too, so the two
-  # lanes end closer together.
+  # lanes end closer together, and so does the engine identity's (mostly waiting out Leases).
   # So `npm run test:kube` is its two halves here: the addon built (and the npm packages
   # installed) once, then vitest in each lane, which must not both rebuild what the other loads.
-  local waiting=(__test__/kube/api-outage.test.mjs __test__/kube/failures.test.mjs __test__/kube/node-base.test.mjs)
+  local waiting=(__test__/kube/api-outage.test.mjs __test__/kube/failures.test.mjs __test__/kube/node-base.test.mjs __test__/kube/engine-identity.test.mjs)
   local waits_ns=cra-ci-waits
   local suite=(npx --no-install vitest run --config vitest.kube.config.mjs)
   step "the addon built (node scripts/ensure-built.mjs, test:kube's pre-step)" node scripts/ensure-built.mjs
