@@ -10,7 +10,7 @@ import { copyFileSync, existsSync, readdirSync, readFileSync, writeFileSync } fr
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, reply, scenario, text, toolResults, toolUse } from './support/fake-api.mjs';
-import { engineProcess } from './support/engine-process.mjs';
+import { engineProcess, killAll } from './support/engine-process.mjs';
 import { addon, rejection, setup, thrown } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { implementorDone, implementorParams, implementorState, ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -18,7 +18,7 @@ import { implementorDone, implementorParams, implementorState, ROLE_BODIES, ROLE
 let h;
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

@@ -9,7 +9,7 @@ import { closeSync, constants, existsSync, openSync, readdirSync, readFileSync, 
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
-import { engineProcess } from './support/engine-process.mjs';
+import { engineProcess, killAll } from './support/engine-process.mjs';
 import { addon, engineState, hostGitDir, logEntry, rejection, setup, SHARED_BASE, SWEPT, workOf } from './support/harness.mjs';
 
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
@@ -21,7 +21,7 @@ const SWEEP_AT_ONCE = { resumeInterrupted: 0 };
 let h;
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

@@ -9,7 +9,7 @@ import { existsSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSy
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { assistantTurns, bash, reply, scenario, userText } from './support/fake-api.mjs';
-import { engineProcess } from './support/engine-process.mjs';
+import { engineProcess, killAll } from './support/engine-process.mjs';
 import { implementorDone } from './support/roles.mjs';
 import { addon, engineState, rejection, setup, sleepMarker, SWEPT, workOf } from './support/harness.mjs';
 
@@ -19,7 +19,7 @@ const LOOPS = Number(process.env.CRA_TEST_INTERRUPTED_LOOPS ?? 1);
 let h;
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario } from './support/fake-api.mjs';
-import { engineProcess, engineSessions } from './support/engine-process.mjs';
+import { engineProcess, engineSessions, killAll } from './support/engine-process.mjs';
 import { basesOf, engineState, logEntry, rejection, setup, SHARED_BASE, SWEPT } from './support/harness.mjs';
 import { ROLES } from './support/roles.mjs';
 
@@ -26,7 +26,7 @@ let h;
 const engines = [];
 const after = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   for (const f of after.splice(0)) await f();
   await h?.cleanup();
   h = undefined;

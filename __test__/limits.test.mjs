@@ -18,7 +18,7 @@ process.env.TMPDIR = '/var/tmp/cra-limits-tests';
 mkdirSync(process.env.TMPDIR, { recursive: true });
 import { bash, scenario, toolResults, toolUse } from './support/fake-api.mjs';
 import { agentRuns } from './support/agent-bash.mjs';
-import { engineProcess } from './support/engine-process.mjs';
+import { engineProcess, killAll } from './support/engine-process.mjs';
 import { addon, rejection, setup } from './support/harness.mjs';
 import { agentsWithTools } from './support/repo.mjs';
 import { ROLE_BODIES, ROLE_STATE, ROLES } from './support/roles.mjs';
@@ -28,7 +28,7 @@ const after = [];
 /** Engine processes a test spawned: killed after it whatever happened. */
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   for (const f of after.splice(0)) await f();
   await h?.cleanup();
   h = undefined;

@@ -8,7 +8,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from './support/fake-api.mjs';
-import { engineProcess } from './support/engine-process.mjs';
+import { engineProcess, killAll } from './support/engine-process.mjs';
 import { addon, engineState, logEntry, rejection, setup, SWEPT, TEMP_SWEPT, workOf } from './support/harness.mjs';
 
 const git = (cwd, ...args) => execFileSync('git', args, { cwd }).toString();
@@ -17,7 +17,7 @@ let h;
 /** Engine processes a test spawned: killed after it whatever happened, so none outlives it. */
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
+import { killAll } from './support/engine-process.mjs';
 import { bash, reply, scenario, structured, toolUse } from './support/fake-api.mjs';
 import { addon, engineState, logEntry, markedProcesses, rejection, setup, SWEPT, sleepMarker } from './support/harness.mjs';
 
@@ -16,7 +17,7 @@ let h;
 /** Engine processes a test spawned: killed after it whatever happened, so none outlives it. */
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

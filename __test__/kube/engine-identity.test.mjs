@@ -4,38 +4,25 @@
 // suites that need the cluster's CPU.
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { bash, scenario } from '../support/fake-api.mjs';
-import { engineProcess } from '../support/engine-process.mjs';
+import { engineProcess, killAll } from '../support/engine-process.mjs';
 import { logEntry, setup } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
 import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, eventually, kubeBackend, kubectl } from './support.mjs';
 
-let h;
-const engines = [];
-afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
-  await h?.cleanup();
-  h = undefined;
-});
-
-async function kubeSetup(backend) {
-  h = await setup({
-    repo: { agents: agentsWithTools(['Bash']) },
-    state: ROLE_STATE,
-    bodies: ROLE_BODIES,
-    config: { backend: kubeBackend(backend) },
-  });
-  return h;
-}
+/** A harness whose adapters run sessions on the cluster with `backend`'s fields. */
+const kubeSetup = (backend) =>
+  setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES, config: { backend: kubeBackend(backend) } });
 
 describe('an engine identity that outlives its host (backend.kubernetes.engineId)', () => {
   it("a second engine of the identity leaves the first's live pod alone; once the first is killed it takes the identity and the pod, saving the work first", { timeout: 240_000 }, async () => {
     const engineId = `e-${process.pid}-${Date.now() % 1_000_000}`;
     const lease = `cra-engine-${engineId}`;
     const LEASE = 5;
-    await kubeSetup({ engineId, engineLease: LEASE });
+    const h = await kubeSetup({ engineId, engineLease: LEASE });
+    const engines = [];
     try {
       const work = 'echo moved > moved.txt && git add -A && git commit -qm moved && echo loose > loose.txt';
       h.api.setScript(scenario.steps([bash(work), bash('echo started; sleep 120'), ROLES.implementor.done]));
@@ -77,9 +64,11 @@ describe('an engine identity that outlives its host (backend.kubernetes.engineId
       await adapter.shutdown();
       expect(holder()).toBeUndefined();
     } finally {
+      killAll(engines);
       try {
         kubectl('delete', 'lease', lease, '--ignore-not-found');
       } catch {}
+      await h.cleanup();
     }
   });
 });

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from '../support/fake-api.mjs';
 import { agentRuns } from '../support/agent-bash.mjs';
-import { engineProcess } from '../support/engine-process.mjs';
+import { engineProcess, killAll } from '../support/engine-process.mjs';
 import { engineState, rejection, setup } from '../support/harness.mjs';
 import { pooled, racyCases, RACY_CHANGE, RACY_REPO } from '../support/racy-edits.mjs';
 import { startFakeBedrock } from '../support/fake-providers.mjs';
@@ -21,7 +21,7 @@ const BASH_AGENTS = agentsWithTools(['Bash', 'Read', 'Edit', 'Write', 'Glob', 'G
 let h;
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   await h?.cleanup();
   h = undefined;
 });

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { agentRuns } from '../support/agent-bash.mjs';
+import { killAll } from '../support/engine-process.mjs';
 import { bash, scenario } from '../support/fake-api.mjs';
 import { RACY_CASES, RACY_CHANGE, RACY_REPO, RACY_RUNS } from '../support/racy-edits.mjs';
 import { addon, rejection, setup } from '../support/harness.mjs';
@@ -22,7 +23,7 @@ let h;
 const adapters = [];
 const engines = [];
 afterEach(async () => {
-  for (const e of engines.splice(0)) e.kill('SIGKILL');
+  killAll(engines);
   for (const a of adapters.splice(0)) await a.shutdown();
   await h?.cleanup();
   h = undefined;

@@ -3,6 +3,11 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 
+/** SIGKILLs the engine processes a test started (whatever happened to it), emptying `engines`. */
+export function killAll(engines) {
+  for (const e of engines.splice(0)) e.kill('SIGKILL');
+}
+
 /**
  * Starts a Node process that creates an adapter from harness `h`'s config (an approving hook, a
  * silent logger) and starts one session with `params` (an Implementor works on item 7).
