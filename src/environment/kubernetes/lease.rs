@@ -163,11 +163,16 @@ impl EngineLease {
                 Err(Failure::Api(s)) if s.code == 409 || s.is_not_found() => {
                     let seen = bounded(|| self.api.get_opt(&self.name)).await;
                     match seen {
+                        // Still this process's (a renewal that went through unanswered), or
+                        // free again: the next renewal writes it as this process's.
                         Ok(Some(l))
-                            if holder_of(
-                                l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
-                                &self.me,
-                            ) == Holder::Ours =>
+                            if !matches!(
+                                holder_of(
+                                    l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
+                                    &self.me,
+                                ),
+                                Holder::Other(_)
+                            ) =>
                         {
                             lease = l
                         }
