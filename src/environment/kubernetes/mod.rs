@@ -75,19 +75,6 @@ pub struct KubernetesBackend {
     holding: std::sync::Mutex<Option<(tokio::task::AbortHandle, Arc<EngineLease>)>>,
 }
 
-impl KubernetesBackend {
-    /// Stops renewing the engine's identity; the Lease as it was left.
-    fn stop_holding(&self) -> Option<Arc<EngineLease>> {
-        let (task, lease) = self
-            .holding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()?;
-        task.abort();
-        Some(lease)
-    }
-}
-
 impl Drop for KubernetesBackend {
     fn drop(&mut self) {
         self.stop_holding();
@@ -111,6 +98,17 @@ impl KubernetesBackend {
             .get_or_try_init(|| async { Cluster::connect(&self.config).await.map(Arc::new) })
             .await
             .cloned()
+    }
+
+    /// Stops renewing the engine's identity; the Lease as it was left.
+    fn stop_holding(&self) -> Option<Arc<EngineLease>> {
+        let (task, lease) = self
+            .holding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        task.abort();
+        Some(lease)
     }
 
     /// The checkout's base kept once per node: only behind the pod's jail, which never shows
