@@ -70,8 +70,13 @@ describe("the CLI's telemetry reaches the team's collector with the sandbox on",
     const sampler = setInterval(() => {
       for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
         try {
-          if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(`TCP-LISTEN:${PORT},`)) continue;
-          for (const line of readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n').filter(Boolean)) bridgeCgroups.add(line);
+          // The bridge and its connections are socat. Not bwrap, whose arguments carry the
+          // bridge script, nor the script's shell and what it forks before an exec (its waits,
+          // which the placer may move to the commands' part): CI once sampled one there.
+          const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+          if (!/(^|\/)socat$/.test(argv[0]) || !argv.some((a) => a.startsWith(`TCP-LISTEN:${PORT},`))) continue;
+          const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n').filter(Boolean);
+          for (const line of lines) bridgeCgroups.add(line);
         } catch {
           // gone meanwhile
         }
