@@ -300,7 +300,9 @@ fn note_salvaged(admin: &Path, record: Option<&AdminRecord>, patch: Option<&Path
 
 /// Saves `patch`, session `label`'s work read out of something other than a checkout (a dead
 /// engine's pod), where a dead checkout's goes when it has no transcript:
-/// `<git common dir>/claude-runtime-adapter/salvaged/<label>-<unix ms>.patch`.
+/// `<git common dir>/claude-runtime-adapter/salvaged/<label>-<unix ms>.patch`. (Only the
+/// Kubernetes backend, built on Unix alone, has such work.)
+#[cfg(unix)]
 pub(crate) async fn save_salvaged(repo_root: &Path, patch: &str, label: &str) -> Result<PathBuf> {
     let common = RepoGit::for_repo(repo_root).git_dir().await?;
     write_salvaged(patch, None, &common, label).map_err(|e| {
