@@ -364,18 +364,17 @@ async fn prepare(
         }
     };
     let snapshot = made.snapshot.filter(|_| in_pod.checkout_as.is_some());
-    let base = pack.base.clone();
-    if let Some(s) = &snapshot {
+    let work = snapshot.map(|s| work::WorkRecord {
+        repository: req.repo_root,
+        base: pack.base.clone(),
+        snapshot: s.commit,
+        trust_before: s.trust_before,
+        sandboxed,
+        layered_end: made.layered_end,
+    });
+    if let Some(record) = &work {
         // Before the agent starts: a pod whose engine dies later is read by this (the sweep).
-        let record = work::WorkRecord {
-            repository: req.repo_root.clone(),
-            base: base.clone(),
-            snapshot: s.commit.clone(),
-            trust_before: s.trust_before,
-            sandboxed,
-            layered_end: made.layered_end,
-        };
-        sweep::record_work(&pod, &record).await?;
+        sweep::record_work(&pod, record).await?;
     }
     let pack_kib = pack.kib();
     drop(pack);
@@ -386,11 +385,8 @@ async fn prepare(
         egress: Some(egress),
         env,
         workdir: PathBuf::from(WORKDIR),
-        repo_root: req.repo_root,
-        base,
-        snapshot,
+        work,
         sandboxed,
-        layered_end: made.layered_end,
         _history: made.history,
         _node_base: made.held.map(std::sync::Mutex::new),
     })
@@ -852,14 +848,10 @@ pub struct KubernetesEnvironment {
     egress: Option<Egress>,
     env: Vec<(String, String)>,
     workdir: PathBuf,
-    repo_root: PathBuf,
-    base: String,
-    /// The Implementor's snapshot (None: a read-only session).
-    snapshot: Option<PodSnapshot>,
+    /// The Implementor's work: where it is and how it is read (None: a read-only session), as
+    /// recorded on the pod.
+    work: Option<work::WorkRecord>,
     sandboxed: bool,
-    /// The checkout is a layer on a node's base verified for it: the end reads only what the
-    /// layer changed ([`work::EXTRACT_SCRIPT`]).
-    layered_end: bool,
     /// Serves the pod's `git fetch --unshallow` while the session lives.
     _history: history::HistoryServer,
     /// Holds the node's base the checkout is layered on, while the session lives (in a
@@ -893,20 +885,6 @@ impl KubernetesEnvironment {
             .as_ref()
             .ok_or_else(|| AdapterError::new(ErrorCode::Internal, "the pod's stream is closed"))
     }
-
-    /// Where the work is, for [`work::read_work`].
-    fn work_at<'a>(&'a self, snapshot: &'a PodSnapshot) -> Result<work::WorkAt<'a>> {
-        Ok(work::WorkAt {
-            shell: self.shell()?,
-            env: &self.env,
-            repo_root: &self.repo_root,
-            base: &self.base,
-            snapshot,
-            sandboxed: self.sandboxed,
-            layered_end: self.layered_end,
-            pod: &self.pod.name,
-        })
-    }
 }
 
 impl Environment for KubernetesEnvironment {
@@ -915,7 +893,7 @@ impl Environment for KubernetesEnvironment {
     }
 
     fn has_checkout(&self) -> bool {
-        self.snapshot.is_some()
+        self.work.is_some()
     }
 
     fn temp_dir(&self) -> PathBuf {
@@ -998,7 +976,7 @@ impl Environment for KubernetesEnvironment {
 
     fn exec(&mut self, cmd: ExecCommand) -> BoxFuture<'_, Result<Exec>> {
         Box::pin(async move {
-            let mode = if self.snapshot.is_some() { "rw" } else { "ro" };
+            let mode = if self.work.is_some() { "rw" } else { "ro" };
             let cli = std::iter::once("sh".to_string())
                 .chain(
                     bridged_argv(std::ffi::OsStr::new(CLI), &cmd.args)
@@ -1045,8 +1023,16 @@ impl Environment for KubernetesEnvironment {
 
     fn extract_patch(&self) -> BoxFuture<'_, Result<String>> {
         Box::pin(async move {
-            match &self.snapshot {
-                Some(s) => work::read_work(&self.work_at(s)?).await,
+            match &self.work {
+                Some(record) => {
+                    let at = work::WorkAt {
+                        shell: self.shell()?,
+                        env: &self.env,
+                        record,
+                        pod: &self.pod.name,
+                    };
+                    work::read_work(&at).await
+                }
                 None => Ok(String::new()),
             }
         })

@@ -27,7 +27,6 @@ use super::cluster::{
 use super::image::{inspect_image, pod_env};
 use super::layout::MUX;
 use super::open_shell;
-use super::steps::PodSnapshot;
 use super::work::{read_work, WorkAt, WorkRecord};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::sweep::save_salvaged;
@@ -128,18 +127,10 @@ async fn salvage(pod: &Arc<Pod>, record: &WorkRecord, label: &str) -> Result<Opt
         // Only what the extraction's git needs: the session's own environment (its egress,
         // its placeholders) is not needed, and nothing of it is kept.
         let env = pod_env(&[], &[], &image);
-        let snapshot = PodSnapshot {
-            commit: record.snapshot.clone(),
-            trust_before: record.trust_before,
-        };
         read_work(&WorkAt {
             shell: &shell,
             env: &env,
-            repo_root: &record.repository,
-            base: &record.base,
-            snapshot: &snapshot,
-            sandboxed: record.sandboxed,
-            layered_end: record.layered_end,
+            record,
             pod: &pod.name,
         })
         .await

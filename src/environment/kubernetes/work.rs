@@ -353,19 +353,13 @@ fn read_plain_snapshot(out: &[u8]) -> Result<Option<PodSnapshot>> {
     })
 }
 
-/// Where an Implementor's work is in its pod and how it is read out ([`read_work`]).
+/// An Implementor's work in its pod ([`read_work`]): the session's record, and the stream and
+/// environment to read it with.
 pub(super) struct WorkAt<'a> {
     pub shell: &'a RemoteShell,
     /// The environment of the pod's processes (its PATH, HOME, git).
     pub env: &'a [(String, String)],
-    pub repo_root: &'a Path,
-    /// The commit the checkout was made at.
-    pub base: &'a str,
-    pub snapshot: &'a PodSnapshot,
-    /// The session ran in the pod's jail: its work is read there too.
-    pub sandboxed: bool,
-    /// The checkout is a layer on a node's base verified for it ([`EXTRACT_SCRIPT`]).
-    pub layered_end: bool,
+    pub record: &'a WorkRecord,
     /// The pod's name, for the log.
     pub pod: &'a str,
 }
@@ -379,10 +373,15 @@ pub(super) struct WorkAt<'a> {
 #[serde(rename_all = "camelCase")]
 pub(super) struct WorkRecord {
     pub repository: PathBuf,
+    /// The commit the checkout was made at.
     pub base: String,
+    /// The post-setup snapshot's commit, and the index timestamp extraction caps the agent's
+    /// index at ([`PodSnapshot`]).
     pub snapshot: String,
     pub trust_before: u64,
+    /// The session ran in the pod's jail: its work is read there too.
     pub sandboxed: bool,
+    /// The checkout is a layer on a node's base verified for it ([`EXTRACT_SCRIPT`]).
     pub layered_end: bool,
 }
 
@@ -390,23 +389,24 @@ pub(super) struct WorkRecord {
 /// (through `cra-pod candidates` on a layer) streams the bundle into a [`Scratch`] repository,
 /// which computes the patch.
 pub(super) async fn read_work(at: &WorkAt<'_>) -> Result<String> {
-    let trust = at.snapshot.trust_before.to_string();
+    let record = at.record;
+    let trust = record.trust_before.to_string();
     let jailed = confined(
-        at.sandboxed.then_some("rw"),
+        record.sandboxed.then_some("rw"),
         vec![
             "sh".to_string(),
             "-c".into(),
             EXTRACT_SCRIPT.into(),
             "sh".into(),
-            at.base.to_string(),
-            at.snapshot.commit.clone(),
+            record.base.clone(),
+            record.snapshot.clone(),
             trust.clone(),
         ],
     );
     let mut env = at.env.to_vec();
     env.push(("G".into(), neutral_git_sh()));
     env.push(("C".into(), COMMIT_ENV.into()));
-    let argv = match at.layered_end {
+    let argv = match record.layered_end {
         true => {
             env.push(("P".into(), MUX[0].into()));
             let outer = [
@@ -430,7 +430,7 @@ pub(super) async fn read_work(at: &WorkAt<'_>) -> Result<String> {
             cwd: WORKDIR.into(),
         })
         .await?;
-    let scratch = Scratch::create(at.repo_root).await?;
+    let scratch = Scratch::create(&record.repository).await?;
     let bundle_path = scratch.dir.path().join("work.bundle");
     let mut file = tokio::fs::File::create(&bundle_path)
         .await
@@ -461,7 +461,7 @@ pub(super) async fn read_work(at: &WorkAt<'_>) -> Result<String> {
     if !said.trim().is_empty() {
         tracing::debug!(pod = %at.pod, "the work read out of the pod: {}", said.trim());
     }
-    scratch.patch(&bundle_path, at.base).await
+    scratch.patch(&bundle_path, &record.base).await
 }
 
 /// A scratch repository on the engine borrowing the repository's objects, where the work's
