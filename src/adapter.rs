@@ -58,9 +58,15 @@ impl Adapter {
         let backend: Arc<dyn Backend> = match &config.backend {
             BackendConfig::Local => Arc::new(LocalBackend),
             #[cfg(unix)]
-            BackendConfig::Kubernetes(k) => {
-                Arc::new(KubernetesBackend::new((**k).clone(), pod_deadline(&config)))
-            }
+            BackendConfig::Kubernetes(k) => Arc::new(KubernetesBackend::new(
+                (**k).clone(),
+                pod_deadline(&config),
+                config.resume_interrupted,
+                crate::environment::kubernetes::Times {
+                    agent: config.max_agent_duration,
+                    extraction: config.extraction_timeout,
+                },
+            )),
             // Refused by the config's validation off Unix.
             #[cfg(not(unix))]
             BackendConfig::Kubernetes(_) => Arc::new(LocalBackend),

@@ -13,8 +13,10 @@ import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/ro
 import { adapterPods, eventually, kubeBackend, kubectl } from './support.mjs';
 
 /** A harness whose adapters run sessions on the cluster with `backend`'s fields. */
+// resumeInterrupted: 0: the predecessor's pod is saved and deleted at once, not kept for a
+// continuation (__test__/kube/interrupted.test.mjs).
 const kubeSetup = (backend) =>
-  setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES, config: { backend: kubeBackend(backend) } });
+  setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES, config: { backend: kubeBackend(backend), resumeInterrupted: 0 } });
 
 describe('an engine identity that outlives its host (backend.kubernetes.engineId)', () => {
   it("a second engine of the identity leaves the first's live pod alone; once the first is killed it takes the identity and the pod, saving the work first", { timeout: 240_000 }, async () => {

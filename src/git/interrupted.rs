@@ -110,7 +110,7 @@ pub fn conversation_in(dir: &Path, cli_session: &str) -> Option<Vec<u8>> {
 
 /// The model turns in a conversation (distinct assistant message ids), when every complete
 /// line is JSON; a last line cut by the kill is no line yet (the CLI skips it too).
-fn turns_in(bytes: &[u8]) -> std::result::Result<u64, String> {
+pub fn turns_in(bytes: &[u8]) -> std::result::Result<u64, String> {
     let mut ids = std::collections::HashSet::new();
     let complete = match bytes.iter().rposition(|b| *b == b'\n') {
         Some(end) => &bytes[..end],

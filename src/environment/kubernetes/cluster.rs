@@ -58,6 +58,15 @@ pub const ANNOTATION_SALVAGED: &str = "claude-runtime-adapter/salvaged";
 /// [`Owner::to_record`] of the process whose sweep is reading the pod's work out: another
 /// sweep (a second adapter started at once) leaves it while that process lives.
 pub const ANNOTATION_SWEEPER: &str = "claude-runtime-adapter/sweeper";
+/// What continuing an Implementor's session in its pod needs (`super::resume::AgentRecord`),
+/// written once its CLI started (`resumeInterrupted`), removed once it ended for good.
+pub const ANNOTATION_AGENT: &str = "claude-runtime-adapter/agent";
+/// Set when the engine let the pod go at `shutdown()` for the next session on its branch to
+/// continue (`super::resume`): listed as a dead engine's although its process may live on.
+pub const ANNOTATION_LEFT: &str = "claude-runtime-adapter/left";
+/// The branch of an Implementor whose session can be continued ([`ANNOTATION_AGENT`]), as a
+/// label value: what the next dispatch on that branch finds the pod by.
+pub const LABEL_BRANCH: &str = "claude-runtime-adapter/branch";
 
 /// Where the session image keeps the adapter's runtime (pod agent, jail, bubblewrap and socat
 /// with their own loader and libraries, the CLI), and where a pod of another image gets a copy
@@ -719,7 +728,7 @@ impl Cluster {
     }
 
     /// The pods of this host's engines that are no longer alive ([`Owner`]'s own check, the
-    /// same rule as the local sweep), less those another live process's sweep is reading
+    /// same rule as the local sweep) and those an engine let go ([`ANNOTATION_LEFT`]), less those another live process's sweep is reading
     /// ([`ANNOTATION_SWEEPER`]). Pods of live engines and of other hosts are never listed
     /// (theirs end by `activeDeadlineSeconds` or their own engine's sweep).
     ///
@@ -749,10 +758,16 @@ impl Cluster {
             let record = p.metadata.annotations.as_ref()?.get(key)?;
             Owner::parse(record)
         };
+        let left = |p: &KubePod| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(ANNOTATION_LEFT))
+        };
         Ok(list
             .items
             .into_iter()
-            .filter(|p| owner_of(p, ANNOTATION_OWNER).is_some_and(|o| gone(&o)))
+            .filter(|p| left(p) || owner_of(p, ANNOTATION_OWNER).is_some_and(|o| gone(&o)))
             .filter(|p| !owner_of(p, ANNOTATION_SWEEPER).is_some_and(|o| o.is_alive()))
             .filter_map(|p| self.orphan(p))
             .collect())
@@ -792,10 +807,16 @@ impl Cluster {
             container.and_then(|c| c.image.clone()).unwrap_or_default(),
             spec.and_then(|s| s.active_deadline_seconds),
         );
-        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        let status = p.status.as_ref();
+        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+        let started_ms = status
+            .and_then(|s| s.start_time.as_ref())
+            .and_then(|t| u64::try_from(t.0.as_millisecond()).ok());
         Some(Orphan {
             session_id: annotation(ANNOTATION_SESSION_ID),
             work: annotation(ANNOTATION_WORK),
+            agent: annotation(ANNOTATION_AGENT),
+            started_ms,
             salvaged: annotation(ANNOTATION_SALVAGED),
             running,
             resource_version: p.metadata.resource_version.clone(),
@@ -820,6 +841,39 @@ impl Cluster {
             Err(f) => Err(self.failed(&format!("mark pod {name} as swept"), f)),
         }
     }
+
+    /// Makes `orphan` session `session_id`'s, of this process (its owner, host and identity
+    /// labels, no sweeper, no longer let go), on the version the list saw: `false` when it
+    /// changed since (another process took or marked it first).
+    pub async fn take_over(&self, orphan: &Orphan, session_id: &str) -> Result<bool> {
+        let me = Owner::current();
+        let mut labels = serde_json::json!({
+            LABEL_SESSION: label_value(session_id),
+            LABEL_HOST: label_value(&me.host),
+        });
+        if let Some(id) = &self.config.engine_id {
+            labels[LABEL_ENGINE] = id.clone().into();
+        }
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": orphan.resource_version,
+                "labels": labels,
+                "annotations": {
+                    ANNOTATION_OWNER: me.to_record(),
+                    ANNOTATION_SESSION_ID: session_id,
+                    ANNOTATION_SWEEPER: null,
+                    ANNOTATION_LEFT: null,
+                },
+            },
+        });
+        let (api, name) = (&orphan.pod.api, &orphan.pod.name);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        match bounded(|| api.patch(name, &params, &patch)).await {
+            Ok(_) => Ok(true),
+            Err(Failure::Api(s)) if s.code == 409 || s.is_not_found() => Ok(false),
+            Err(f) => Err(self.failed(&format!("take over pod {name}"), f)),
+        }
+    }
 }
 
 /// A pod of a dead engine of this host ([`Cluster::orphans`]).
@@ -830,9 +884,22 @@ pub struct Orphan {
     pub work: Option<String>,
     /// [`ANNOTATION_SALVAGED`].
     pub salvaged: Option<String>,
+    /// [`ANNOTATION_AGENT`]: an Implementor's whose session may be continued.
+    pub agent: Option<String>,
+    /// When the pod started (its status, Unix ms): its `activeDeadlineSeconds` counts from then.
+    pub started_ms: Option<u64>,
     /// Its container still runs (the pod's phase): only then can its work be read.
     pub running: bool,
     resource_version: Option<String>,
+}
+
+impl Orphan {
+    /// When the cluster ends the pod (`activeDeadlineSeconds` from its start), Unix ms; `None`
+    /// when it does not.
+    pub fn ends_ms(&self) -> Option<u64> {
+        let seconds = u64::try_from(self.pod.active_deadline?).ok()?;
+        Some(self.started_ms? + seconds * 1000)
+    }
 }
 
 fn kubeconfig_error(
@@ -1468,7 +1535,13 @@ impl Pod {
 
     /// Sets (or, `None`, removes) annotation `key` on the pod.
     pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<()> {
-        let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+        self.mark(serde_json::json!({ "annotations": { key: value } }))
+            .await
+    }
+
+    /// Merges `metadata` (labels, annotations; a `null` removes one) into the pod's.
+    pub async fn mark(&self, metadata: serde_json::Value) -> Result<()> {
+        let patch = serde_json::json!({ "metadata": metadata });
         let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
         bounded(|| self.api.patch(&self.name, &params, &patch))
             .await

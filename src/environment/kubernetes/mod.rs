@@ -25,6 +25,7 @@ mod image;
 mod layout;
 mod lease;
 mod node_base;
+mod resume;
 mod steps;
 mod sweep;
 mod warm;
@@ -32,6 +33,7 @@ mod work;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,19 +43,23 @@ use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use self::cluster::{Cluster, Pod, PodExec, PodRequest};
+use self::cluster::{Cluster, Pod, PodExec, PodRequest, ANNOTATION_LEFT};
 use self::image::{inspect_image, pod_env, ImageFacts};
-use self::layout::{CLI, HOME, MUX, SOCKETS, STATE, WORKDIR};
+use self::layout::{CLI, MUX, SOCKETS, STATE, WORKDIR};
 use self::lease::EngineLease;
 use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
-use self::steps::{confined, sh_quote, PodSnapshot, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
+use self::resume::AgentRecord;
+pub use self::resume::Times;
+use self::steps::{confined, PodSnapshot, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
 use self::warm::{Kind, WarmPool};
 use self::work::{send_repository, CheckoutAs, Pack};
 use super::remote::{RemoteCommand, RemoteShell};
 use super::{Backend, EnvRequest, Environment, Exec, ExecCommand, Workspace};
 use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
-use crate::process::env_value;
+use crate::git::record::SessionRecord;
+use crate::git::worktree::Continuation;
+use crate::process::{env_value, Owner};
 use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
 use crate::sandbox::{
     bridged_argv, commands_prefix_script, tool_wrapper_script, use_commands_prefix,
@@ -73,23 +79,69 @@ pub struct KubernetesBackend {
     pool: Arc<WarmPool>,
     /// The engine's identity (`engineId`, [`lease`]) once held, and the task renewing it.
     holding: std::sync::Mutex<Option<(tokio::task::AbortHandle, Arc<EngineLease>)>>,
+    /// `resumeInterrupted`: how long a dead engine's Implementor pod waits for the next
+    /// dispatch on its branch ([`resume`]).
+    resume_within: Option<Duration>,
+    /// What decides whether a continuation fits in its pod's life.
+    times: Times,
+    /// The sweep due when the earliest kept pod's wait ends.
+    resweep: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Drop for KubernetesBackend {
     fn drop(&mut self) {
         self.stop_holding();
+        self.stop_resweep();
     }
 }
 
 impl KubernetesBackend {
-    pub fn new(config: KubernetesConfig, deadline: Option<Duration>) -> KubernetesBackend {
+    /// `deadline`: the pods' `activeDeadlineSeconds`; `resume_within`: `resumeInterrupted`.
+    pub fn new(
+        config: KubernetesConfig,
+        deadline: Option<Duration>,
+        resume_within: Option<Duration>,
+        times: Times,
+    ) -> KubernetesBackend {
         KubernetesBackend {
             pool: Arc::new(WarmPool::new(config.warm_pods, deadline)),
             config: Arc::new(config),
             cluster: tokio::sync::OnceCell::new(),
             deadline,
             holding: std::sync::Mutex::default(),
+            resume_within,
+            times,
+            resweep: std::sync::Mutex::default(),
         }
+    }
+
+    fn stop_resweep(&self) {
+        let task = self
+            .resweep
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+
+    /// How long a dead engine's Implementor pod waits for a continuation (`resumeInterrupted`).
+    fn keep(&self) -> Option<sweep::Keep<'_>> {
+        self.resume_within.map(|within| sweep::Keep {
+            within,
+            times: &self.times,
+        })
+    }
+
+    /// The identity this process holds (`engineId`), if it does.
+    fn held_identity(&self) -> Option<&str> {
+        let held = self
+            .holding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        held.then_some(self.config.engine_id.as_deref()).flatten()
     }
 
     /// The cluster client (a failed connection is not remembered: the next session retries).
@@ -116,6 +168,56 @@ impl KubernetesBackend {
     fn node_bases(&self, sandbox: Option<&SandboxConfig>) -> bool {
         self.config.node_cache.is_some() && sandbox.is_some()
     }
+
+    /// Sweeps again when the earliest kept pod's wait ends (`next`, Unix ms; a second past
+    /// it), and so on while pods are kept: an interrupted session nobody dispatched again is
+    /// saved then.
+    fn sweep_at(&self, next: Option<u64>, cluster: Arc<Cluster>) {
+        self.stop_resweep();
+        let (Some(mut next), Some(within)) = (next, self.resume_within) else {
+            return;
+        };
+        let identity = self.held_identity().map(str::to_string);
+        let times = self.times.clone();
+        let task = async move {
+            let keep = sweep::Keep {
+                within,
+                times: &times,
+            };
+            loop {
+                let wait = next.saturating_sub(crate::clock::now_ms()) + 1000;
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                match sweep_all(&cluster, identity.as_deref(), Some(&keep)).await {
+                    Ok(swept) => match swept.next {
+                        Some(n) => next = n,
+                        None => return,
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "sweep: the cluster could not be swept; trying again in a minute");
+                        next = crate::clock::now_ms() + 60_000;
+                    }
+                }
+            }
+        };
+        let task = tokio::spawn(task.in_current_span()).abort_handle();
+        *self.resweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+}
+
+/// One sweep of the host's dead engines' pods and, with the `identity` this process holds, the
+/// identity's ([`sweep`]).
+async fn sweep_all(
+    cluster: &Cluster,
+    identity: Option<&str>,
+    keep: Option<&sweep::Keep<'_>>,
+) -> Result<sweep::Swept> {
+    let mut swept = sweep::sweep(cluster, None, keep).await?;
+    if let Some(id) = identity {
+        let more = sweep::sweep(cluster, Some(id), keep).await?;
+        swept.deleted.extend(more.deleted);
+        swept.next = swept.next.into_iter().chain(more.next).min();
+    }
+    Ok(swept)
 }
 
 impl Backend for KubernetesBackend {
@@ -177,9 +279,10 @@ impl Backend for KubernetesBackend {
     fn sweep(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         Box::pin(async move {
             let cluster = self.cluster().await?;
-            let mut gone = sweep::sweep(&cluster, None).await?;
             if let Some(id) = &self.config.engine_id {
                 let lease = Arc::new(EngineLease::new(&cluster, id, self.config.engine_lease));
+                // The host's own first: its dead engines' pods need no Lease.
+                let host = sweep_all(&cluster, None, self.keep().as_ref()).await?;
                 let held = lease.acquire().await?;
                 let hold = {
                     let lease = lease.clone();
@@ -194,9 +297,15 @@ impl Backend for KubernetesBackend {
                 if let Some((before, _)) = before {
                     before.abort();
                 }
-                gone.extend(sweep::sweep(&cluster, Some(id)).await?);
+                let mut swept = sweep::sweep(&cluster, Some(id), self.keep().as_ref()).await?;
+                swept.deleted.extend(host.deleted);
+                swept.next = swept.next.into_iter().chain(host.next).min();
+                self.sweep_at(swept.next, cluster);
+                return Ok(swept.deleted);
             }
-            Ok(gone)
+            let swept = sweep_all(&cluster, None, self.keep().as_ref()).await?;
+            self.sweep_at(swept.next, cluster);
+            Ok(swept.deleted)
         })
     }
 
@@ -207,6 +316,13 @@ impl Backend for KubernetesBackend {
     ) -> BoxFuture<'a, Result<Box<dyn Environment>>> {
         Box::pin(async move {
             let cluster = self.cluster().await?;
+            let continued = tokio::select! {
+                c = self.continue_interrupted(&cluster, &req) => c,
+                () = stop.cancelled() => return Err(stopped()),
+            };
+            if let Some(env) = continued {
+                return Ok(Box::new(env) as Box<dyn Environment>);
+            }
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
             request.active_deadline = self.deadline;
             let node_bases = self.node_bases(req.sandbox.as_ref());
@@ -329,7 +445,7 @@ async fn prepare(
         let setup = in_pod.setup.map(|(s, _)| s);
         node_base::key(&pack.base, setup, &pod.image, &gitconfig)
     });
-    let node = git_config_and_base(&step, &pod, &gitconfig, key).await?;
+    let node = git_config_and_base(&step, &pod, &gitconfig, key.clone()).await?;
     phases.mark("git config and the node's base");
     // The repository travels while the sockets, the agent's scripts, the history server and the
     // jail's probe are set up: every step is a round trip through the API server, and the pack
@@ -371,6 +487,7 @@ async fn prepare(
         trust_before: s.trust_before,
         sandboxed,
         layered_end: made.layered_end,
+        node_base: key.filter(|_| made.held.is_some()),
     });
     if let Some(record) = &work {
         // Before the agent starts: a pod whose engine dies later is read by this (the sweep).
@@ -379,6 +496,12 @@ async fn prepare(
     let pack_kib = pack.kib();
     drop(pack);
     tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
+    let agent = match &req.workspace {
+        Workspace::Checkout(p) if p.continue_within.is_some() => {
+            Some((p.session.clone(), p.branch.clone()))
+        }
+        _ => None,
+    };
     Ok(KubernetesEnvironment {
         pod,
         shell: Some(shell),
@@ -386,6 +509,9 @@ async fn prepare(
         env,
         workdir: PathBuf::from(WORKDIR),
         work,
+        agent,
+        recorded: AtomicBool::default(),
+        continued: None,
         sandboxed,
         _history: made.history,
         _node_base: made.held.map(std::sync::Mutex::new),
@@ -851,6 +977,13 @@ pub struct KubernetesEnvironment {
     /// The Implementor's work: where it is and how it is read (None: a read-only session), as
     /// recorded on the pod.
     work: Option<work::WorkRecord>,
+    /// Whose session and which branch the pod records once its CLI started, for a
+    /// continuation ([`resume`]; `resumeInterrupted` on, an Implementor's).
+    agent: Option<(SessionRecord, String)>,
+    /// The pod records its agent ([`Environment::record_agent`]).
+    recorded: AtomicBool,
+    /// The interrupted session this one continues in its pod.
+    continued: Option<Continuation>,
     sandboxed: bool,
     /// Serves the pod's `git fetch --unshallow` while the session lives.
     _history: history::HistoryServer,
@@ -858,9 +991,6 @@ pub struct KubernetesEnvironment {
     /// mutex only to be `Sync`: nothing uses it).
     _node_base: Option<std::sync::Mutex<Holder>>,
 }
-
-/// The largest conversation kept beside a transcript.
-const MAX_CONVERSATION: usize = 64 << 20;
 
 impl KubernetesEnvironment {
     /// The pod still runs commands (bounded).
@@ -1002,22 +1132,48 @@ impl Environment for KubernetesEnvironment {
 
     fn conversation<'a>(&'a self, cli_session: &'a str) -> BoxFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            // In the pod, which outlives each CLI run there (a resume reads it). `find -type f`
-            // follows no link the agent planted; the pod holds nothing of the engine.
-            // The jail binds the pod's `{STATE}/claude-config` at `~/.claude` (image/cra-jail);
-            // without the jail the CLI writes `~/.claude` itself.
-            let script = format!(
-                "find {STATE}/claude-config/projects {HOME}/.claude/projects -mindepth 2 -maxdepth 2 -type f -name {} -exec head -c {MAX_CONVERSATION} {{}} \\; 2>/dev/null; true",
-                sh_quote(&format!("{cli_session}.jsonl"))
-            );
-            let cmd = RemoteCommand {
-                argv: vec!["sh".into(), "-c".into(), script],
-                env: self.env.clone(),
-                cwd: "/".into(),
+            // In the pod, which outlives each CLI run there (a resume reads it).
+            let shell = self.shell().ok()?;
+            let read = resume::conversation(shell, &self.env, cli_session, true).await;
+            read.ok().map(|c| c.bytes).filter(|b| !b.is_empty())
+        })
+    }
+
+    fn continued(&self) -> Option<&Continuation> {
+        self.continued.as_ref()
+    }
+
+    fn record_agent<'a>(
+        &'a self,
+        agent: Option<(&'a str, Option<&'a str>)>,
+    ) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let Some((session, branch)) = &self.agent else {
+                return false;
             };
-            let run = self.shell().ok()?.run(cmd, &[], MAX_CONVERSATION);
-            let out = tokio::time::timeout(STEP_TIMEOUT, run).await.ok()?.ok()?;
-            (out.status.success() && !out.stdout.is_empty()).then_some(out.stdout)
+            // A continued session's time counts from its first run's start.
+            let used = self
+                .continued
+                .as_ref()
+                .map_or(0, |c| c.used.as_millis() as u64);
+            let record = agent.map(|(cli_session, model)| AgentRecord {
+                session_id: session.session_id.clone(),
+                transcript: session.transcript.as_ref().map(|t| t.display().to_string()),
+                branch: branch.clone(),
+                cli_session: cli_session.to_string(),
+                model: model.map(str::to_string),
+                started_ms: crate::clock::now_ms().saturating_sub(used),
+            });
+            match resume::record_agent(&self.pod, record.as_ref()).await {
+                Ok(()) => {
+                    self.recorded.store(record.is_some(), Ordering::SeqCst);
+                    record.is_some()
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %self.pod.name, error = %e.message, "could not record on the pod what continuing its session needs; it will not be continued");
+                    false
+                }
+            }
         })
     }
 
@@ -1038,9 +1194,10 @@ impl Environment for KubernetesEnvironment {
         })
     }
 
-    fn destroy(&mut self, _keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
-        // A pod cannot be kept for a later sweep the way a local checkout is: what could be
-        // read was read; the pod goes either way (the issue: deleted on every end).
+    fn destroy(&mut self, keep_checkout: bool) -> BoxFuture<'_, Result<()>> {
+        // A pod is not kept for a later sweep the way a local checkout is: what could be read
+        // was read, and the pod goes — but for a session left for the next engine process to
+        // continue (`shutdown()`, its agent recorded), whose pod is let go for it instead.
         Box::pin(async move {
             if let Some(shell) = self.shell.take() {
                 if let Err(e) = shell.shutdown().await {
@@ -1048,6 +1205,10 @@ impl Environment for KubernetesEnvironment {
                 }
             }
             self.egress = None;
+            if keep_checkout && self.recorded.load(Ordering::SeqCst) {
+                let me = Owner::current().to_record();
+                return self.pod.annotate(ANNOTATION_LEFT, Some(&me)).await;
+            }
             self.pod.delete().await
         })
     }

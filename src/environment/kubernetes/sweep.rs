@@ -16,6 +16,10 @@
 //! - A pod whose work cannot be read (its container ended, the stream or the extraction failed,
 //!   past [`SALVAGE_TIMEOUT`]) is kept for the next sweep and the failure logged: its
 //!   `activeDeadlineSeconds` still ends it. A pod no longer running has nothing to read: deleted.
+//! - An interrupted Implementor's pod the next dispatch on its branch may continue
+//!   ([`super::resume`]) is kept until `resumeInterrupted` has passed since its conversation's
+//!   last write, or a continuation would no longer fit in the pod's life, whichever comes
+//!   first ([`Swept::next`]: the backend sweeps again then), and then saved and deleted.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,10 +28,13 @@ use std::time::Duration;
 use super::cluster::{
     Cluster, Orphan, Pod, ANNOTATION_SALVAGED, ANNOTATION_SWEEPER, ANNOTATION_WORK,
 };
-use super::image::{inspect_image, pod_env};
+use super::image::{inspect_image, pod_env, ImageFacts};
 use super::layout::MUX;
 use super::open_shell;
+use super::resume::{self, AgentRecord, Times};
 use super::work::{read_work, WorkAt, WorkRecord};
+use crate::clock::now_ms;
+use crate::environment::remote::RemoteShell;
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::sweep::save_salvaged;
 
@@ -41,22 +48,57 @@ pub(super) async fn record_work(pod: &Pod, record: &WorkRecord) -> Result<()> {
     pod.annotate(ANNOTATION_WORK, Some(&json)).await
 }
 
-/// Saves the work of this host's dead engines' pods (with `engine`, of the identity's other
-/// processes: [`Cluster::orphans`]) and deletes them (the module docs); returns the names
-/// deleted.
-pub(super) async fn sweep(cluster: &Cluster, engine: Option<&str>) -> Result<Vec<String>> {
-    let orphans = cluster.orphans(engine).await?;
-    let retired = orphans.into_iter().map(|o| retire(cluster, o));
-    Ok(futures::future::join_all(retired)
-        .await
-        .into_iter()
-        .flatten()
-        .collect())
+/// What a sweep did: the pods it deleted, and until when (Unix ms) the earliest of those it
+/// kept for a continuation may wait ([`super::resume`]): the next sweep is due then.
+#[derive(Default)]
+pub(super) struct Swept {
+    pub deleted: Vec<String>,
+    pub next: Option<u64>,
 }
 
-/// One dead engine's pod: its work saved (when it has any to read), then deleted. `None` when
-/// it is kept (its work could not be read, another sweep has it) or the deletion failed.
-async fn retire(cluster: &Cluster, orphan: Orphan) -> Option<String> {
+/// How long an interrupted session's pod waits for the next dispatch on its branch
+/// (`resumeInterrupted`) and the times deciding whether it still fits in the pod's life.
+pub(super) struct Keep<'a> {
+    pub within: Duration,
+    pub times: &'a Times,
+}
+
+/// What became of one dead engine's pod.
+enum Retired {
+    Deleted(String),
+    /// Kept for a continuation until then (Unix ms).
+    Waiting(u64),
+    /// Kept for the next sweep (its work could not be read, another sweep has it) or its
+    /// deletion failed.
+    Kept,
+}
+
+/// Saves the work of this host's dead engines' pods (with `engine`, of the identity's other
+/// processes: [`Cluster::orphans`]) and deletes them (the module docs), but for those an
+/// interrupted session's next dispatch may still continue (`keep`).
+pub(super) async fn sweep(
+    cluster: &Cluster,
+    engine: Option<&str>,
+    keep: Option<&Keep<'_>>,
+) -> Result<Swept> {
+    let orphans = cluster.orphans(engine).await?;
+    let retired = orphans.into_iter().map(|o| retire(cluster, o, keep));
+    let mut swept = Swept::default();
+    for r in futures::future::join_all(retired).await {
+        match r {
+            Retired::Deleted(name) => swept.deleted.push(name),
+            Retired::Waiting(until) => {
+                swept.next = Some(swept.next.map_or(until, |n| n.min(until)));
+            }
+            Retired::Kept => {}
+        }
+    }
+    Ok(swept)
+}
+
+/// One dead engine's pod: kept while its session may be continued, else its work saved (when
+/// it has any to read), then deleted.
+async fn retire(cluster: &Cluster, orphan: Orphan, keep: Option<&Keep<'_>>) -> Retired {
     let pod = Arc::new(orphan.pod.clone());
     let record = orphan
         .work
@@ -64,40 +106,37 @@ async fn retire(cluster: &Cluster, orphan: Orphan) -> Option<String> {
         .map(serde_json::from_str::<WorkRecord>);
     match (record, &orphan.salvaged) {
         (Some(Ok(record)), None) if orphan.running => {
+            let label = orphan.session_id.as_deref().unwrap_or(&pod.name);
+            let (shell, env) = match open(&pod).await {
+                Ok((shell, image)) => (shell, pod_env(&[], &[], &image)),
+                Err(e) => {
+                    tracing::warn!(pod = %pod.name, session = %label, error = %e.message, "sweep: a dead engine's pod does not answer; kept for the next sweep");
+                    return Retired::Kept;
+                }
+            };
+            // Read before any mark: a dispatch taking the pod over meanwhile (on the version
+            // listed) must not find it marked as another's.
+            if let Some(until) = waits(&orphan, &shell, &env, keep).await {
+                tracing::info!(pod = %pod.name, session = %label, "sweep: a dead engine's pod is kept for the next session on its branch to continue (resumeInterrupted)");
+                close(&pod, shell).await;
+                return Retired::Waiting(until);
+            }
             match cluster.claim_orphan(&orphan).await {
                 Ok(true) => {}
-                Ok(false) => return None,
+                Ok(false) => {
+                    close(&pod, shell).await;
+                    return Retired::Kept;
+                }
                 Err(e) => {
                     tracing::warn!(pod = %pod.name, error = %e.message, "sweep: could not mark a dead engine's pod for reading its work; kept for the next sweep");
-                    return None;
+                    close(&pod, shell).await;
+                    return Retired::Kept;
                 }
             }
-            let label = orphan.session_id.as_deref().unwrap_or(&pod.name);
-            let salvaged = tokio::time::timeout(SALVAGE_TIMEOUT, salvage(&pod, &record, label))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(AdapterError::extract(format!(
-                        "not within {} s",
-                        SALVAGE_TIMEOUT.as_secs()
-                    )))
-                });
-            match salvaged {
-                Ok(Some(patch)) => {
-                    tracing::info!(pod = %pod.name, session = %label, patch = %patch.display(), "sweep: saved the work of a dead engine's pod");
-                    let at = patch.to_string_lossy();
-                    if let Err(e) = pod.annotate(ANNOTATION_SALVAGED, Some(&at)).await {
-                        tracing::warn!(pod = %pod.name, error = %e.message, "sweep: could not note on the pod where its work was saved");
-                    }
-                }
-                Ok(None) => {
-                    tracing::info!(pod = %pod.name, session = %label, "sweep: a dead engine's pod held no work");
-                }
-                Err(e) => {
-                    tracing::warn!(pod = %pod.name, session = %label, error = %e.message, "sweep: could not read the work out of a dead engine's pod; kept for the next sweep");
-                    // Passed to the next sweep, whichever process runs it.
-                    let _ = pod.annotate(ANNOTATION_SWEEPER, None).await;
-                    return None;
-                }
+            let saved = save_work(&shell, &env, &pod, &record, label).await;
+            close(&pod, shell).await;
+            if let Err(e) = saved {
+                return unread(&pod, label, &e).await;
             }
         }
         (Some(Ok(_)), None) => {
@@ -109,43 +148,100 @@ async fn retire(cluster: &Cluster, orphan: Orphan) -> Option<String> {
         _ => {}
     }
     match pod.delete().await {
-        Ok(()) => Some(pod.name.clone()),
+        Ok(()) => Retired::Deleted(pod.name.clone()),
         Err(e) => {
             tracing::warn!(pod = %pod.name, error = %e.message, "sweep: could not delete a dead engine's pod");
-            None
+            Retired::Kept
         }
     }
 }
 
-/// Reads the work out of `pod` over a new mux stream and saves it in its repository: where,
-/// or `None` when the agent changed nothing.
-async fn salvage(pod: &Arc<Pod>, record: &WorkRecord, label: &str) -> Result<Option<PathBuf>> {
+/// A pod whose work could not be read: kept, and passed to the next sweep, whichever process
+/// runs it.
+async fn unread(pod: &Pod, label: &str, e: &AdapterError) -> Retired {
+    tracing::warn!(pod = %pod.name, session = %label, error = %e.message, "sweep: could not read the work out of a dead engine's pod; kept for the next sweep");
+    let _ = pod.annotate(ANNOTATION_SWEEPER, None).await;
+    Retired::Kept
+}
+
+/// Until when `orphan` waits for a continuation: its session recorded its agent, its
+/// conversation was written within the bound, and a continuation still fits in its life.
+async fn waits(
+    orphan: &Orphan,
+    shell: &RemoteShell,
+    env: &[(String, String)],
+    keep: Option<&Keep<'_>>,
+) -> Option<u64> {
+    let keep = keep?;
+    let agent: AgentRecord = serde_json::from_str(orphan.agent.as_deref()?).ok()?;
+    let conversation = resume::conversation(shell, env, &agent.cli_session, false)
+        .await
+        .ok()?;
+    let interrupted = now_ms().saturating_sub(conversation.age.as_millis() as u64);
+    let used = Duration::from_millis(interrupted.saturating_sub(agent.started_ms));
+    let until = keep
+        .times
+        .keep_until(orphan.ends_ms(), used, conversation.age, keep.within);
+    (until > now_ms()).then_some(until)
+}
+
+/// A new mux stream into `pod`, and its image's facts: reading its work needs only the
+/// environment they make (`pod_env` of nothing: the session's own, its egress and placeholders,
+/// is not needed, and nothing of it is kept).
+pub(super) async fn open(pod: &Arc<Pod>) -> Result<(RemoteShell, ImageFacts)> {
     let mux: Vec<String> = MUX.iter().map(|s| s.to_string()).collect();
     let shell = open_shell(pod, pod.exec(&mux).await?).await?;
-    let read = async {
-        let image = inspect_image(&shell, &pod.image).await?;
-        // Only what the extraction's git needs: the session's own environment (its egress,
-        // its placeholders) is not needed, and nothing of it is kept.
-        let env = pod_env(&[], &[], &image);
-        read_work(&WorkAt {
-            shell: &shell,
-            env: &env,
-            record,
-            pod: &pod.name,
-        })
-        .await
-    };
-    let patch = read.await;
+    match inspect_image(&shell, &pod.image).await {
+        Ok(image) => Ok((shell, image)),
+        Err(e) => {
+            close(pod, shell).await;
+            Err(e)
+        }
+    }
+}
+
+/// Ends a stream [`open`] opened.
+pub(super) async fn close(pod: &Pod, shell: RemoteShell) {
     if let Err(e) = shell.shutdown().await {
         tracing::debug!(pod = %pod.name, error = %e, "the sweep's stream ended before Bye");
     }
-    let patch = patch?;
+}
+
+/// Reads the work out of `pod` over `shell` (bounded: [`SALVAGE_TIMEOUT`]) and saves it in its
+/// repository, noting on the pod where ([`ANNOTATION_SALVAGED`]); where, or `None` when the
+/// agent changed nothing.
+pub(super) async fn save_work(
+    shell: &RemoteShell,
+    env: &[(String, String)],
+    pod: &Pod,
+    record: &WorkRecord,
+    label: &str,
+) -> Result<Option<PathBuf>> {
+    let at = WorkAt {
+        shell,
+        env,
+        record,
+        pod: &pod.name,
+    };
+    let patch = tokio::time::timeout(SALVAGE_TIMEOUT, read_work(&at))
+        .await
+        .unwrap_or_else(|_| {
+            Err(AdapterError::extract(format!(
+                "not within {} s",
+                SALVAGE_TIMEOUT.as_secs()
+            )))
+        })?;
     if patch.is_empty() {
+        tracing::info!(pod = %pod.name, session = %label, "sweep: a dead engine's pod held no work");
         return Ok(None);
     }
-    save_salvaged(&record.repository, &patch, label)
-        .await
-        .map(Some)
+    let saved = save_salvaged(&record.repository, &patch, label).await?;
+    tracing::info!(pod = %pod.name, session = %label, patch = %saved.display(), "sweep: saved the work of a dead engine's pod");
+    let at = saved.to_string_lossy();
+    if let Err(e) = pod.annotate(ANNOTATION_SALVAGED, Some(&at)).await {
+        tracing::warn!(pod = %pod.name, error = %e.message, "sweep: could not note on the pod where its work was saved");
+    }
+    Ok(Some(saved))
 }
 
 #[cfg(test)]
@@ -161,9 +257,12 @@ mod tests {
             trust_before: 1_700_000_000,
             sandboxed: true,
             layered_end: false,
+            node_base: None,
         };
         let json = serde_json::to_string(&record).unwrap();
         assert!(json.contains("\"trustBefore\":1700000000"), "{json}");
+        // A record of before `nodeBase` (a pod of an older adapter) reads as none.
+        assert!(!json.contains("nodeBase"), "{json}");
         assert_eq!(serde_json::from_str::<WorkRecord>(&json).unwrap(), record);
     }
 }

@@ -383,6 +383,9 @@ pub(super) struct WorkRecord {
     pub sandboxed: bool,
     /// The checkout is a layer on a node's base verified for it ([`EXTRACT_SCRIPT`]).
     pub layered_end: bool,
+    /// The key of the node's base the checkout is layered on: a continuation holds it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_base: Option<String>,
 }
 
 /// The agent's work in the pod as a patch against `at.base`: [`EXTRACT_SCRIPT`] in the jail
