@@ -183,7 +183,8 @@ run_tests() {
   # What a user's image changes: the runtime copied in (an init container, its disk counted
   # against the pod's ephemeral-storage), the image's own PATH and tools, bubblewrap and socat
   # through the runtime's loader. So the boundary, a pod going under the agent, each role, a
-  # failing setup, 16 at once and every end run again with the sessions in the minimal test
+  # failing setup, 16 at once, every end and an interrupted session continued in its pod (its
+  # checkout a layer on the node's base there) run again with the sessions in the minimal test
   # image (git and a shell only). Not again: a cluster that cannot run the session (API
   # server, namespace, image name, scheduling: decided before any image runs).
   # With the runtime kept once per node (nodeCache: the two nodes share this machine's disk, so
@@ -192,11 +193,11 @@ run_tests() {
   local cache=/var/tmp/cra-kube-ci-node-cache
   rm -rf "$cache" && install -d -o 1000 -g 1000 "$cache"
   local again=(env CRA_KUBE_SESSION_IMAGE="$CRA_KUBE_MINIMAL_IMAGE" CRA_KUBE_NODE_CACHE="$cache" "${suite[@]}")
-  local cases="boundary|goes under|each role|failing setup|16 sessions|every end deletes"
+  local cases="boundary|goes under|each role|failing setup|16 sessions|every end deletes|SIGKILLed in step three"
   beside "test:kube again in the user's minimal image: __test__/kube/failures.test.mjs (CRA_KUBE_NAMESPACE=$waits_ns)" \
     env CRA_KUBE_NAMESPACE="$waits_ns" "${again[@]}" __test__/kube/failures.test.mjs -t "$cases"
   step "test:kube again in the user's minimal image (CRA_KUBE_SESSION_IMAGE=$CRA_KUBE_MINIMAL_IMAGE, CRA_KUBE_NODE_CACHE=$cache)" \
-    "${again[@]}" __test__/kube/boundary.test.mjs __test__/kube/sessions.test.mjs -t "$cases"
+    "${again[@]}" __test__/kube/boundary.test.mjs __test__/kube/sessions.test.mjs __test__/kube/interrupted.test.mjs -t "$cases"
   joined
   rm -rf "$cache"
 }

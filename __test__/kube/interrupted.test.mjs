@@ -60,8 +60,12 @@ async function interrupted() {
   engine.kill('SIGKILL');
   await new Promise((r) => (engine.exitCode !== null || engine.signalCode ? r() : engine.on('exit', r)));
   // The agent records what continuing it needs once its CLI started.
-  const agent = JSON.parse(adapterPods('first-run')[0].metadata.annotations['claude-runtime-adapter/agent']);
-  expect(agent.branch).toBe('wi-7');
+  const { annotations } = adapterPods('first-run')[0].metadata;
+  expect(JSON.parse(annotations['claude-runtime-adapter/agent']).branch).toBe('wi-7');
+  // With nodeCache the checkout is a layer on the node's base, which a continuation holds again.
+  const work = JSON.parse(annotations['claude-runtime-adapter/work']);
+  if (process.env.CRA_KUBE_NODE_CACHE) expect(work.nodeBase).toMatch(/^[0-9a-f]{32}$/);
+  else expect(work.nodeBase).toBeUndefined();
   return { log, asked, pod: pod.metadata.name };
 }
 
