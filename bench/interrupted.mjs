@@ -1,7 +1,11 @@
 // Benchmark: what an engine restart costs an Implementor, continued (resumeInterrupted, issue 48)
 // against started over (resumeInterrupted: 0), in one run.
 //
-//   node bench/interrupted.mjs [--n=5]
+//   node bench/interrupted.mjs [--n=5] [--kube]
+//
+// --kube: the sessions run in pods of the cluster KUBECONFIG names, in image CRA_KUBE_IMAGE
+// (`scripts/kube-ci.sh prepare` makes both): continued in the interrupted session's pod, or
+// started over in a new one.
 //
 // Each round runs the same Implementor twice (the real CLI, sandboxed, against the fake API): five
 // steps, each a Bash call that writes, commits and prints a file of ~12 KB, and the engine process
@@ -14,9 +18,16 @@
 import { bash, reply, scenario, structured } from '../__test__/support/fake-api.mjs';
 import { engineProcess } from '../__test__/support/engine-process.mjs';
 import { setup, sleepMarker } from '../__test__/support/harness.mjs';
+import { agentsWithTools } from '../__test__/support/repo.mjs';
 import { fmtMs, machine, median, printTable, ratio, saveResults, numberArg } from './support/common.mjs';
 
 const N = numberArg('n', 5);
+const KUBE = process.argv.includes('--kube');
+if (KUBE && !(process.env.KUBECONFIG && process.env.CRA_KUBE_IMAGE)) throw new Error('--kube needs KUBECONFIG and CRA_KUBE_IMAGE');
+const kube = {
+  repo: { agents: agentsWithTools(['Bash']) },
+  backend: { kubernetes: { namespace: 'default', image: process.env.CRA_KUBE_IMAGE, imagePullPolicy: 'IfNotPresent', kubeconfig: process.env.KUBECONFIG } },
+};
 const STEPS = 5;
 
 /** The fake API's token count of a request (its usage: 4 characters a token) plus its answer's. */
@@ -28,8 +39,9 @@ const waitFor = async (cond, ms) => {
 };
 
 async function round(continued) {
-  const config = continued ? {} : { resumeInterrupted: 0 };
+  const config = { ...(continued ? {} : { resumeInterrupted: 0 }), ...(KUBE ? { backend: kube.backend } : {}) };
   const h = await setup({
+    ...(KUBE ? { repo: kube.repo } : {}),
     state: { workItems: new Map([['7', { id: '7', title: 'Seven', status: 'in-progress', linkedRevision: null }]]), revisions: new Map(), lastPlannedSHAs: new Map() },
     bodies: { 7: 'Write five files, one a step, committing each.' },
     config,
@@ -73,7 +85,7 @@ async function round(continued) {
   }
 }
 
-const results = { bench: 'interrupted', params: { N, STEPS }, machineStart: machine(), continued: [], restarted: [] };
+const results = { bench: KUBE ? 'interrupted-kube' : 'interrupted', params: { N, STEPS, kube: KUBE }, machineStart: machine(), continued: [], restarted: [] };
 for (let i = 0; i < N; i++) {
   process.stderr.write(`  … round ${i + 1}/${N}\n`);
   for (const continued of i % 2 === 0 ? [true, false] : [false, true]) results[continued ? 'continued' : 'restarted'].push(await round(continued));
@@ -86,7 +98,7 @@ const S = {
   firstRequestMs: { continued: med('continued', 'firstRequestMs'), restarted: med('restarted', 'firstRequestMs') },
 };
 results.summary = S;
-const file = saveResults('interrupted', results);
+const file = saveResults(results.bench, results);
 printTable(['figure (median)', 'continued', 'started over', 'continued / over'], [
   [`tokens billed after the restart (n=${N})`, String(S.tokens.continued), String(S.tokens.restarted), ratio(S.tokens.continued, S.tokens.restarted)],
   ['model requests after the restart', String(S.requests.continued), String(S.requests.restarted), ratio(S.requests.continued, S.requests.restarted)],

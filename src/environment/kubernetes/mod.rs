@@ -86,6 +86,9 @@ pub struct KubernetesBackend {
     times: Times,
     /// The sweep due when the earliest kept pod's wait ends.
     resweep: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// True once this process holds the identity (`engineId`): a dispatch continuing one of its
+    /// predecessor's sessions waits for it ([`resume`]).
+    identity_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for KubernetesBackend {
@@ -112,6 +115,7 @@ impl KubernetesBackend {
             resume_within,
             times,
             resweep: std::sync::Mutex::default(),
+            identity_held: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -160,6 +164,7 @@ impl KubernetesBackend {
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
         task.abort();
+        self.identity_held.send_replace(false);
         Some(lease)
     }
 
@@ -297,6 +302,7 @@ impl Backend for KubernetesBackend {
                 if let Some((before, _)) = before {
                     before.abort();
                 }
+                self.identity_held.send_replace(true);
                 let mut swept = sweep::sweep(&cluster, Some(id), self.keep().as_ref()).await?;
                 swept.deleted.extend(host.deleted);
                 swept.next = swept.next.into_iter().chain(host.next).min();

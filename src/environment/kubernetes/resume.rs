@@ -296,6 +296,7 @@ impl KubernetesBackend {
             return None;
         };
         let within = p.continue_within?;
+        self.await_identity(cluster, p).await;
         for found in self.interrupted(cluster, req, p).await {
             match cluster.take_over(&found.orphan, &req.session_id).await {
                 Ok(true) => return self.continue_in(found, req, p, within).await,
@@ -306,6 +307,38 @@ impl KubernetesBackend {
             }
         }
         None
+    }
+
+    /// With `engineId`, a predecessor's pods are this process's to take only once it holds the
+    /// identity, which the sweep at `createClaudeAdapter` may still be waiting for (a
+    /// predecessor on another host is waited out: [`super::lease`]). An engine coming back
+    /// dispatches its interrupted work items at once, so a dispatch on a branch one of the
+    /// identity's other pods ran waits for the identity (bounded: two Lease durations and ten
+    /// seconds; past that, the session starts afresh and the pod is the sweep's).
+    async fn await_identity(&self, cluster: &Cluster, p: &ProvisionRequest) {
+        let Some(id) = &self.config.engine_id else {
+            return;
+        };
+        if *self.identity_held.borrow() {
+            return;
+        }
+        let theirs = cluster.orphans(Some(id)).await.unwrap_or_default();
+        let ran_here = theirs.iter().any(|o| {
+            let agent = o.agent.as_deref().map(serde_json::from_str::<AgentRecord>);
+            matches!(agent, Some(Ok(a)) if a.branch == p.branch)
+        });
+        if !ran_here {
+            return;
+        }
+        tracing::info!(engine = %id, branch = %p.branch, "a session of this engineId's predecessor ran on this branch: waiting for the identity before continuing it");
+        let bound = 2 * self.config.engine_lease + Duration::from_secs(10);
+        let mut held = self.identity_held.subscribe();
+        if tokio::time::timeout(bound, held.wait_for(|h| *h))
+            .await
+            .is_err()
+        {
+            tracing::warn!(engine = %id, branch = %p.branch, "the engineId was not held within {} s: the session starts afresh, and its predecessor's pod is the sweep's", bound.as_secs());
+        }
     }
 
     /// The pods of interrupted sessions of `req`'s repository on `p`'s branch.
