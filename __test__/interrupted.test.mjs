@@ -8,7 +8,8 @@
 import { existsSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { assistantTurns, bash, reply, scenario, userText } from './support/fake-api.mjs';
+import { assistantTurns, bash, reply, scenario } from './support/fake-api.mjs';
+import { BODY, expectContinued, steps } from './support/interrupted.mjs';
 import { engineProcess, killAll } from './support/engine-process.mjs';
 import { implementorDone } from './support/roles.mjs';
 import { addon, engineState, rejection, setup, sleepMarker, SWEPT, workOf } from './support/harness.mjs';
@@ -48,15 +49,6 @@ function processesWith(text) {
   }
   return found;
 }
-
-/** The first run's three steps, then the answer a continued run gets (its fourth turn). */
-const steps = (marker) =>
-  scenario.steps([
-    bash('echo one > one.txt && git add -A && git commit -qm one && echo committed'),
-    bash('echo two > two.txt && echo written'),
-    bash(`echo step three && sleep ${marker}`),
-    reply(implementorDone('finished after the restart')),
-  ]);
 
 /**
  * An engine process runs session `first` on wi-7 and is SIGKILLed in its third step (its agent's
@@ -113,27 +105,14 @@ function conversationFile() {
 describe('an Implementor interrupted by its engine is continued by the next dispatch (resumeInterrupted)', () => {
   for (let loop = 0; loop < LOOPS; loop++) {
     it(`engine SIGKILLed in step three (after a commit and an uncommitted write): the re-dispatched session continues in the same checkout on the same conversation, never asks for step one again, and its patch holds both files${LOOPS > 1 ? ` (run ${loop + 1})` : ''}`, async () => {
-      h = await setup({ state, bodies: { 7: 'Add one and two.' } });
+      h = await setup({ state, bodies: { 7: BODY } });
       const { log, asked } = await interrupted('first-run');
       const adapter = h.adapter();
       const handle = await adapter.startAgent({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID: 'second-run' });
-      let streamed = '';
-      for await (const chunk of handle.output) streamed += chunk;
-      const result = await handle.result;
-      expect(result.outcome).toBe('completed');
-      expect(result.summary).toBe('finished after the restart');
-      expect(result.patch).toContain('+++ b/one.txt');
-      expect(result.patch).toContain('+++ b/two.txt');
-      expect((await handle.stats).continuedFrom).toBe('first-run');
-      expect(streamed).toContain('continuing session first-run');
-      const after = h.api.mainRequests().slice(asked).map((r) => r.body);
-      expect(after.length).toBeGreaterThan(0);
       // Every request of the new session carries the three earlier turns: none starts over.
-      expect(after.map(assistantTurns).every((n) => n >= 3)).toBe(true);
-      expect(userText(after[0])).toContain('Your session was interrupted');
-      expect(userText(after[0])).toContain('Add one and two.');
+      const logFile = await expectContinued(h, handle, 'first-run', asked);
       // The transcript names the interrupted run's; the checkout and its records are gone.
-      const transcript = readFileSync(handle.logFilePath, 'utf8');
+      const transcript = readFileSync(logFile, 'utf8');
       expect(transcript).toContain('continuing session first-run');
       expect(transcript).toContain(log);
       expect(existsSync(checkout())).toBe(false);

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use claude_runtime_adapter::config::{KubernetesConfig, PullPolicy};
 use claude_runtime_adapter::domain::Role;
 use claude_runtime_adapter::environment::kubernetes::cluster::{
-    Cluster, ExecEnd, Pod, PodRequest, ANNOTATION_OWNER, LABEL_HOST,
+    Cluster, ExecEnd, Pod, PodRequest, ANNOTATION_LEFT, ANNOTATION_OWNER, ANNOTATION_SESSION_ID,
+    LABEL_HOST,
 };
 use claude_runtime_adapter::error::ErrorCode;
 use claude_runtime_adapter::process::Owner;
@@ -638,5 +639,76 @@ async fn measure_pod_create_to_running_with_the_image_on_the_node() {
             &ListParams::default().labels("test-case=measure-start"),
         )
         .await;
+    assert_no_pod_left(&cfg).await;
+}
+
+/// The dispatch continuing an interrupted session takes its pod over (`resumeInterrupted`; the
+/// continuation itself is the addon's: `__test__/kube/interrupted.test.mjs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_pod_is_taken_over_by_one_dispatch_only_and_a_pod_let_go_is_listed_though_its_owner_lives(
+) {
+    let name = "an_interrupted_pod_is_taken_over_by_one_dispatch_only_and_a_pod_let_go_is_listed_though_its_owner_lives";
+    if !enabled(name) {
+        return;
+    }
+    let cfg = config("takeover");
+    let cluster = Cluster::connect(&cfg).await.unwrap();
+    let stop = CancellationToken::new();
+    let make = |owner: Owner| {
+        let cluster = cluster.clone();
+        let stop = stop.clone();
+        async move {
+            let req = PodRequest {
+                owner,
+                ..request("first-run")
+            };
+            cluster.create_pod(req, &stop).await.unwrap()
+        }
+    };
+    let (of_dead, of_live) = tokio::join!(make(dead_owner()), make(Owner::current()));
+    let mine = [of_dead.name.clone(), of_live.name.clone()];
+    // Other suites' pods may share the namespace: only this case's are looked at.
+    let listed = || async {
+        let all = cluster.orphans(None).await.unwrap();
+        all.into_iter()
+            .filter(|o| mine.contains(&o.pod.name))
+            .collect::<Vec<_>>()
+    };
+    let dead = listed().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].pod.name, of_dead.name);
+    // Two dispatches that listed it at once: one takes it, the other finds it changed.
+    let (a, b) = tokio::join!(
+        cluster.take_over(&dead[0], "next-a"),
+        cluster.take_over(&dead[0], "next-b")
+    );
+    let mut took = [a.unwrap(), b.unwrap()];
+    took.sort();
+    assert_eq!(took, [false, true]);
+    // Now this live process's: no sweep or dispatch lists it.
+    assert!(listed().await.is_empty());
+    let taken = pods_of(&cfg)
+        .await
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(&of_dead.name))
+        .unwrap();
+    let annotations = taken.metadata.annotations.unwrap();
+    assert!(["next-a", "next-b"].contains(&annotations[ANNOTATION_SESSION_ID].as_str()));
+    assert_eq!(
+        Owner::parse(&annotations[ANNOTATION_OWNER]),
+        Some(Owner::current())
+    );
+    // A pod its live engine let go at shutdown() is listed for the next dispatch; taken over,
+    // it is no longer let go.
+    let me = Owner::current().to_record();
+    of_live.annotate(ANNOTATION_LEFT, Some(&me)).await.unwrap();
+    let left = listed().await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].pod.name, of_live.name);
+    assert!(cluster.take_over(&left[0], "next-c").await.unwrap());
+    assert!(listed().await.is_empty());
+    for pod in [of_dead, of_live] {
+        pod.delete().await.unwrap();
+    }
     assert_no_pod_left(&cfg).await;
 }

@@ -5,18 +5,29 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { assistantTurns, bash, reply, scenario } from '../support/fake-api.mjs';
+import { bash, scenario } from '../support/fake-api.mjs';
+import { BODY, expectContinued, steps } from '../support/interrupted.mjs';
 import { engineProcess, killAll } from '../support/engine-process.mjs';
 import { logEntry, setup, sleepMarker } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
-import { implementorDone, implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
+import { implementorParams, ROLE_BODIES, ROLE_STATE, ROLES } from '../support/roles.mjs';
 import { adapterPods, eventually, kubeBackend, kubectl, podLine } from './support.mjs';
 
 /** A harness whose adapters run sessions on the cluster with `backend`'s fields. */
 // resumeInterrupted: 0: the predecessor's pod is saved and deleted at once, not kept for a
 // continuation (__test__/kube/interrupted.test.mjs).
-const kubeSetup = (backend, config = { resumeInterrupted: 0 }) =>
-  setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies: ROLE_BODIES, config: { backend: kubeBackend(backend), ...config } });
+const kubeSetup = (backend, config = { resumeInterrupted: 0 }, bodies = ROLE_BODIES) =>
+  setup({ repo: { agents: agentsWithTools(['Bash']) }, state: ROLE_STATE, bodies, config: { backend: kubeBackend(backend), ...config } });
+
+/** The engines killed, the identity's Lease and pods deleted, the harness cleaned up. */
+async function ended(h, engines, engineId) {
+  killAll(engines);
+  try {
+    kubectl('delete', 'lease', `cra-engine-${engineId}`, '--ignore-not-found');
+    kubectl('delete', 'pods', '-l', `claude-runtime-adapter/engine=${engineId}`, '--grace-period=0', '--force', '--ignore-not-found');
+  } catch {}
+  await h.cleanup();
+}
 
 describe('an engine identity that outlives its host (backend.kubernetes.engineId)', () => {
   it("a second engine of the identity leaves the first's live pod alone; once the first is killed it takes the identity and the pod, saving the work first", { timeout: 240_000 }, async () => {
@@ -66,30 +77,21 @@ describe('an engine identity that outlives its host (backend.kubernetes.engineId
       await adapter.shutdown();
       expect(holder()).toBeUndefined();
     } finally {
-      killAll(engines);
-      try {
-        kubectl('delete', 'lease', lease, '--ignore-not-found');
-      } catch {}
-      await h.cleanup();
+      await ended(h, engines, engineId);
     }
   });
 
   it("an engine killed mid-session on another host: the next engine's dispatch on that branch waits for the identity and continues the session in its pod", { timeout: 240_000 }, async () => {
     const engineId = `c-${process.pid}-${Date.now() % 1_000_000}`;
-    const lease = `cra-engine-${engineId}`;
     const LEASE = 5;
-    const h = await kubeSetup({ engineId, engineLease: LEASE }, {});
+    const h = await kubeSetup({ engineId, engineLease: LEASE }, {}, { 7: BODY });
     const engines = [];
+    const [first, second] = ['first', 'second'].map((n) => `${n}-${engineId}`);
     try {
       const marker = sleepMarker(300);
-      h.api.setScript(scenario.steps([
-        bash('echo one > one.txt && git add -A && git commit -qm one && echo committed'),
-        bash('echo two > two.txt && echo written'),
-        bash(`echo step three && sleep ${marker}`),
-        reply(implementorDone('finished after the restart')),
-      ]));
-      const { engine, log } = await engineProcess(h, { ...implementorParams, sessionID: 'first-run' }, engines, { hostname: `elsewhere-${process.pid}` });
-      const [pod] = await eventually(() => adapterPods('first-run').length === 1 && adapterPods('first-run'), 90_000, 'the first engine made its pod');
+      h.api.setScript(steps(marker));
+      const { engine, log } = await engineProcess(h, { ...implementorParams, sessionID: first }, engines, { hostname: `elsewhere-${process.pid}` });
+      const [pod] = await eventually(() => adapterPods(first).length === 1 && adapterPods(first), 90_000, 'the first engine made its pod');
       await eventually(() => h.api.mainRequests().length >= 3 && readFileSync(log, 'utf8').includes(`sleep ${marker}`), 90_000, 'the agent is in step three');
       await new Promise((r) => setTimeout(r, 2000));
       const asked = h.api.mainRequests().length;
@@ -99,24 +101,15 @@ describe('an engine identity that outlives its host (backend.kubernetes.engineId
       // dispatches the work item again at once, before its Lease is held.
       const t0 = Date.now();
       const adapter = h.adapter();
-      const handle = await adapter.startAgent({ ...implementorParams, sessionID: 'second-run' });
-      const result = await handle.result;
-      expect(result.outcome).toBe('completed');
-      expect(result.patch).toContain('+++ b/one.txt');
-      expect(result.patch).toContain('+++ b/two.txt');
-      expect((await handle.stats).continuedFrom).toBe('first-run');
-      expect(h.api.mainRequests().slice(asked).every((r) => assistantTurns(r.body) >= 3)).toBe(true);
-      expect(podLine(readFileSync(handle.logFilePath, 'utf8'))).toContain(`Kubernetes pod ${pod.metadata.name} `);
+      const handle = await adapter.startAgent({ ...implementorParams, sessionID: second });
+      const logFile = await expectContinued(h, handle, first, asked);
+      expect(podLine(readFileSync(logFile, 'utf8'))).toContain(`Kubernetes pod ${pod.metadata.name} `);
       // It waited for the identity: its predecessor's Lease lapsed first.
       expect(Date.now() - t0).toBeGreaterThanOrEqual(LEASE * 1000);
       expect(h.logger.entries.some((e) => /waiting for the identity before continuing it/.test(e.message))).toBe(true);
       await adapter.shutdown();
     } finally {
-      killAll(engines);
-      try {
-        kubectl('delete', 'lease', lease, '--ignore-not-found');
-      } catch {}
-      await h.cleanup();
+      await ended(h, engines, engineId);
     }
   });
 });

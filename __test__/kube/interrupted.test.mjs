@@ -9,8 +9,9 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { assistantTurns, bash, reply, scenario, userText } from '../support/fake-api.mjs';
+import { assistantTurns, bash, reply, scenario } from '../support/fake-api.mjs';
 import { engineProcess, killAll } from '../support/engine-process.mjs';
+import { BODY, expectContinued, steps } from '../support/interrupted.mjs';
 import { implementorDone } from '../support/roles.mjs';
 import { engineState, logEntry, rejection, setup, sleepMarker } from '../support/harness.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
@@ -18,31 +19,29 @@ import { adapterPods, eventually, kubeBackend, kubectl, podLine } from './suppor
 
 const state = engineState({ workItems: [{ id: '7', title: 'Seven', status: 'open', linkedRevision: null }] });
 const LOOPS = Number(process.env.CRA_TEST_INTERRUPTED_LOOPS ?? 1);
-const params = (sessionID) => ({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID });
 
-let h;
-const engines = [];
+// Session ids of this run alone (another suite, or a run of this one, may share the namespace);
+// each test's pods are deleted after it whatever became of them: a pod kept for a continuation
+// would otherwise wait out resumeInterrupted.
+let run = 0;
+let t;
 afterEach(async () => {
-  killAll(engines);
-  await h?.cleanup();
-  h = undefined;
+  killAll(t.engines);
+  for (const id of Object.values(t.ids)) for (const p of adapterPods(id)) kubectl('delete', 'pod', p.metadata.name, '--grace-period=0', '--force', '--ignore-not-found');
+  await t.h?.cleanup();
 });
 
 const kubeSetup = async (config = {}) => {
-  h = await setup({ repo: { agents: agentsWithTools(['Bash']) }, state, bodies: { 7: 'Add one and two.' }, config: { backend: kubeBackend(), ...config } });
+  run += 1;
+  const ids = { first: `first-${process.pid}-${run}`, second: `second-${process.pid}-${run}` };
+  const h = await setup({ repo: { agents: agentsWithTools(['Bash']) }, state, bodies: { 7: BODY }, config: { backend: kubeBackend(), ...config } });
+  t = { h, ids, engines: [] };
+  return t;
 };
-
-/** The first run's three steps, then the answer a continued run gets (its fourth turn). */
-const steps = (marker) =>
-  scenario.steps([
-    bash('echo one > one.txt && git add -A && git commit -qm one && echo committed'),
-    bash('echo two > two.txt && echo written'),
-    bash(`echo step three && sleep ${marker}`),
-    reply(implementorDone('finished after the restart')),
-  ]);
+const params = (sessionID) => ({ role: 'implementor', workItemID: '7', branchName: 'wi-7', sessionID });
 
 /** The pod of session `id` once its agent is in step three (its third request answered). */
-async function inStepThree(id, log, marker) {
+async function inStepThree({ h }, id, log, marker) {
   const [pod] = await eventually(() => adapterPods(id).length === 1 && adapterPods(id), 120_000, 'the session has its pod');
   await eventually(() => h.api.mainRequests().length >= 3 && readFileSync(log(), 'utf8').includes(`sleep ${marker}`), 120_000, 'the agent is in step three');
   // The command starts in the pod a moment after its request was answered.
@@ -50,17 +49,18 @@ async function inStepThree(id, log, marker) {
   return pod;
 }
 
-/** An engine process runs session `first-run` and is SIGKILLed in step three. */
+/** An engine process runs the first session and is SIGKILLed in step three. */
 async function interrupted() {
+  const { h, ids, engines } = t;
   const marker = sleepMarker(300);
   h.api.setScript(steps(marker));
-  const { engine, log } = await engineProcess(h, params('first-run'), engines);
-  const pod = await inStepThree('first-run', () => log, marker);
+  const { engine, log } = await engineProcess(h, params(ids.first), engines);
+  const pod = await inStepThree(t, ids.first, () => log, marker);
   const asked = h.api.mainRequests().length;
   engine.kill('SIGKILL');
   await new Promise((r) => (engine.exitCode !== null || engine.signalCode ? r() : engine.on('exit', r)));
   // The agent records what continuing it needs once its CLI started.
-  const { annotations } = adapterPods('first-run')[0].metadata;
+  const { annotations } = adapterPods(ids.first)[0].metadata;
   expect(JSON.parse(annotations['claude-runtime-adapter/agent']).branch).toBe('wi-7');
   // With nodeCache the checkout is a layer on the node's base, which a continuation holds again.
   const work = JSON.parse(annotations['claude-runtime-adapter/work']);
@@ -70,7 +70,7 @@ async function interrupted() {
 }
 
 const salvagedOf = (id) => {
-  const dir = join(h.repo.root, '.git', 'claude-runtime-adapter', 'salvaged');
+  const dir = join(t.h.repo.root, '.git', 'claude-runtime-adapter', 'salvaged');
   try {
     return readdirSync(dir).filter((n) => n.startsWith(`${id}-`)).map((n) => readFileSync(join(dir, n), 'utf8'));
   } catch {
@@ -78,28 +78,14 @@ const salvagedOf = (id) => {
   }
 };
 
-/** The dispatch again, continuing in pod `pod`: completes with both files, never asking for step one. */
+/** The dispatch again, continuing in pod `pod`: it ran there, and the pod is gone after. */
 async function continuesIn(adapter, pod, asked) {
-  const handle = await adapter.startAgent(params('second-run'));
-  let streamed = '';
-  for await (const chunk of handle.output) streamed += chunk;
-  const result = await handle.result;
-  expect(result.outcome).toBe('completed');
-  expect(result.summary).toBe('finished after the restart');
-  expect(result.patch).toContain('+++ b/one.txt');
-  expect(result.patch).toContain('+++ b/two.txt');
-  expect((await handle.stats).continuedFrom).toBe('first-run');
-  expect(streamed).toContain('continuing session first-run');
-  const after = h.api.mainRequests().slice(asked).map((r) => r.body);
-  expect(after.length).toBeGreaterThan(0);
-  // Every request of the new session carries the three earlier turns: none starts over.
-  expect(after.map(assistantTurns).every((n) => n >= 3)).toBe(true);
-  expect(userText(after[0])).toContain('Your session was interrupted');
-  expect(userText(after[0])).toContain('Add one and two.');
-  // It ran in the interrupted session's own pod, which is gone once it settled.
-  expect(podLine(readFileSync(handle.logFilePath, 'utf8'))).toContain(`Kubernetes pod ${pod} `);
+  const { h, ids } = t;
+  const handle = await adapter.startAgent(params(ids.second));
+  const logFile = await expectContinued(h, handle, ids.first, asked);
+  expect(podLine(readFileSync(logFile, 'utf8'))).toContain(`Kubernetes pod ${pod} `);
   expect(adapterPods().filter((p) => p.metadata.name === pod)).toEqual([]);
-  expect(salvagedOf('first-run')).toEqual([]);
+  expect(salvagedOf(ids.first)).toEqual([]);
 }
 
 describe('an Implementor interrupted by its engine is continued in its pod by the next dispatch (resumeInterrupted)', () => {
@@ -107,35 +93,37 @@ describe('an Implementor interrupted by its engine is continued in its pod by th
     it(`engine SIGKILLed in step three (after a commit and an uncommitted write): the re-dispatched session takes over the pod, continues on the same conversation, never asks for step one again, and its patch holds both files${LOOPS > 1 ? ` (run ${loop + 1})` : ''}`, { timeout: 300_000 }, async () => {
       await kubeSetup();
       const { asked, pod } = await interrupted();
-      const adapter = h.adapter();
+      const adapter = t.h.adapter();
       await continuesIn(adapter, pod, asked);
       await adapter.shutdown();
     });
   }
 
   it("shutdown() (a deploy's SIGTERM) during step three: the session settles ERR_CANCELLED with its work saved, its pod is let go, and the next adapter's dispatch continues in it", { timeout: 300_000 }, async () => {
-    await kubeSetup();
+    const { h, ids } = await kubeSetup();
     const marker = sleepMarker(300);
     h.api.setScript(steps(marker));
     const first = h.adapter();
-    const handle = await first.startAgent(params('first-run'));
-    const pod = await inStepThree('first-run', () => handle.logFilePath, marker);
+    const handle = await first.startAgent(params(ids.first));
+    const pod = await inStepThree(t, ids.first, () => handle.logFilePath, marker);
     const asked = h.api.mainRequests().length;
     await first.shutdown({ graceMs: 0 });
     expect((await rejection(handle.result)).code).toBe('ERR_CANCELLED');
     expect(readFileSync(handle.logFilePath.replace(/\.log$/, '.patch'), 'utf8')).toContain('+++ b/two.txt');
-    const [left] = adapterPods('first-run');
+    const [left] = adapterPods(ids.first);
     expect(left.metadata.annotations['claude-runtime-adapter/left']).toContain(` pid=${process.pid} `);
-    await continuesIn(h.adapter(), pod.metadata.name, asked);
+    const next = h.adapter();
+    await continuesIn(next, pod.metadata.name, asked);
+    await next.shutdown();
   });
 
   it('a conversation filled with junk in the pod: not continued (a warning names the bad line), the work saved as a patch, the pod deleted, a fresh start', { timeout: 300_000 }, async () => {
-    await kubeSetup();
+    const { h, ids } = await kubeSetup();
     const { asked, pod } = await interrupted();
     kubectl('exec', pod, '-c', 'session', '--', 'sh', '-c', 'for f in /var/lib/cra/claude-config/projects/*/*.jsonl /home/agent/.claude/projects/*/*.jsonl; do [ -f "$f" ] && printf \'{"type":"user"}\\nthis is not json\\n\' > "$f"; done; true');
     h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
     const adapter = h.adapter();
-    const handle = await adapter.startAgent(params('second-run'));
+    const handle = await adapter.startAgent(params(ids.second));
     const result = await handle.result;
     expect(result.outcome).toBe('completed');
     expect(result.patch).toContain('+++ b/fresh.txt');
@@ -144,7 +132,7 @@ describe('an Implementor interrupted by its engine is continued in its pod by th
     expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
     const warned = h.logger.entries.find((e) => e.level === 'warn' && /cannot be continued in its pod .*line 2 of the conversation is not JSON/.test(e.message));
     expect(warned).toBeTruthy();
-    const [saved, ...more] = salvagedOf('first-run');
+    const [saved, ...more] = salvagedOf(ids.first);
     expect(more).toEqual([]);
     expect(saved).toContain('+++ b/one.txt');
     expect(saved).toContain('+++ b/two.txt');
@@ -154,14 +142,14 @@ describe('an Implementor interrupted by its engine is continued in its pod by th
 
   it('interrupted and never dispatched again: the next adapter keeps the pod until resumeInterrupted has passed, then saves its work and deletes it', { timeout: 300_000 }, async () => {
     const BOUND = 20;
-    await kubeSetup({ resumeInterrupted: BOUND });
+    const { h, ids } = await kubeSetup({ resumeInterrupted: BOUND });
     const { pod } = await interrupted();
     const adapter = h.adapter();
     await logEntry(h.logger, /kept for the next session on its branch to continue/, 60_000);
     expect(adapterPods().filter((p) => p.metadata.name === pod)).toHaveLength(1);
-    expect(salvagedOf('first-run')).toEqual([]);
-    await eventually(() => salvagedOf('first-run').length === 1, (BOUND + 60) * 1000, 'the work was saved after the bound');
-    const [saved] = salvagedOf('first-run');
+    expect(salvagedOf(ids.first)).toEqual([]);
+    await eventually(() => salvagedOf(ids.first).length === 1, (BOUND + 60) * 1000, 'the work was saved after the bound');
+    const [saved] = salvagedOf(ids.first);
     expect(saved).toContain('+++ b/one.txt');
     expect(saved).toContain('+++ b/two.txt');
     await eventually(() => adapterPods().every((p) => p.metadata.name !== pod), 60_000, 'the pod was deleted');

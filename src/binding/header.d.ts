@@ -103,9 +103,9 @@ export interface ClaudeAdapterConfig extends RuntimeAdapterConfig {
   /**
    * seconds an Implementor interrupted with its engine (SIGKILL, a crash, shutdown()) may be
    * continued: the next session on its branch takes over its checkout (commits and uncommitted
-   * files) and resumes its CLI conversation instead of starting again; default 86400; 0 = never
-   * (its work is saved as a patch and the session starts afresh). Past it, the next sweep
-   * saves the work and removes the checkout.
+   * files; on Kubernetes, its pod) and resumes its CLI conversation instead of starting again;
+   * default 86400; 0 = never (its work is saved as a patch and the session starts afresh).
+   * Past it, the next sweep saves the work and removes the checkout (or the pod).
    */
   resumeInterrupted?: number
   /** max provider calls in flight during context assembly; integer 1..1024; default 16 */

@@ -827,19 +827,14 @@ impl Cluster {
     /// Marks `orphan` as this process's to read ([`ANNOTATION_SWEEPER`]), on the version the
     /// list saw: `false` when it changed since (another sweep marked it first).
     pub async fn claim_orphan(&self, orphan: &Orphan) -> Result<bool> {
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": orphan.resource_version,
-                "annotations": { ANNOTATION_SWEEPER: Owner::current().to_record() },
-            },
-        });
-        let (api, name) = (&orphan.pod.api, &orphan.pod.name);
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-        match bounded(|| api.patch(name, &params, &patch)).await {
-            Ok(_) => Ok(true),
-            Err(Failure::Api(s)) if s.code == 409 || s.is_not_found() => Ok(false),
-            Err(f) => Err(self.failed(&format!("mark pod {name} as swept"), f)),
-        }
+        let annotations = serde_json::json!({ ANNOTATION_SWEEPER: Owner::current().to_record() });
+        self.patch_listed(
+            orphan,
+            serde_json::Value::Null,
+            annotations,
+            "mark pod {} as swept",
+        )
+        .await
     }
 
     /// Makes `orphan` session `session_id`'s, of this process (its owner, host and identity
@@ -854,24 +849,39 @@ impl Cluster {
         if let Some(id) = &self.config.engine_id {
             labels[LABEL_ENGINE] = id.clone().into();
         }
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": orphan.resource_version,
-                "labels": labels,
-                "annotations": {
-                    ANNOTATION_OWNER: me.to_record(),
-                    ANNOTATION_SESSION_ID: session_id,
-                    ANNOTATION_SWEEPER: null,
-                    ANNOTATION_LEFT: null,
-                },
-            },
+        let annotations = serde_json::json!({
+            ANNOTATION_OWNER: me.to_record(),
+            ANNOTATION_SESSION_ID: session_id,
+            ANNOTATION_SWEEPER: null,
+            ANNOTATION_LEFT: null,
         });
+        self.patch_listed(orphan, labels, annotations, "take over pod {}")
+            .await
+    }
+
+    /// Merges `labels` and `annotations` into `orphan`'s on the version the list saw: `false`
+    /// when it changed since, or the pod is gone. `what` names the change, `{}` the pod.
+    async fn patch_listed(
+        &self,
+        orphan: &Orphan,
+        labels: serde_json::Value,
+        annotations: serde_json::Value,
+        what: &str,
+    ) -> Result<bool> {
+        let mut metadata = serde_json::json!({
+            "resourceVersion": orphan.resource_version,
+            "annotations": annotations,
+        });
+        if !labels.is_null() {
+            metadata["labels"] = labels;
+        }
+        let patch = serde_json::json!({ "metadata": metadata });
         let (api, name) = (&orphan.pod.api, &orphan.pod.name);
         let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
         match bounded(|| api.patch(name, &params, &patch)).await {
             Ok(_) => Ok(true),
             Err(Failure::Api(s)) if s.code == 409 || s.is_not_found() => Ok(false),
-            Err(f) => Err(self.failed(&format!("take over pod {name}"), f)),
+            Err(f) => Err(self.failed(&what.replace("{}", name), f)),
         }
     }
 }

@@ -22,10 +22,12 @@ pub mod cluster;
 mod devcontainer;
 pub mod history;
 mod image;
+mod interruption;
 mod layout;
 mod lease;
 mod node_base;
 mod resume;
+mod session_setup;
 mod steps;
 mod sweep;
 mod warm;
@@ -39,18 +41,18 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use self::cluster::{Cluster, Pod, PodExec, PodRequest, ANNOTATION_LEFT};
-use self::image::{inspect_image, pod_env, ImageFacts};
+use self::image::inspect_image;
+use self::interruption::AgentRecord;
+pub use self::interruption::Times;
 use self::layout::{CLI, MUX, SOCKETS, STATE, WORKDIR};
 use self::lease::EngineLease;
 use self::node_base::{bind_base, use_layer, Found, Holder, LayerError};
-use self::resume::AgentRecord;
-pub use self::resume::Times;
-use self::steps::{confined, PodSnapshot, Steps, MAX_STEP_OUTPUT, STEP_TIMEOUT};
+use self::session_setup::{dirs_and_env, open_shell, sockets_and_files, with_identity};
+use self::steps::{confined, PodSnapshot, Steps};
 use self::warm::{Kind, WarmPool};
 use self::work::{send_repository, CheckoutAs, Pack};
 use super::remote::{RemoteCommand, RemoteShell};
@@ -59,12 +61,8 @@ use crate::config::{KubernetesConfig, SandboxConfig};
 use crate::error::{AdapterError, ErrorCode, Result};
 use crate::git::record::SessionRecord;
 use crate::git::worktree::Continuation;
-use crate::process::{env_value, Owner};
-use crate::sandbox::commands::{commands_share, WRAPPED_TOOLS};
-use crate::sandbox::{
-    bridged_argv, commands_prefix_script, tool_wrapper_script, use_commands_prefix,
-    use_tool_wrappers, Egress, PREFIX_SCRIPT,
-};
+use crate::process::Owner;
+use crate::sandbox::{bridged_argv, Egress};
 
 /// How long a pod whose stream broke is given to show why in its status.
 const LOST_WAIT: Duration = Duration::from_secs(15);
@@ -322,11 +320,18 @@ impl Backend for KubernetesBackend {
     ) -> BoxFuture<'a, Result<Box<dyn Environment>>> {
         Box::pin(async move {
             let cluster = self.cluster().await?;
+            let ctx = resume::Ctx {
+                engine_id: self.config.engine_id.as_deref(),
+                engine_lease: self.config.engine_lease,
+                identity_held: &self.identity_held,
+                times: &self.times,
+            };
             let continued = tokio::select! {
-                c = self.continue_interrupted(&cluster, &req) => c,
+                c = ctx.continue_interrupted(&cluster, &req) => c,
                 () = stop.cancelled() => return Err(stopped()),
             };
-            if let Some(env) = continued {
+            if let Some(resumed) = continued {
+                let env = KubernetesEnvironment::resumed(resumed, &req);
                 return Ok(Box::new(env) as Box<dyn Environment>);
             }
             let mut request = PodRequest::new(req.session_id.clone(), req.role);
@@ -431,14 +436,7 @@ async fn prepare(
     let shell = open_shell(&pod, exec).await?;
     let image = inspect_image(&shell, &pod.image).await?;
     phases.mark("stream and image probe");
-    make_dirs(&shell, &image.path).await?;
-    let engine_dirs = engine_dirs(
-        &req.env,
-        &req.repo_root,
-        std::env::var_os("HOME"),
-        std::env::current_dir().ok(),
-    );
-    let env = session_env(egress.env(), &engine_dirs, &image, req.sandbox.as_ref());
+    let env = dirs_and_env(&shell, &image, &req, &egress).await?;
     let step = Steps {
         shell: &shell,
         env: &env,
@@ -486,6 +484,7 @@ async fn prepare(
         }
     };
     let snapshot = made.snapshot.filter(|_| in_pod.checkout_as.is_some());
+    let agent = agent_of(&req);
     let work = snapshot.map(|s| work::WorkRecord {
         repository: req.repo_root,
         base: pack.base.clone(),
@@ -502,12 +501,6 @@ async fn prepare(
     let pack_kib = pack.kib();
     drop(pack);
     tracing::debug!(pod = %pod.name, pack_kib, "the pod was prepared in {phases}");
-    let agent = match &req.workspace {
-        Workspace::Checkout(p) if p.continue_within.is_some() => {
-            Some((p.session.clone(), p.branch.clone()))
-        }
-        _ => None,
-    };
     Ok(KubernetesEnvironment {
         pod,
         shell: Some(shell),
@@ -522,106 +515,6 @@ async fn prepare(
         _history: made.history,
         _node_base: made.held.map(std::sync::Mutex::new),
     })
-}
-
-/// The shell over the pod's stream (`cra-pod mux`).
-async fn open_shell(pod: &Arc<Pod>, exec: PodExec) -> Result<RemoteShell> {
-    // The stream may have opened before the pod's status named its image; what needs that
-    // status (the runtime's note, the node base's key) waits for it, the rest does not.
-    // In the session's span: its log reaches the session's logger.
-    tokio::spawn(
-        {
-            let pod = pod.clone();
-            async move {
-                pod.image_id().await;
-            }
-        }
-        .in_current_span(),
-    );
-    // The stream lives as long as its status future: held by a task that also drains the pod
-    // agent's own diagnostics (stderr) into the log, until the stream ends.
-    let (status, mut diagnostics) = (exec.status, exec.stderr);
-    let name = pod.name.clone();
-    tokio::spawn(async move {
-        let mut text = Vec::new();
-        let _ = (&mut diagnostics)
-            .take(MAX_STEP_OUTPUT as u64)
-            .read_to_end(&mut text)
-            .await;
-        let end = status.await;
-        tracing::debug!(pod = %name, ?end, diagnostics = %String::from_utf8_lossy(&text), "the pod's stream ended");
-    });
-    RemoteShell::start(exec.stdout, exec.stdin).await
-}
-
-/// The pod's directories are empty volumes (cluster.rs): the socket directory, private to the
-/// session's user, is made here, and the checkout's, which the jail's probe binds while the
-/// repository is still arriving. `path`: the image's PATH.
-async fn make_dirs(shell: &RemoteShell, path: &str) -> Result<()> {
-    let bare = [("PATH".to_string(), path.to_string())];
-    Steps { shell, env: &bare }
-        .run(
-            "making the socket and checkout directories",
-            vec![
-                "sh".into(),
-                "-c".into(),
-                format!("mkdir -p -m 0700 {SOCKETS} && mkdir -p {WORKDIR}"),
-            ],
-            &[],
-            STEP_TIMEOUT,
-            "/",
-        )
-        .await
-        .map(drop)
-}
-
-/// The engine's directories, which the pod's environment must not name ([`pod_env`]): the
-/// session's HOME, the engine's own (`engine_home`), the repository and the engine's working
-/// directory.
-fn engine_dirs(
-    session_env: &[(String, String)],
-    repo_root: &Path,
-    engine_home: Option<std::ffi::OsString>,
-    engine_cwd: Option<PathBuf>,
-) -> Vec<String> {
-    [
-        env_value(session_env, "HOME").map(PathBuf::from),
-        engine_home.map(PathBuf::from),
-        Some(repo_root.to_path_buf()),
-        engine_cwd,
-    ]
-    .into_iter()
-    .flatten()
-    // `/` (a HOME of root's on some systems) would name everything.
-    .filter(|d| d.parent().is_some())
-    .map(|d| d.display().to_string())
-    .collect()
-}
-
-/// The CLI's environment in the pod ([`pod_env`]): in the jail, with the agent's commands
-/// behind the prefix script and the CLI's own tools behind their wrappers.
-fn session_env(
-    gateway_env: &[(String, String)],
-    engine_dirs: &[String],
-    image: &ImageFacts,
-    sandbox: Option<&SandboxConfig>,
-) -> Vec<(String, String)> {
-    let mut env = pod_env(gateway_env, engine_dirs, image);
-    if let Some(sandbox) = sandbox {
-        // The agent's commands get their share of the session's tasks in the jail's user
-        // namespace (RLIMIT_NPROC: the pod's processes run as a user other than root, which the
-        // kernel does hold to it): a command that forks thousands of processes fails with
-        // EAGAIN and the CLI keeps its headroom under the pod's pid limit.
-        let share = commands_share(&sandbox.limits).tasks;
-        use_commands_prefix(
-            &mut env,
-            &format!("{}/{PREFIX_SCRIPT}", crate::sandbox::jail::SOCKET_DIR),
-            share.map(|n| ("CRA_TOOLS_NPROC".to_string(), n.to_string())),
-        );
-        // The CLI's own ripgrep and git take the same share.
-        use_tool_wrappers(&mut env);
-    }
-    env
 }
 
 /// The session's git config written in the pod (git reads it — core.autocrlf, core.eol — when
@@ -883,39 +776,6 @@ impl<'a> InPod<'a> {
     }
 }
 
-/// The session's sockets in the pod (the egress's, tunnelled to the engine) and, when the
-/// session is sandboxed, the agent's commands' prefix and the tools' wrappers beside them.
-async fn sockets_and_files(step: &Steps<'_>, egress: &Egress, sandboxed: bool) -> Result<()> {
-    for (name, engine_side) in egress.sockets() {
-        step.shell
-            .listen(&format!("{SOCKETS}/{name}"), engine_side)
-            .await?;
-    }
-    if !sandboxed {
-        return Ok(());
-    }
-    let script = format!("{SOCKETS}/{PREFIX_SCRIPT}");
-    step.write_file(&script, commands_prefix_script().as_bytes(), "0755")
-        .await?;
-    step.run(
-        "making the tools' wrappers' directory",
-        vec!["mkdir".into(), "-p".into(), format!("{SOCKETS}/bin")],
-        &[],
-        STEP_TIMEOUT,
-        "/",
-    )
-    .await?;
-    for name in WRAPPED_TOOLS {
-        step.write_file(
-            &format!("{SOCKETS}/bin/{name}"),
-            tool_wrapper_script().as_bytes(),
-            "0755",
-        )
-        .await?;
-    }
-    Ok(())
-}
-
 /// The durations of a pod's preparation, phase by phase, from the first mark's start.
 struct Phases {
     last: std::time::Instant,
@@ -950,27 +810,15 @@ impl std::fmt::Display for Phases {
     }
 }
 
-/// The session's git config with an identity: where the repository's configuration names no
-/// one, a fixed one (in a pod git cannot make one up from the host name as it does locally,
-/// and an agent's `git commit` must work).
-fn with_identity(config: &str) -> String {
-    let mut config = config.to_string();
-    let has = |key: &str| {
-        config
-            .lines()
-            .any(|l| l.trim_start().starts_with(&format!("{key} = ")))
-    };
-    let (name, email) = (has("name"), has("email"));
-    if !name || !email {
-        config.push_str("[user]\n");
-        if !name {
-            config.push_str("\tname = \"Claude agent\"\n");
+/// Whose session and which branch an Implementor's pod records once its CLI started, with
+/// `resumeInterrupted` on ([`resume`]).
+fn agent_of(req: &EnvRequest) -> Option<(SessionRecord, String)> {
+    match &req.workspace {
+        Workspace::Checkout(p) if p.continue_within.is_some() => {
+            Some((p.session.clone(), p.branch.clone()))
         }
-        if !email {
-            config.push_str("\temail = \"agent@claude-runtime-adapter.invalid\"\n");
-        }
+        _ => None,
     }
-    config
 }
 
 /// One session's pod.
@@ -999,6 +847,24 @@ pub struct KubernetesEnvironment {
 }
 
 impl KubernetesEnvironment {
+    /// The environment of a session continuing an interrupted one in its pod.
+    fn resumed(r: resume::Resumed, req: &EnvRequest) -> KubernetesEnvironment {
+        KubernetesEnvironment {
+            sandboxed: r.work.sandboxed,
+            pod: r.pod,
+            shell: Some(r.shell),
+            egress: Some(r.egress),
+            env: r.env,
+            workdir: PathBuf::from(WORKDIR),
+            work: Some(r.work),
+            agent: agent_of(req),
+            recorded: AtomicBool::default(),
+            continued: Some(r.continued),
+            _history: r.history,
+            _node_base: r.held.map(std::sync::Mutex::new),
+        }
+    }
+
     /// The pod still runs commands (bounded).
     async fn answers(&self, shell: &RemoteShell) -> Result<()> {
         let alive = RemoteCommand {
@@ -1140,7 +1006,7 @@ impl Environment for KubernetesEnvironment {
         Box::pin(async move {
             // In the pod, which outlives each CLI run there (a resume reads it).
             let shell = self.shell().ok()?;
-            let read = resume::conversation(shell, &self.env, cli_session, true).await;
+            let read = interruption::conversation(shell, &self.env, cli_session, true).await;
             read.ok().map(|c| c.bytes).filter(|b| !b.is_empty())
         })
     }
@@ -1170,7 +1036,7 @@ impl Environment for KubernetesEnvironment {
                 model: model.map(str::to_string),
                 started_ms: crate::clock::now_ms().saturating_sub(used),
             });
-            match resume::record_agent(&self.pod, record.as_ref()).await {
+            match interruption::record_agent(&self.pod, record.as_ref()).await {
                 Ok(()) => {
                     self.recorded.store(record.is_some(), Ordering::SeqCst);
                     record.is_some()
@@ -1223,62 +1089,6 @@ impl Environment for KubernetesEnvironment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Limits;
-
-    #[test]
-    fn the_engines_directories_are_the_homes_the_repository_and_the_cwd_but_never_root() {
-        let dirs = engine_dirs(
-            &[("HOME".into(), "/home/session".into())],
-            Path::new("/srv/repo"),
-            Some("/home/engine".into()),
-            Some(PathBuf::from("/srv/engine")),
-        );
-        assert_eq!(
-            dirs,
-            ["/home/session", "/home/engine", "/srv/repo", "/srv/engine"]
-        );
-        // root's HOME `/` would name every path; what is not known names nothing.
-        let dirs = engine_dirs(&[], Path::new("/srv/repo"), Some("/".into()), None);
-        assert_eq!(dirs, ["/srv/repo"]);
-    }
-
-    #[test]
-    fn a_jailed_sessions_commands_get_the_prefix_their_share_of_tasks_and_the_tools_wrappers() {
-        let image = ImageFacts {
-            path: "/usr/bin:/bin".into(),
-            shell: "/bin/sh".into(),
-            git: "/usr/bin/git".into(),
-        };
-        let egress = [(
-            "CLAUDE_CODE_SHELL_PREFIX".into(),
-            "/engine/prefix.sh".into(),
-        )];
-        assert_eq!(
-            session_env(&egress, &[], &image, None),
-            pod_env(&egress, &[], &image),
-            "without the jail, the pod's environment as it is"
-        );
-        let limits = |tasks| SandboxConfig {
-            limits: Limits {
-                tasks,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let jailed = session_env(&egress, &[], &image, Some(&limits(Some(1024))));
-        let value = |k| env_value(&jailed, k);
-        assert_eq!(
-            value("CLAUDE_CODE_SHELL_PREFIX"),
-            Some("/run/claude-runtime-adapter/commands.sh")
-        );
-        assert_eq!(value("CRA_SHELL_PREFIX"), Some("/engine/prefix.sh"));
-        // commands_share: a quarter of the tasks (at least 64) is the CLI's headroom.
-        assert_eq!(value("CRA_TOOLS_NPROC"), Some("768"));
-        assert!(value("PATH").is_some_and(|p| p.starts_with("/run/claude-runtime-adapter/bin:")));
-        assert_eq!(value("USE_BUILTIN_RIPGREP"), Some("0"));
-        let unlimited = session_env(&egress, &[], &image, Some(&limits(None)));
-        assert_eq!(env_value(&unlimited, "CRA_TOOLS_NPROC"), None);
-    }
 
     #[test]
     fn a_base_made_in_another_image_than_the_pods_is_refused_naming_both() {
@@ -1288,18 +1098,5 @@ mod tests {
             why.contains("made in image sha256:a") && why.contains("this pod runs sha256:b"),
             "{why}"
         );
-    }
-
-    #[test]
-    fn the_git_config_gets_a_fixed_identity_only_for_what_it_does_not_name() {
-        let email = "\temail = \"agent@claude-runtime-adapter.invalid\"\n";
-        assert_eq!(
-            with_identity(""),
-            format!("[user]\n\tname = \"Claude agent\"\n{email}")
-        );
-        let named = "[user]\n\tname = Ann\n";
-        assert_eq!(with_identity(named), format!("{named}[user]\n{email}"));
-        let both = "[user]\n\tname = Ann\n\temail = ann@example.com\n";
-        assert_eq!(with_identity(both), both);
     }
 }

@@ -5,8 +5,8 @@
 //! which the pod keeps in `{STATE}/claude-config` — instead of saving the work as a patch and
 //! paying for every step again.
 //!
-//! - **What the pod records** ([`AgentRecord`], [`ANNOTATION_AGENT`], with the branch as
-//!   [`LABEL_BRANCH`]): once its CLI started, the session id, branch, conversation id, model
+//! - **What the pod records** ([`AgentRecord`], [`super::cluster::ANNOTATION_AGENT`], with the
+//!   branch as [`super::cluster::LABEL_BRANCH`]): once its CLI started, the session id, branch, conversation id, model
 //!   and the CLI's start; removed once the session ended for good. Nothing of it is secret,
 //!   and the pod's processes cannot read or write it (no service-account token).
 //! - **Taking it over** ([`super::KubernetesBackend`]'s provision): among the pods the sweep
@@ -14,265 +14,44 @@
 //!   the one recording this repository and branch is made the new session's on the version
 //!   listed (`Cluster::take_over`), so of two engines exactly one takes it. Then it must be
 //!   continuable: the same model; a conversation in the pod that is a regular file (no link
-//!   followed), of at most [`MAX_CONVERSATION`] bytes, every complete line JSON, last written
+//!   followed), of at most [`super::interruption::MAX_CONVERSATION`] bytes, every complete line JSON, last written
 //!   within the bound — all read as data, in the pod, by a command outside the jail; and the
 //!   pod must live (`activeDeadlineSeconds`) long enough for the agent time left plus the
 //!   extraction. Otherwise its work is saved as the sweep saves it, the pod deleted, and the
 //!   session starts afresh with a warning saying why.
+//! - **What is made again** ([`resume_in`]): what `prepare` makes per session — the egress and
+//!   its sockets, the agent's scripts, the git config, the history server and, on a layer, the
+//!   hold on the node's base (its key is in the work record) — over a new stream.
+//! - **Let go at `shutdown()`**: a session the engine stops there leaves its pod annotated
+//!   [`ANNOTATION_LEFT`] instead of deleting it, and the next dispatch (or, past the bound, the
+//!   sweep) takes it although its owner lives on.
+//! - **With `engineId`**, an engine that comes back elsewhere waits for its identity before it
+//!   looks ([`Ctx::await_identity`]).
 //! - **Clocks**: the interruption's age is the pod's clock against the pod's clock (`date`
 //!   against the conversation's mtime); the time used is the engine's clock against the
 //!   engine's (the CLI's start, less that age). The pod's end compares the engine's clock with
 //!   the pod's start as the cluster recorded it, which a minute's margin covers.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use super::cluster::{
-    label_value, Cluster, Orphan, Pod, ANNOTATION_AGENT, ANNOTATION_LEFT, LABEL_BRANCH,
-};
+use super::cluster::{Cluster, Orphan, Pod, ANNOTATION_LEFT};
 use super::history::{self, HistoryServer};
 use super::image::ImageFacts;
-use super::layout::{HOME, SOCKETS, STATE, WORKDIR};
+use super::interruption::{continuation, conversation, record_agent, AgentRecord, Times};
+use super::layout::{SOCKETS, STATE};
 use super::node_base::{Found, Holder};
-use super::steps::{sh_quote, Steps, STEP_TIMEOUT};
+use super::session_setup::{dirs_and_env, sockets_and_files, with_identity};
+use super::steps::Steps;
 use super::sweep::{self, save_work};
 use super::work::WorkRecord;
-use super::{
-    engine_dirs, make_dirs, session_env, sockets_and_files, with_identity, KubernetesBackend,
-    KubernetesEnvironment,
-};
-use crate::clock::now_ms;
-use crate::environment::remote::{RemoteCommand, RemoteShell};
+use crate::environment::remote::RemoteShell;
 use crate::environment::{EnvRequest, Workspace};
-use crate::error::{AdapterError, ErrorCode, Result};
-use crate::git::interrupted::turns_in;
+use crate::error::{AdapterError, ErrorCode};
 use crate::git::worktree::Continuation;
 use crate::git::ProvisionRequest;
 use crate::process::Owner;
 use crate::sandbox::Egress;
-
-/// The largest conversation read out of a pod (kept beside a transcript, or continued).
-pub(super) const MAX_CONVERSATION: usize = 64 << 20;
-
-/// What continuing a pod's session needs ([`ANNOTATION_AGENT`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct AgentRecord {
-    pub session_id: String,
-    /// Its transcript, when it had one (the continued one names it).
-    pub transcript: Option<String>,
-    pub branch: String,
-    /// The CLI's conversation.
-    pub cli_session: String,
-    pub model: Option<String>,
-    /// When its CLI started, Unix ms of the engine's clock.
-    pub started_ms: u64,
-}
-
-/// Records `agent` on `pod` (or, `None`, removes the record and the branch label).
-pub(super) async fn record_agent(pod: &Pod, agent: Option<&AgentRecord>) -> Result<()> {
-    let json = agent
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| AdapterError::new(ErrorCode::Internal, e.to_string()))?;
-    pod.mark(serde_json::json!({
-        "labels": { LABEL_BRANCH: agent.map(|a| label_value(&a.branch)) },
-        "annotations": { ANNOTATION_AGENT: json },
-    }))
-    .await
-}
-
-/// The conversation of a pod's CLI as the pod holds it.
-pub(super) struct Conversation {
-    /// Since its last write, by the pod's clock.
-    pub age: Duration,
-    /// Its size.
-    pub size: u64,
-    /// At most [`MAX_CONVERSATION`] bytes of it (empty unless asked for).
-    pub bytes: Vec<u8>,
-}
-
-/// The script printing the pod's clock, the conversation `cli_session`'s mtime and size, then
-/// (`read`) at most [`MAX_CONVERSATION`] bytes of it; exit 3 when there is no such regular file.
-/// The jail binds the pod's `{STATE}/claude-config` at `~/.claude` (image/cra-jail); without the
-/// jail the CLI writes `~/.claude` itself. `find -type f` follows no link the agent planted (the
-/// pod holds nothing of the engine either way).
-fn conversation_sh(cli_session: &str, read: bool) -> String {
-    let name = sh_quote(&format!("{cli_session}.jsonl"));
-    let content = match read {
-        true => format!(" && head -c {MAX_CONVERSATION} \"$f\""),
-        false => String::new(),
-    };
-    format!(
-        "f=$(find {STATE}/claude-config/projects {HOME}/.claude/projects -mindepth 2 -maxdepth 2 \
-         -type f -name {name} 2>/dev/null | head -n 1); [ -n \"$f\" ] || exit 3; \
-         date +%s && stat -c '%Y %s' \"$f\"{content}"
-    )
-}
-
-/// Reads the conversation `cli_session` in the pod over `shell` (bounded); why not, in words.
-pub(super) async fn conversation(
-    shell: &RemoteShell,
-    env: &[(String, String)],
-    cli_session: &str,
-    read: bool,
-) -> std::result::Result<Conversation, String> {
-    let cmd = RemoteCommand {
-        argv: vec!["sh".into(), "-c".into(), conversation_sh(cli_session, read)],
-        env: env.to_vec(),
-        cwd: "/".into(),
-    };
-    let run = shell.run(cmd, &[], MAX_CONVERSATION + 64);
-    let out = match tokio::time::timeout(STEP_TIMEOUT, run).await {
-        Ok(Ok(out)) => out,
-        Ok(Err(e)) => return Err(format!("its pod did not answer ({})", e.message)),
-        Err(_) => {
-            return Err(format!(
-                "its pod did not answer within {} s",
-                STEP_TIMEOUT.as_secs()
-            ))
-        }
-    };
-    if out.status.code() == Some(3) {
-        return Err(format!(
-            "its conversation {cli_session}.jsonl is missing or not a plain file"
-        ));
-    }
-    if !out.status.success() {
-        return Err(format!(
-            "its conversation could not be read ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    parse_conversation(&out.stdout)
-}
-
-/// [`conversation_sh`]'s output.
-fn parse_conversation(out: &[u8]) -> std::result::Result<Conversation, String> {
-    let bad = || "its pod's answer about the conversation is not understood".to_string();
-    let mut parts = out.splitn(3, |b| *b == b'\n');
-    let mut line = || std::str::from_utf8(parts.next()?).ok().map(str::to_string);
-    let (now, stat) = (line().ok_or_else(bad)?, line().ok_or_else(bad)?);
-    let bytes = parts.next().unwrap_or_default().to_vec();
-    let now: u64 = now.trim().parse().map_err(|_| bad())?;
-    let mut stat = stat.split_whitespace().map(str::parse::<u64>);
-    let (Some(Ok(mtime)), Some(Ok(size))) = (stat.next(), stat.next()) else {
-        return Err(bad());
-    };
-    Ok(Conversation {
-        age: Duration::from_secs(now.saturating_sub(mtime)),
-        size,
-        bytes,
-    })
-}
-
-/// The pod's session as the new one continues it, or why it cannot be: `model` is the one
-/// asked for now, `within` the bound.
-pub(super) fn continuation(
-    agent: &AgentRecord,
-    conversation: &Conversation,
-    within: Duration,
-    model: Option<&str>,
-) -> std::result::Result<Continuation, String> {
-    if agent.model.as_deref() != model {
-        return Err(format!(
-            "it ran model {}, this session asks for {}",
-            agent.model.as_deref().unwrap_or("(the definition's)"),
-            model.unwrap_or("(the definition's)")
-        ));
-    }
-    interrupted_within(conversation, within)?;
-    if conversation.size > MAX_CONVERSATION as u64 {
-        return Err(format!(
-            "its conversation is {} bytes, more than the {MAX_CONVERSATION} read",
-            conversation.size
-        ));
-    }
-    let turns = turns_in(&conversation.bytes)?;
-    let interrupted_ms = now_ms().saturating_sub(conversation.age.as_millis() as u64);
-    Ok(Continuation {
-        from_session: agent.session_id.clone(),
-        transcript: agent.transcript.clone(),
-        cli_session: agent.cli_session.clone(),
-        interrupted_ms,
-        used: Duration::from_millis(interrupted_ms.saturating_sub(agent.started_ms)),
-        turns,
-    })
-}
-
-/// Whether the conversation was last written within the bound.
-pub(super) fn interrupted_within(
-    conversation: &Conversation,
-    within: Duration,
-) -> std::result::Result<(), String> {
-    match conversation.age > within {
-        true => Err(format!(
-            "it was interrupted {} s ago, more than resumeInterrupted ({} s)",
-            conversation.age.as_secs(),
-            within.as_secs()
-        )),
-        false => Ok(()),
-    }
-}
-
-/// What decides whether a continuation fits in its pod's life: `maxAgentDuration` (`None`:
-/// none, and the pods have no deadline either) and `extractionTimeout`.
-#[derive(Debug, Clone)]
-pub struct Times {
-    pub agent: Option<Duration>,
-    pub extraction: Duration,
-}
-
-impl Times {
-    /// Whether a pod the cluster ends at `ends_ms` (Unix ms; `None`: never) lives long enough
-    /// for a continuation of a session that used `used`.
-    pub(super) fn room(
-        &self,
-        ends_ms: Option<u64>,
-        used: Duration,
-    ) -> std::result::Result<(), String> {
-        let (Some(ends_ms), Some(agent)) = (ends_ms, self.agent) else {
-            return Ok(());
-        };
-        let needed = agent.saturating_sub(used) + self.extraction + Duration::from_secs(60);
-        let left = Duration::from_millis(ends_ms.saturating_sub(now_ms()));
-        match left >= needed {
-            true => Ok(()),
-            false => Err(format!(
-                "its pod ends in {} s (activeDeadlineSeconds), less than the {} s the rest of \
-                 maxAgentDuration and the extraction need",
-                left.as_secs(),
-                needed.as_secs()
-            )),
-        }
-    }
-
-    /// Until when (Unix ms) a pod of a session that used `used`, interrupted `age` ago, may
-    /// wait for its continuation within `within`: the bound, and the last moment a
-    /// continuation still fits in the pod's life ([`Times::room`]).
-    pub(super) fn keep_until(
-        &self,
-        ends_ms: Option<u64>,
-        used: Duration,
-        age: Duration,
-        within: Duration,
-    ) -> u64 {
-        let now = now_ms();
-        let bound = now + within.saturating_sub(age).as_millis() as u64;
-        let fits = match (ends_ms, self.agent) {
-            (Some(ends), Some(agent)) => {
-                let needed = agent.saturating_sub(used) + self.extraction + Duration::from_secs(60);
-                ends.saturating_sub(needed.as_millis() as u64)
-            }
-            _ => u64::MAX,
-        };
-        bound.min(fits)
-    }
-}
 
 /// An interrupted session's pod the new one may take: a dead engine's (or one let go) with
 /// its agent recorded, still running, its work unsaved.
@@ -282,7 +61,30 @@ struct Interrupted {
     work: WorkRecord,
 }
 
-impl KubernetesBackend {
+/// What a continuation needs of the backend.
+pub(super) struct Ctx<'a> {
+    /// `engineId` and `engineLease`.
+    pub engine_id: Option<&'a str>,
+    pub engine_lease: Duration,
+    /// True while this process holds the identity.
+    pub identity_held: &'a tokio::sync::watch::Sender<bool>,
+    pub times: &'a Times,
+}
+
+/// A pod taken over for a continuation, with what was made for the new session in it: the
+/// session's environment is made of these.
+pub(super) struct Resumed {
+    pub pod: Arc<Pod>,
+    pub shell: RemoteShell,
+    pub egress: Egress,
+    pub env: Vec<(String, String)>,
+    pub work: WorkRecord,
+    pub continued: Continuation,
+    pub history: HistoryServer,
+    pub held: Option<Holder>,
+}
+
+impl Ctx<'_> {
     /// The interrupted session on `req`'s branch continued in its pod (the module docs).
     /// `None`: there is none, another process took it, or it cannot be continued, in which
     /// case its work was saved, its pod deleted and why logged (a pod whose work could not be
@@ -291,7 +93,7 @@ impl KubernetesBackend {
         &self,
         cluster: &Cluster,
         req: &EnvRequest,
-    ) -> Option<KubernetesEnvironment> {
+    ) -> Option<Resumed> {
         let Workspace::Checkout(p) = &req.workspace else {
             return None;
         };
@@ -316,7 +118,7 @@ impl KubernetesBackend {
     /// identity's other pods ran waits for the identity (bounded: two Lease durations and ten
     /// seconds; past that, the session starts afresh and the pod is the sweep's).
     async fn await_identity(&self, cluster: &Cluster, p: &ProvisionRequest) {
-        let Some(id) = &self.config.engine_id else {
+        let Some(id) = self.engine_id else {
             return;
         };
         if *self.identity_held.borrow() {
@@ -331,7 +133,7 @@ impl KubernetesBackend {
             return;
         }
         tracing::info!(engine = %id, branch = %p.branch, "a session of this engineId's predecessor ran on this branch: waiting for the identity before continuing it");
-        let bound = 2 * self.config.engine_lease + Duration::from_secs(10);
+        let bound = 2 * self.engine_lease + Duration::from_secs(10);
         let mut held = self.identity_held.subscribe();
         if tokio::time::timeout(bound, held.wait_for(|h| *h))
             .await
@@ -355,7 +157,8 @@ impl KubernetesBackend {
                 return Vec::new();
             }
         };
-        if let Some(id) = self.held_identity() {
+        let held = *self.identity_held.borrow();
+        if let Some(id) = self.engine_id.filter(|_| held) {
             orphans.extend(cluster.orphans(Some(id)).await.unwrap_or_default());
         }
         let mut seen = std::collections::HashSet::new();
@@ -383,7 +186,7 @@ impl KubernetesBackend {
         req: &EnvRequest,
         p: &ProvisionRequest,
         within: Duration,
-    ) -> Option<KubernetesEnvironment> {
+    ) -> Option<Resumed> {
         let pod = Arc::new(found.orphan.pod.clone());
         let (shell, image) = match sweep::open(&pod).await {
             Ok(opened) => opened,
@@ -409,7 +212,7 @@ impl KubernetesBackend {
         };
         let why = match checked.await {
             Ok(c) => match resume_in(pod.clone(), shell, image, req, found.work.clone(), c).await {
-                Ok(env) => return Some(env),
+                Ok(resumed) => return Some(resumed),
                 Err((shell, e)) => (shell, e),
             },
             Err(why) => (shell, why),
@@ -448,7 +251,7 @@ async fn resume_in(
     req: &EnvRequest,
     work: WorkRecord,
     continued: Continuation,
-) -> std::result::Result<KubernetesEnvironment, (RemoteShell, String)> {
+) -> std::result::Result<Resumed, (RemoteShell, String)> {
     let made = async {
         let egress = Egress::start(
             req.sandbox.as_ref(),
@@ -458,14 +261,7 @@ async fn resume_in(
             req.api.clone(),
         )
         .await?;
-        make_dirs(&shell, &image.path).await?;
-        let dirs = engine_dirs(
-            &req.env,
-            &req.repo_root,
-            std::env::var_os("HOME"),
-            std::env::current_dir().ok(),
-        );
-        let env = session_env(egress.env(), &dirs, &image, req.sandbox.as_ref());
+        let env = dirs_and_env(&shell, &image, req, &egress).await?;
         let step = Steps {
             shell: &shell,
             env: &env,
@@ -501,140 +297,15 @@ async fn resume_in(
         Ok(made) => made,
         Err(e) => return Err((shell, e.message)),
     };
-    let agent = match &req.workspace {
-        Workspace::Checkout(p) => Some((p.session.clone(), p.branch.clone())),
-        Workspace::View(_) => None,
-    };
     tracing::info!(pod = %pod.name, from = %continued.from_session, "the interrupted session continues in its pod");
-    Ok(KubernetesEnvironment {
-        sandboxed: work.sandboxed,
+    Ok(Resumed {
         pod,
-        shell: Some(shell),
-        egress: Some(egress),
+        shell,
+        egress,
         env,
-        workdir: PathBuf::from(WORKDIR),
-        work: Some(work),
-        agent,
-        recorded: Default::default(),
-        continued: Some(continued),
-        _history: history,
-        _node_base: held.map(std::sync::Mutex::new),
+        work,
+        continued,
+        history,
+        held,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn agent(model: Option<&str>) -> AgentRecord {
-        AgentRecord {
-            session_id: "first-run".into(),
-            transcript: Some("/logs/first-run.log".into()),
-            branch: "wi-7".into(),
-            cli_session: "c1".into(),
-            model: model.map(str::to_string),
-            started_ms: now_ms() - 100_000,
-        }
-    }
-
-    const TURNS: &[u8] = b"{\"type\":\"user\"}\n{\"type\":\"assistant\",\"message\":{\"id\":\"m1\"}}\n{\"type\":\"assistant\",\"message\":{\"id\":\"m2\"}}\n{\"type\":\"assist";
-
-    #[test]
-    fn the_pods_answer_reads_as_clock_mtime_size_then_the_bytes_and_anything_else_is_refused() {
-        let c = parse_conversation(b"1000\n990 12\nline one\nline two\n").unwrap();
-        assert_eq!((c.age, c.size), (Duration::from_secs(10), 12));
-        assert_eq!(c.bytes, b"line one\nline two\n");
-        // An mtime in the pod's future is no age, not a wrapped one.
-        assert_eq!(
-            parse_conversation(b"1000\n2000 1\n").unwrap().age,
-            Duration::ZERO
-        );
-        for junk in [
-            &b""[..],
-            b"1000\n",
-            b"x\n990 12\n",
-            b"1000\n990\n",
-            b"1000\nnine 1\n",
-        ] {
-            assert!(parse_conversation(junk).is_err(), "{junk:?}");
-        }
-    }
-
-    #[test]
-    fn a_continuation_counts_the_turns_and_the_time_used_and_refuses_another_model_age_size_or_junk(
-    ) {
-        let conv = |age, size: usize, bytes: &[u8]| Conversation {
-            age: Duration::from_secs(age),
-            size: size as u64,
-            bytes: bytes.to_vec(),
-        };
-        let within = Duration::from_secs(600);
-        let c = continuation(&agent(None), &conv(40, TURNS.len(), TURNS), within, None).unwrap();
-        assert_eq!((c.turns, c.cli_session.as_str()), (2, "c1"));
-        assert_eq!(c.from_session, "first-run");
-        // Started 100 s ago, last written 40 s ago: 60 s used.
-        assert!((59..=61).contains(&c.used.as_secs()), "{:?}", c.used);
-        let refused = |a: &AgentRecord, c: &Conversation, model| {
-            continuation(a, c, within, model).unwrap_err()
-        };
-        let why = refused(&agent(Some("opus")), &conv(1, 10, TURNS), Some("sonnet"));
-        assert!(
-            why.contains("model opus") && why.contains("asks for sonnet"),
-            "{why}"
-        );
-        let why = refused(&agent(None), &conv(601, 10, TURNS), None);
-        assert!(
-            why.contains("601 s ago, more than resumeInterrupted (600 s)"),
-            "{why}"
-        );
-        let why = refused(&agent(None), &conv(1, MAX_CONVERSATION + 1, TURNS), None);
-        assert!(why.contains("more than the"), "{why}");
-        let why = refused(
-            &agent(None),
-            &conv(1, 20, b"{\"type\":\"user\"}\nthis is not json\n"),
-            None,
-        );
-        assert!(
-            why.contains("line 2 of the conversation is not JSON"),
-            "{why}"
-        );
-    }
-
-    #[test]
-    fn a_pod_is_continued_only_where_it_lives_long_enough_for_the_rest_and_kept_until_then() {
-        let times = Times {
-            agent: Some(Duration::from_secs(1000)),
-            extraction: Duration::from_secs(100),
-        };
-        let used = Duration::from_secs(400);
-        // Needs 600 + 100 + 60 s.
-        assert!(times.room(Some(now_ms() + 800_000), used).is_ok());
-        let why = times.room(Some(now_ms() + 700_000), used).unwrap_err();
-        assert!(why.contains("less than the 760 s"), "{why}");
-        assert!(times.room(None, used).is_ok(), "a pod with no deadline");
-        let unbounded = Times {
-            agent: None,
-            extraction: Duration::from_secs(100),
-        };
-        assert!(unbounded.room(Some(now_ms()), used).is_ok());
-        let now = now_ms();
-        let ends = now + 800_000;
-        let until = times.keep_until(
-            Some(ends),
-            used,
-            Duration::from_secs(10),
-            Duration::from_secs(3600),
-        );
-        assert_eq!(until, ends - 760_000, "the pod's end decides");
-        let until = times.keep_until(
-            Some(ends),
-            used,
-            Duration::from_secs(10),
-            Duration::from_secs(20),
-        );
-        assert!(
-            (now + 9_000..=now + 11_000).contains(&until),
-            "the bound decides"
-        );
-    }
 }

@@ -17,7 +17,7 @@
 //!   past [`SALVAGE_TIMEOUT`]) is kept for the next sweep and the failure logged: its
 //!   `activeDeadlineSeconds` still ends it. A pod no longer running has nothing to read: deleted.
 //! - An interrupted Implementor's pod the next dispatch on its branch may continue
-//!   ([`super::resume`]) is kept until `resumeInterrupted` has passed since its conversation's
+//!   ([`super::resume`], [`super::interruption`]) is kept until `resumeInterrupted` has passed since its conversation's
 //!   last write, or a continuation would no longer fit in the pod's life, whichever comes
 //!   first ([`Swept::next`]: the backend sweeps again then), and then saved and deleted.
 
@@ -29,9 +29,9 @@ use super::cluster::{
     Cluster, Orphan, Pod, ANNOTATION_SALVAGED, ANNOTATION_SWEEPER, ANNOTATION_WORK,
 };
 use super::image::{inspect_image, pod_env, ImageFacts};
+use super::interruption::{self, AgentRecord, Times};
 use super::layout::MUX;
-use super::open_shell;
-use super::resume::{self, AgentRecord, Times};
+use super::session_setup::open_shell;
 use super::work::{read_work, WorkAt, WorkRecord};
 use crate::clock::now_ms;
 use crate::environment::remote::RemoteShell;
@@ -174,7 +174,7 @@ async fn waits(
 ) -> Option<u64> {
     let keep = keep?;
     let agent: AgentRecord = serde_json::from_str(orphan.agent.as_deref()?).ok()?;
-    let conversation = resume::conversation(shell, env, &agent.cli_session, false)
+    let conversation = interruption::conversation(shell, env, &agent.cli_session, false)
         .await
         .ok()?;
     let interrupted = now_ms().saturating_sub(conversation.age.as_millis() as u64);
