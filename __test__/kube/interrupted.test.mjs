@@ -117,26 +117,57 @@ describe('an Implementor interrupted by its engine is continued in its pod by th
     await next.shutdown();
   });
 
-  it('a conversation filled with junk in the pod: not continued (a warning names the bad line), the work saved as a patch, the pod deleted, a fresh start', { timeout: 300_000 }, async () => {
-    const { h, ids } = await kubeSetup();
-    const { asked, pod } = await interrupted();
-    kubectl('exec', pod, '-c', 'session', '--', 'sh', '-c', 'for f in /var/lib/cra/claude-config/projects/*/*.jsonl /home/agent/.claude/projects/*/*.jsonl; do [ -f "$f" ] && printf \'{"type":"user"}\\nthis is not json\\n\' > "$f"; done; true');
-    h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
+  // What the agent could do to its conversation (the jail binds it at ~/.claude): fill it with
+  // junk, or replace it by a link to a file of the pod it should not get into the model's
+  // context (here the pod's hostname file, naming the pod).
+  const BROKEN = {
+    'filled with junk': { script: 'printf \'{"type":"user"}\\nthis is not json\\n\' > "$f"', why: /line 2 of the conversation is not JSON/ },
+    'replaced by a link to another file of the pod': { script: 'rm "$f" && ln -s /etc/hostname "$f"', why: /conversation \S+\.jsonl is missing or not a plain file/ },
+  };
+  for (const [how, { script, why }] of Object.entries(BROKEN)) {
+    it(`a conversation ${how} in the pod: not continued (a warning says why), the work saved as a patch, the pod deleted, a fresh start`, { timeout: 300_000 }, async () => {
+      const { h, ids } = await kubeSetup();
+      const { asked, pod } = await interrupted();
+      kubectl('exec', pod, '-c', 'session', '--', 'sh', '-c', `for f in /var/lib/cra/claude-config/projects/*/*.jsonl /home/agent/.claude/projects/*/*.jsonl; do [ -f "$f" ] && ${script}; done; true`);
+      h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
+      const adapter = h.adapter();
+      const handle = await adapter.startAgent(params(ids.second));
+      const result = await handle.result;
+      expect(result.outcome).toBe('completed');
+      expect(result.patch).toContain('+++ b/fresh.txt');
+      expect(result.patch).not.toContain('two.txt');
+      expect((await handle.stats).continuedFrom).toBeNull();
+      expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
+      expect(JSON.stringify(h.api.mainRequests().slice(asked).map((r) => r.body))).not.toContain(pod);
+      const warned = h.logger.entries.find((e) => e.level === 'warn' && /cannot be continued in its pod/.test(e.message) && why.test(e.message));
+      expect(warned).toBeTruthy();
+      const [saved, ...more] = salvagedOf(ids.first);
+      expect(more).toEqual([]);
+      expect(saved).toContain('+++ b/one.txt');
+      expect(saved).toContain('+++ b/two.txt');
+      expect(adapterPods().filter((p) => p.metadata.name === pod)).toEqual([]);
+      await adapter.shutdown();
+    });
+  }
+
+  it("two engines alive: the second one's dispatch on the branch never takes the first one's live pod", { timeout: 300_000 }, async () => {
+    const { h, ids, engines } = await kubeSetup();
+    const marker = sleepMarker(300);
+    h.api.setScript(steps(marker));
+    const { log } = await engineProcess(h, params(ids.first), engines);
+    const pod = await inStepThree(t, ids.first, () => log, marker);
     const adapter = h.adapter();
+    h.api.setScript(scenario.steps([bash('echo fresh > fresh.txt && echo made'), reply(implementorDone())]));
     const handle = await adapter.startAgent(params(ids.second));
     const result = await handle.result;
-    expect(result.outcome).toBe('completed');
-    expect(result.patch).toContain('+++ b/fresh.txt');
     expect(result.patch).not.toContain('two.txt');
     expect((await handle.stats).continuedFrom).toBeNull();
-    expect(assistantTurns(h.api.mainRequests()[asked].body)).toBe(0);
-    const warned = h.logger.entries.find((e) => e.level === 'warn' && /cannot be continued in its pod .*line 2 of the conversation is not JSON/.test(e.message));
-    expect(warned).toBeTruthy();
-    const [saved, ...more] = salvagedOf(ids.first);
-    expect(more).toEqual([]);
-    expect(saved).toContain('+++ b/one.txt');
-    expect(saved).toContain('+++ b/two.txt');
-    expect(adapterPods().filter((p) => p.metadata.name === pod)).toEqual([]);
+    expect(podLine(readFileSync(handle.logFilePath, 'utf8'))).not.toContain(pod.metadata.name);
+    // The first engine's pod is still its own, its session running.
+    const [still] = adapterPods(ids.first);
+    expect(still.metadata.name).toBe(pod.metadata.name);
+    expect(still.metadata.annotations['claude-runtime-adapter/owner']).toBe(pod.metadata.annotations['claude-runtime-adapter/owner']);
+    expect(kubectl('exec', pod.metadata.name, '-c', 'session', '--', 'sh', '-c', 'ps -o args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr "\\0" " "')).toContain(`sleep ${marker}`);
     await adapter.shutdown();
   });
 

@@ -9,7 +9,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { bash, scenario, structured } from '../support/fake-api.mjs';
 import { agentRuns } from '../support/agent-bash.mjs';
 import { engineProcess, killAll } from '../support/engine-process.mjs';
-import { engineState, rejection, setup } from '../support/harness.mjs';
+import { addon, engineState, rejection, setup } from '../support/harness.mjs';
 import { pooled, racyCases, RACY_CHANGE, RACY_REPO } from '../support/racy-edits.mjs';
 import { startFakeBedrock } from '../support/fake-providers.mjs';
 import { agentsWithTools } from '../support/repo.mjs';
@@ -272,8 +272,8 @@ describe('every end deletes the pod', () => {
     expect(adapterPods(handle.sessionID)).toEqual([]);
   });
 
-  it('shutdown: every running session settles and no pod is left', { timeout: 120_000 }, async () => {
-    await kubeSetup();
+  it('shutdown with resumeInterrupted: 0: every running session settles and no pod is left', { timeout: 120_000 }, async () => {
+    await kubeSetup({ config: { resumeInterrupted: 0 } });
     h.api.setScript(waiting());
     const adapter = h.adapter();
     const handles = await Promise.all([adapter.startAgent(ROLES.implementor.params('a')), adapter.startAgent(ROLES.implementor.params('b'))]);
@@ -281,6 +281,23 @@ describe('every end deletes the pod', () => {
     await adapter.shutdown(0);
     for (const x of handles) expect((await rejection(x.result)).code).toMatch(/ERR_CANCELLED/);
     expect(handles.flatMap((x) => adapterPods(x.sessionID))).toEqual([]);
+  });
+
+  it("shutdown (a deploy's SIGTERM): every running session settles, and each Implementor's pod whose agent started is let go for the next dispatch to continue; nobody continuing them, an adapter of the old path sweeps them", { timeout: 180_000 }, async () => {
+    await kubeSetup();
+    h.api.setScript(waiting());
+    const adapter = h.adapter();
+    const handles = await Promise.all([adapter.startAgent(ROLES.implementor.params('a')), adapter.startAgent(ROLES.implementor.params('b'))]);
+    const recorded = (x) => adapterPods(x.sessionID)[0]?.metadata.annotations['claude-runtime-adapter/agent'];
+    await eventually(() => handles.every(recorded), 120_000, 'both agents started');
+    await adapter.shutdown(0);
+    for (const x of handles) expect((await rejection(x.result)).code).toMatch(/ERR_CANCELLED/);
+    const left = handles.flatMap((x) => adapterPods(x.sessionID));
+    expect(left).toHaveLength(2);
+    for (const p of left) expect(p.metadata.annotations['claude-runtime-adapter/left']).toContain(` pid=${process.pid} `);
+    const sweeper = addon.createClaudeAdapter({ ...h.config, resumeInterrupted: 0 }, h.deps);
+    await eventually(() => handles.every((x) => adapterPods(x.sessionID).length === 0), 90_000, 'the pods let go were swept');
+    await sweeper.shutdown();
   });
 
   it("an engine SIGKILLed mid-session with 8 Implementors leaves their pods, whose work the next createClaudeAdapter saves before deleting them (its own only)", { timeout: 300_000 }, async () => {

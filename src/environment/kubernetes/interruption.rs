@@ -58,7 +58,8 @@ pub(super) struct Conversation {
 }
 
 /// The script printing the pod's clock, the conversation `cli_session`'s mtime and size, then
-/// (`read`) at most [`MAX_CONVERSATION`] bytes of it; exit 3 when there is no such regular file.
+/// (`read`) at most [`MAX_CONVERSATION`] bytes of it; exit 3 when there is no such regular file,
+/// 4 when the image lacks `find` or `head` (not among the tools every image must have).
 /// The jail binds the pod's `{STATE}/claude-config` at `~/.claude` (image/cra-jail); without the
 /// jail the CLI writes `~/.claude` itself. `find -type f` follows no link the agent planted (the
 /// pod holds nothing of the engine either way).
@@ -69,7 +70,8 @@ fn conversation_sh(cli_session: &str, read: bool) -> String {
         false => String::new(),
     };
     format!(
-        "f=$(find {STATE}/claude-config/projects {HOME}/.claude/projects -mindepth 2 -maxdepth 2 \
+        "command -v find >/dev/null && command -v head >/dev/null || exit 4; \
+         f=$(find {STATE}/claude-config/projects {HOME}/.claude/projects -mindepth 2 -maxdepth 2 \
          -type f -name {name} 2>/dev/null | head -n 1); [ -n \"$f\" ] || exit 3; \
          date +%s && stat -c '%Y %s' \"$f\"{content}"
     )
@@ -98,6 +100,9 @@ pub(super) async fn conversation(
             ))
         }
     };
+    if out.status.code() == Some(4) {
+        return Err("its image has no find or head to read its conversation with".into());
+    }
     if out.status.code() == Some(3) {
         return Err(format!(
             "its conversation {cli_session}.jsonl is missing or not a plain file"

@@ -270,6 +270,9 @@ impl Backend for KubernetesBackend {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.pool.close().await;
+            // The kept pods are the next process's to continue or sweep, as a local sweep ends
+            // at shutdown().
+            self.stop_resweep();
             if let Some(lease) = self.stop_holding() {
                 lease.release().await;
             }
