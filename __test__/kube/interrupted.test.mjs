@@ -122,7 +122,7 @@ describe('an Implementor interrupted by its engine is continued in its pod by th
   // context (here the pod's hostname file, naming the pod).
   const BROKEN = {
     'filled with junk': { script: 'printf \'{"type":"user"}\\nthis is not json\\n\' > "$f"', why: /line 2 of the conversation is not JSON/ },
-    'replaced by a link to another file of the pod': { script: 'rm "$f" && ln -s /etc/hostname "$f"', why: /conversation \S+\.jsonl is missing or not a plain file/ },
+    'replaced by a link to the pod\'s hostname file': { script: 'rm "$f" && ln -s /etc/hostname "$f"', why: /conversation \S+\.jsonl is missing or not a plain file/ },
   };
   for (const [how, { script, why }] of Object.entries(BROKEN)) {
     it(`a conversation ${how} in the pod: not continued (a warning says why), the work saved as a patch, the pod deleted, a fresh start`, { timeout: 300_000 }, async () => {
