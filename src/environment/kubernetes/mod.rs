@@ -138,12 +138,8 @@ impl KubernetesBackend {
 
     /// The identity this process holds (`engineId`), if it does.
     fn held_identity(&self) -> Option<&str> {
-        let held = self
-            .holding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        held.then_some(self.config.engine_id.as_deref()).flatten()
+        let held = *self.identity_held.borrow();
+        self.config.engine_id.as_deref().filter(|_| held)
     }
 
     /// The cluster client (a failed connection is not remembered: the next session retries).
@@ -216,9 +212,7 @@ async fn sweep_all(
 ) -> Result<sweep::Swept> {
     let mut swept = sweep::sweep(cluster, None, keep).await?;
     if let Some(id) = identity {
-        let more = sweep::sweep(cluster, Some(id), keep).await?;
-        swept.deleted.extend(more.deleted);
-        swept.next = swept.next.into_iter().chain(more.next).min();
+        swept.merge(sweep::sweep(cluster, Some(id), keep).await?);
     }
     Ok(swept)
 }
@@ -305,8 +299,7 @@ impl Backend for KubernetesBackend {
                 }
                 self.identity_held.send_replace(true);
                 let mut swept = sweep::sweep(&cluster, Some(id), self.keep().as_ref()).await?;
-                swept.deleted.extend(host.deleted);
-                swept.next = swept.next.into_iter().chain(host.next).min();
+                swept.merge(host);
                 self.sweep_at(swept.next, cluster);
                 return Ok(swept.deleted);
             }

@@ -56,6 +56,14 @@ pub(super) struct Swept {
     pub next: Option<u64>,
 }
 
+impl Swept {
+    /// Adds what another sweep did: both's deletions, the earlier of their next sweeps.
+    pub(super) fn merge(&mut self, other: Swept) {
+        self.deleted.extend(other.deleted);
+        self.next = self.next.into_iter().chain(other.next).min();
+    }
+}
+
 /// How long an interrupted session's pod waits for the next dispatch on its branch
 /// (`resumeInterrupted`) and the times deciding whether it still fits in the pod's life.
 pub(super) struct Keep<'a> {
@@ -87,9 +95,10 @@ pub(super) async fn sweep(
     for r in futures::future::join_all(retired).await {
         match r {
             Retired::Deleted(name) => swept.deleted.push(name),
-            Retired::Waiting(until) => {
-                swept.next = Some(swept.next.map_or(until, |n| n.min(until)));
-            }
+            Retired::Waiting(until) => swept.merge(Swept {
+                deleted: Vec::new(),
+                next: Some(until),
+            }),
             Retired::Kept => {}
         }
     }
